@@ -1,0 +1,221 @@
+"""Repeat-tool reminder: notice an agent making the same call again and again, and say so.
+
+The seed's ``@deepseek-ai/dsh-repeat-tool-reminder``: an advisory loop-breaker for
+the failure no timeout can catch — every call succeeds quickly, and the agent
+makes no progress. It counts *consecutive identical* calls per agent and, at the
+configured thresholds, adds a reminder to the model's context. It never blocks,
+delays or rewrites a call; the model keeps the decision.
+
+Where it belongs: a post-execute layer (plus a prompt-submit layer that resets the
+chain). Counting happens in post-execute, which runs for every call that reached
+the registry — so denied calls, unknown tools, errors and timeouts count too (a
+model hammering a denied call is exactly the loop to break); only final results
+of a broken layer and calls cancelled with their turn do not. Its position among
+other post-execute layers does not change what it counts; it only decides whose
+contexts come first (its reminder is put before the downstream decision's).
+
+Rules (the original's, R17–R23):
+
+* chain key = tool name + canonical arguments (``guards.canonical``: deep key sort,
+  compact JSON, so key order does not matter and ``1`` equals ``1.0``);
+* ``include`` / ``exclude`` are ``*``-wildcard patterns matched against the whole
+  name; an untracked call neither counts nor resets the chain, so a bookkeeping
+  tool between two identical calls cannot launder the loop;
+* at ``thresholds[0]`` (after sorting) a short gentle reminder, at every later
+  threshold a detailed one naming the tool, the count and the arguments (preview
+  capped at ``arguments_preview_chars`` UTF-16 units); nothing after the last;
+* calls without an agent are ignored; each agent (and subagent) has its own chain,
+  held in a weak map keyed on the agent object, so it dies with the agent; each new
+  person's prompt resets that agent's chain; nothing is persisted, so a restored
+  session starts fresh.
+
+The reminder is a user message with source ``{kind: plugin, plugin:
+repeat-tool-reminder}``, added after the step's tool results; the tool's own output
+stays in the log untouched.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+import attrs
+
+from guards.canonical import canonical_json, utf16_length, utf16_prefix
+from pipeline.errors import ConfigError
+from pipeline.values import ContextMessage, MessageSource, PostDecision, ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from pipeline.harness import Scope
+    from pipeline.loop import Agent
+    from pipeline.registry import PostNext
+
+__all__ = ["DETAILED_TEMPLATE", "GENTLE_TEXT", "SOURCE", "RepeatToolReminder"]
+
+PLUGIN: Final = "repeat-tool-reminder"
+SOURCE: Final = MessageSource("plugin", PLUGIN)
+
+GENTLE_TEXT: Final = (
+    "You are repeating the exact same tool call with identical arguments. Carefully analyze "
+    "the previous result before calling again: if the task is not complete, try a different "
+    "approach or different arguments instead of repeating the call."
+)
+DETAILED_TEMPLATE: Final = (
+    "Repeated tool call detected:\n"
+    "- tool: {tool}\n"
+    "- consecutive_calls: {count}\n"
+    "- arguments: {arguments}\n"
+    "The repeated calls are not making progress. Do not call this tool with these exact "
+    "arguments again. Inspect the latest result and choose a different action, different "
+    "arguments, or finish the task if enough evidence has been gathered."
+)
+
+
+def _thresholds(value: object) -> tuple[int, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ConfigError(
+            f"{PLUGIN}: `thresholds` must be a list of integers, got {value!r}",
+            key="thresholds",
+            value=value,
+        )
+    if not value:
+        raise ConfigError(
+            f"{PLUGIN}: `thresholds` must not be empty", key="thresholds", value=value
+        )
+    thresholds = []
+    for threshold in value:
+        integral = isinstance(threshold, int) or (
+            isinstance(threshold, float) and threshold.is_integer()
+        )
+        if isinstance(threshold, bool) or not integral or threshold < 2:
+            raise ConfigError(
+                f"{PLUGIN}: invalid threshold {threshold!r} — every threshold "
+                "must be an integer >= 2",
+                key="thresholds",
+                value=value,
+            )
+        thresholds.append(int(threshold))
+    if len(set(thresholds)) != len(thresholds):
+        raise ConfigError(
+            f"{PLUGIN}: `thresholds` must not contain duplicates", key="thresholds", value=value
+        )
+    return tuple(sorted(thresholds))
+
+
+def _check_patterns(key: str, value: object) -> tuple[str, ...]:
+    if (
+        isinstance(value, str | bytes)
+        or not isinstance(value, Sequence)
+        or not all(isinstance(pattern, str) and pattern for pattern in value)
+    ):
+        raise ConfigError(
+            f"{PLUGIN}: `{key}` must be a list of tool-name patterns "
+            f"(non-empty strings, `*` matches anything), got {value!r}",
+            key=key,
+            value=value,
+        )
+    return tuple(value)
+
+
+def _include(value: object) -> tuple[str, ...]:
+    return _check_patterns("include", value)
+
+
+def _exclude(value: object) -> tuple[str, ...]:
+    return _check_patterns("exclude", value)
+
+
+def _preview_chars(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{PLUGIN}: invalid arguments_preview_chars {value!r} — must be an integer >= 1",
+            key="arguments_preview_chars",
+            value=value,
+        )
+    return value
+
+
+def _compile(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    if not patterns:
+        return None
+    alternatives = (
+        "".join(".*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern))
+        for pattern in patterns
+    )
+    return re.compile("|".join(f"(?:{alternative})" for alternative in alternatives), re.DOTALL)
+
+
+@attrs.frozen
+class _Chain:
+    key: str
+    count: int
+
+
+@attrs.frozen
+class RepeatToolReminder:
+    """Reminds an agent, at ``thresholds`` consecutive identical calls, to change course."""
+
+    name: ClassVar[str] = PLUGIN
+
+    thresholds: tuple[int, ...] = attrs.field(default=(3, 5, 8), converter=_thresholds)
+    include: tuple[str, ...] = attrs.field(default=(), converter=_include)
+    exclude: tuple[str, ...] = attrs.field(default=(), converter=_exclude)
+    arguments_preview_chars: int = attrs.field(default=500, converter=_preview_chars)
+    _include: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
+    _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
+    _chains: weakref.WeakKeyDictionary[Agent, _Chain] = attrs.field(
+        init=False, repr=False, eq=False, factory=weakref.WeakKeyDictionary
+    )
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_include", _compile(self.include))
+        object.__setattr__(self, "_exclude", _compile(self.exclude))
+
+    def tracks(self, tool_name: str) -> bool:
+        """Whether calls to ``tool_name`` count (and break chains)."""
+        if self._include is not None and not self._include.fullmatch(tool_name):
+            return False
+        return self._exclude is None or not self._exclude.fullmatch(tool_name)
+
+    def reminder(self, tool_name: str, canonical: str, count: int) -> ContextMessage:
+        """The text the model gets at ``count`` consecutive calls (a threshold)."""
+        if count == self.thresholds[0]:
+            return ContextMessage(GENTLE_TEXT, SOURCE)
+        cap = self.arguments_preview_chars
+        preview = canonical
+        if utf16_length(canonical) > cap:
+            preview = utf16_prefix(canonical, cap)
+            hidden = utf16_length(canonical) - utf16_length(preview)
+            preview = f"{preview}… (+{hidden} more chars)"
+        text = DETAILED_TEMPLATE.format(tool=tool_name, count=count, arguments=preview)
+        return ContextMessage(text, SOURCE)
+
+    async def post_execute(
+        self, call: ToolCall, result: ToolResult, call_next: PostNext
+    ) -> PostDecision:
+        agent = call.agent
+        if agent is None or not self.tracks(call.name):
+            return await call_next(call, result)
+        canonical = canonical_json(call.arguments)
+        key = canonical_json([call.name, canonical])
+        previous = self._chains.get(agent)
+        count = previous.count + 1 if previous is not None and previous.key == key else 1
+        self._chains[agent] = _Chain(key, count)
+        decision = await call_next(call, result)
+        if count not in self.thresholds:
+            return decision
+        reminder = self.reminder(call.name, canonical, count)
+        contexts: tuple[ContextMessage, ...] = (reminder, *decision.additional_contexts)
+        return attrs.evolve(decision, additional_contexts=contexts)
+
+    async def prompt_submit(self, agent: Agent, text: str, call_next: Any) -> str:
+        """A new person's prompt resets the submitting agent's chain."""
+        self._chains.pop(agent, None)
+        submitted: str = await call_next(agent, text)
+        return submitted
+
+    def apply(self, scope: Scope) -> None:
+        scope.use(scope.tools.post_execute, self.post_execute, name=self.name)
+        scope.use(scope.loop.prompt_submit, self.prompt_submit, name=self.name)

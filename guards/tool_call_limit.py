@@ -1,0 +1,161 @@
+"""Tool-call limit: a hard cap on tool calls per agent per turn. A cap stops loss.
+
+Unlike the guards, which reduce waste and leave the decision to the model, a cap
+ends spending. ``per_turn`` caps all tool calls an agent makes in one turn;
+``per_tool`` caps calls of any single tool in one turn (an int for every tool, or a
+mapping of tool name to limit). When a call would go over:
+
+* ``on_exceeded="deny"`` — the call is not run; the model reads a ``TOOL_DENIED``
+  result saying which limit it hit, and may answer with what it has;
+* ``on_exceeded="end_turn"`` — the call is denied and the turn ends after this step
+  with reason ``blocked``.
+
+Where it belongs: a pre-execute layer. Outside other pre-execute layers, it counts
+calls before they can deny them; inside, only calls they allowed. Denied calls
+(by it or others inside it) do not use up the budget. Counts are per agent and
+reset by each new person's prompt; calls without an agent are not capped. With
+parallel tool calls, pre-execute runs in the model's order, so the count is exact.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+
+import attrs
+
+from pipeline.errors import ConfigError
+from pipeline.values import Deny, PreDecision, ToolCall
+
+if TYPE_CHECKING:
+    from pipeline.harness import Scope
+    from pipeline.loop import Agent
+    from pipeline.registry import PreNext
+
+__all__ = ["ToolCallLimit"]
+
+PLUGIN: Final = "tool-call-limit"
+
+
+def _limit(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{PLUGIN}: `{key}` must be an integer >= 1, got {value!r}", key=key, value=value
+        )
+
+
+def _check_per_turn(_: object, __: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None:
+        _limit("per_turn", value)
+
+
+def _per_tool(value: object) -> int | Mapping[str, int] | None:
+    if value is None:
+        return None
+    if isinstance(value, int):
+        _limit("per_tool", value)
+        return value
+    if isinstance(value, Mapping) and value:
+        for tool, limit in value.items():
+            if not isinstance(tool, str) or not tool:
+                raise ConfigError(
+                    f"{PLUGIN}: `per_tool` keys must be tool names, got {tool!r}",
+                    key="per_tool",
+                    value=value,
+                )
+            _limit(f"per_tool.{tool}", limit)
+        return dict(value)
+    raise ConfigError(
+        f"{PLUGIN}: `per_tool` must be an integer or a mapping of tool name to "
+        f"integer, got {value!r}",
+        key="per_tool",
+        value=value,
+    )
+
+
+def _check_on_exceeded(_: object, __: object, value: object) -> None:
+    if value not in ("deny", "end_turn"):
+        raise ConfigError(
+            f"{PLUGIN}: `on_exceeded` must be 'deny' or 'end_turn', got {value!r}",
+            key="on_exceeded",
+            value=value,
+        )
+
+
+@attrs.define(eq=False)
+class _TurnCounts:
+    total: int = 0
+    by_tool: Counter[str] = attrs.Factory(Counter)
+
+
+@attrs.frozen
+class ToolCallLimit:
+    """At most ``per_turn`` calls, and ``per_tool`` calls of one tool, per agent per turn."""
+
+    name: ClassVar[str] = PLUGIN
+
+    per_turn: int | None = attrs.field(default=None, validator=_check_per_turn)
+    per_tool: int | Mapping[str, int] | None = attrs.field(default=None, converter=_per_tool)
+    on_exceeded: Literal["deny", "end_turn"] = attrs.field(
+        default="deny", validator=_check_on_exceeded
+    )
+    _counts: weakref.WeakKeyDictionary[Agent, _TurnCounts] = attrs.field(
+        init=False, repr=False, eq=False, factory=weakref.WeakKeyDictionary
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.per_turn is None and self.per_tool is None:
+            raise ConfigError(
+                f"{PLUGIN}: set `per_turn`, `per_tool` or both; with neither it caps nothing",
+                key="per_turn",
+                value=None,
+            )
+
+    def _tool_limit(self, tool: str) -> int | None:
+        if isinstance(self.per_tool, Mapping):
+            return self.per_tool.get(tool)
+        return self.per_tool
+
+    def _over_limit(self, counts: _TurnCounts, tool: str) -> str | None:
+        if self.per_turn is not None and counts.total >= self.per_turn:
+            return (
+                f"tool call limit reached: this turn already made {counts.total} tool "
+                f"calls and the limit is {self.per_turn} per turn. Do not call more tools; "
+                "answer with what you have."
+            )
+        limit = self._tool_limit(tool)
+        if limit is not None and counts.by_tool[tool] >= limit:
+            return (
+                f'tool call limit reached: "{tool}" was already called '
+                f"{counts.by_tool[tool]} times this turn and the limit is {limit}. Use "
+                "what it returned, or try something else."
+            )
+        return None
+
+    async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
+        agent = call.agent
+        if agent is None:
+            return await call_next(call)
+        counts = self._counts.get(agent)
+        if counts is None:
+            counts = self._counts[agent] = _TurnCounts()
+        reason = self._over_limit(counts, call.name)
+        if reason is not None:
+            return Deny(reason, end_turn=self.on_exceeded == "end_turn")
+        decision = await call_next(call)
+        if not isinstance(decision, Deny):
+            counts.total += 1
+            counts.by_tool[call.name] += 1
+        return decision
+
+    async def prompt_submit(self, agent: Agent, text: str, call_next: Any) -> str:
+        """A new turn starts with fresh counts."""
+        self._counts.pop(agent, None)
+        submitted: str = await call_next(agent, text)
+        return submitted
+
+    def apply(self, scope: Scope) -> None:
+        scope.use(scope.tools.pre_execute, self.pre_execute, name=self.name)
+        scope.use(scope.loop.prompt_submit, self.prompt_submit, name=self.name)

@@ -1,0 +1,79 @@
+"""The one exception tree for programmer and configuration mistakes.
+
+Model-facing failures are never exceptions: they are ``ToolResult`` values with an
+error code, so the model reads them and the session log records them. What raises
+is a mistake in code or configuration, and every such error derives from
+``GuardstackError`` and from the nearest builtin, so ``except ValueError`` keeps
+working for callers that do not know guardstack.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentLimitExceeded",
+    "ConfigError",
+    "DuplicateToolError",
+    "GuardstackError",
+    "ScriptExhaustedError",
+    "SessionCorruptError",
+    "SessionTailWarning",
+    "TurnInProgressError",
+]
+
+_UNSET = object()
+
+
+class GuardstackError(Exception):
+    """Root of every exception guardstack raises on purpose."""
+
+
+class ConfigError(GuardstackError, ValueError):
+    """Bad configuration, raised at construction or load time.
+
+    ``plugin``, ``key`` and ``value`` name what was wrong when known; the message
+    always names them too, so a log line alone is enough to fix the file.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        plugin: str | None = None,
+        key: str | None = None,
+        value: object = _UNSET,
+    ) -> None:
+        super().__init__(message)
+        self.plugin = plugin
+        self.key = key
+        self.value: object = None if value is _UNSET else value
+        self.has_value = value is not _UNSET
+
+    def for_plugin(self, plugin: str) -> ConfigError:
+        """The same error, with the message prefixed by the plugin entry it came from."""
+        error = ConfigError(f"plugin {plugin}: {self}", plugin=plugin, key=self.key)
+        error.value, error.has_value = self.value, self.has_value
+        return error
+
+
+class DuplicateToolError(GuardstackError, ValueError):
+    """A tool name was registered twice in one registry."""
+
+
+class ScriptExhaustedError(GuardstackError, RuntimeError):
+    """A ``ScriptedModel`` was asked for more replies than its script holds."""
+
+
+class SessionCorruptError(GuardstackError, ValueError):
+    """A saved session log has a damaged line that is not its last."""
+
+
+class TurnInProgressError(GuardstackError, RuntimeError):
+    """``agent.prompt`` was called while the agent's previous turn still runs."""
+
+
+class AgentLimitExceeded(GuardstackError, RuntimeError):
+    """``AgentLimit`` refused to create one more agent."""
+
+
+class SessionTailWarning(UserWarning):
+    """A saved session's last line was cut off mid-write; the complete events loaded."""

@@ -1,0 +1,162 @@
+"""The model seam, and ``ScriptedModel`` for tests, demos and benchmarks.
+
+A model is any object with ``async complete(messages, tools) -> ModelReply``:
+``messages`` in OpenAI chat format (rebuilt from the session log for every
+request) and ``tools`` as OpenAI function schemas. Real providers implement it in a
+few lines; guardstack ships none, so it depends on none.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import attrs
+
+from pipeline.errors import ScriptExhaustedError
+
+__all__ = ["Model", "ModelReply", "ScriptedModel", "ToolCallRequest"]
+
+
+def _parse_arguments(arguments: Mapping[str, Any] | str) -> Mapping[str, Any] | str:
+    """A model's argument text as a mapping: ``""`` is ``{}``; non-objects stay raw text."""
+    if not isinstance(arguments, str):
+        return arguments
+    if not arguments.strip():
+        return {}
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
+
+
+def arguments_text(arguments: Mapping[str, Any] | str) -> str:
+    """The JSON text of a call's arguments as it goes on the wire and into the log.
+
+    Raw text is kept verbatim; a mapping JSON cannot hold is written with its
+    unserialisable parts replaced by a ``"<unserialisable T>"`` marker, so the log
+    stays valid JSON (the registry answers such a call with ``INVALID_ARGUMENTS``).
+    """
+    if isinstance(arguments, str):
+        return arguments
+    try:
+        return json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return json.dumps(_json_safe(arguments, 0), ensure_ascii=False)
+
+
+def _json_safe(value: object, depth: int) -> object:
+    if isinstance(value, str | bool | int | type(None)):
+        return value
+    if isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")):
+        return value
+    if depth < 32 and isinstance(value, Mapping):
+        return {str(key): _json_safe(item, depth + 1) for key, item in value.items()}
+    if depth < 32 and isinstance(value, list | tuple):
+        return [_json_safe(item, depth + 1) for item in value]
+    return f"<unserialisable {type(value).__name__}>"
+
+
+@attrs.frozen
+class ToolCallRequest:
+    """One tool call a model asked for.
+
+    ``arguments`` may be a mapping or the raw JSON text the model produced: ``""``
+    becomes ``{}``, a JSON object becomes a dict, anything else stays the raw text
+    and is answered with ``INVALID_ARGUMENTS``. Raw text is also kept verbatim in
+    ``arguments_json``, so the log replays exactly what the model said.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] | str = attrs.field(factory=dict)
+    call_id: str = ""
+    raw_arguments: str | None = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        raw = self.arguments if isinstance(self.arguments, str) else None
+        object.__setattr__(self, "raw_arguments", raw)
+        object.__setattr__(self, "arguments", _parse_arguments(self.arguments))
+
+    def with_call_id(self, call_id: str) -> ToolCallRequest:
+        """The same request under another id, raw text kept."""
+        given = self.raw_arguments if self.raw_arguments is not None else self.arguments
+        return ToolCallRequest(self.name, given, call_id)
+
+    @property
+    def arguments_json(self) -> str:
+        """The arguments as the model wrote them (or as JSON, if given as a mapping)."""
+        if self.raw_arguments is not None:
+            return self.raw_arguments
+        return arguments_text(self.arguments)
+
+
+@attrs.frozen
+class ModelReply:
+    """A model's answer: text, and the tool calls it wants run (in its order)."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCallRequest, ...] = attrs.field(default=(), converter=tuple)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Anything that answers a chat request."""
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelReply: ...
+
+
+ScriptStep: TypeAlias = (
+    ModelReply
+    | BaseException
+    | Callable[[list[dict[str, Any]]], ModelReply | Awaitable[ModelReply]]
+)
+
+
+class ScriptedModel:
+    """A deterministic model: answers each request with the next step of its script.
+
+    A step is a ``ModelReply``; an exception instance (raised, to test a failing
+    provider); or a callable ``(messages) -> ModelReply`` (sync or async) for replies
+    that depend on the request or that wait. ``requests`` records a deep copy of
+    every message list sent, ``tool_schemas`` the tools offered. Running out of
+    script raises ``ScriptExhaustedError``, which ends the turn with reason
+    ``error`` instead of hanging.
+    """
+
+    def __init__(self, replies: Sequence[ScriptStep]) -> None:
+        self._script = list(replies)
+        self.requests: list[list[dict[str, Any]]] = []
+        self.tool_schemas: list[list[dict[str, Any]]] = []
+
+    @property
+    def remaining(self) -> int:
+        return len(self._script) - len(self.requests)
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelReply:
+        index = len(self.requests)
+        self.requests.append(copy.deepcopy(messages))
+        self.tool_schemas.append(copy.deepcopy(tools))
+        if index >= len(self._script):
+            raise ScriptExhaustedError(
+                f"ScriptedModel has no reply for request {index + 1}: "
+                f"its script holds {len(self._script)}"
+            )
+        step = self._script[index]
+        if isinstance(step, BaseException):
+            raise step
+        if isinstance(step, ModelReply):
+            return step
+        reply = step(messages)
+        if inspect.isawaitable(reply):
+            reply = await reply
+        if not isinstance(reply, ModelReply):
+            raise TypeError(f"script step {index + 1} returned {reply!r}, not a ModelReply")
+        return reply

@@ -1,0 +1,193 @@
+"""The onion every stage is made of.
+
+``Pipeline.use(layer)`` adds a layer; **the layer registered first is the
+outermost**: it sees the call first and the result last (tower's ServiceBuilder,
+Polly's pipeline builder). There is no other ordering API. Given::
+
+    stage.use(total_timeout)   # 0: outermost
+    stage.use(retry)           # 1
+    stage.use(attempt_timeout) # 2: innermost, next to the tool
+
+a call flows ``total_timeout -> retry -> attempt_timeout -> tool`` and the result
+flows back the other way, so ``total_timeout`` bounds the whole retried operation
+and ``attempt_timeout`` each attempt. ``describe()`` prints that order.
+
+A layer is ``async (*args, call_next) -> result`` where ``call_next`` takes what the
+layer was given: a plain ``async def`` or an object with ``async __call__`` and an
+optional ``name``. The chain is composed once per change (``use``, ``dispose``,
+``instrument``), never per call, and a layer costs one plain function call on top
+of its own coroutine.
+
+An *instrumentation hook* is applied to every layer when the chain is composed;
+that is how tracing gives each layer a span without being a layer itself.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
+
+import attrs
+
+__all__ = ["Instrumentation", "LayerInfo", "Pipeline", "Registration", "layer_name"]
+
+NextT = TypeVar("NextT", bound=Callable[..., Awaitable[Any]])
+Layer = Callable[..., Awaitable[Any]]
+
+
+@attrs.frozen
+class LayerInfo:
+    """Where a layer sits: its stage, its name and its index (0 = outermost)."""
+
+    stage: str
+    name: str
+    index: int
+
+
+class Instrumentation(Protocol):
+    """Wraps every layer of a pipeline when the chain is composed."""
+
+    def __call__(self, layer: Layer, info: LayerInfo, /) -> Layer: ...
+
+
+class Registration:
+    """Handle for one registration; ``dispose()`` removes it, once, idempotently."""
+
+    __slots__ = ("_remove",)
+
+    def __init__(self, remove: Callable[[], None]) -> None:
+        self._remove: Callable[[], None] | None = remove
+
+    @property
+    def active(self) -> bool:
+        return self._remove is not None
+
+    def dispose(self) -> None:
+        remove, self._remove = self._remove, None
+        if remove is not None:
+            remove()
+
+    def __enter__(self) -> Registration:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.dispose()
+
+
+def layer_name(layer: object) -> str:
+    """A layer's ``name`` attribute, else its function or class name."""
+    name = getattr(layer, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    if isinstance(layer, types.FunctionType | types.MethodType):
+        return layer.__name__
+    return type(layer).__name__
+
+
+def _code_of(layer: object) -> types.CodeType | None:
+    """The code object whose frame runs when ``layer`` is awaited, if there is one."""
+    if isinstance(layer, types.MethodType):
+        layer = layer.__func__
+    if isinstance(layer, types.FunctionType):
+        return layer.__code__
+    call = getattr(type(layer), "__call__", None)  # noqa: B004 - callable objects
+    return call.__code__ if isinstance(call, types.FunctionType) else None
+
+
+def _bind(layer: Layer, call_next: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    # A plain function, not a coroutine: awaiting the chain costs one frame per layer.
+    def step(*args: Any) -> Awaitable[Any]:
+        return layer(*args, call_next)
+
+    return step
+
+
+@attrs.define(eq=False)
+class _Entry:
+    layer: Layer
+    name: str
+
+
+class Pipeline(Generic[NextT]):
+    """A generic onion: ``use(layer)``, ``describe()``, ``await pipeline(*args)``."""
+
+    def __init__(self, terminal: NextT, *, stage: str) -> None:
+        self.stage = stage
+        self._terminal = terminal
+        self._entries: list[_Entry] = []
+        self._hooks: list[Instrumentation] = []
+        self._chain: Callable[..., Awaitable[Any]] = terminal
+
+    def use(self, layer: Layer, *, name: str | None = None) -> Registration:
+        """Add ``layer`` inside every layer registered before it."""
+        if not callable(layer):
+            raise TypeError(f"{self.stage}: a layer must be callable, got {layer!r}")
+        entry = _Entry(layer, name or layer_name(layer))
+        self._entries.append(entry)
+        self._compose()
+        return Registration(lambda: self._remove(self._entries, entry))
+
+    def instrument(self, hook: Instrumentation) -> Registration:
+        """Apply ``hook`` to every layer, now and whenever the chain is recomposed."""
+        self._hooks.append(hook)
+        self._compose()
+        return Registration(lambda: self._remove(self._hooks, hook))
+
+    def _remove(self, items: list[Any], item: object) -> None:
+        for position, candidate in enumerate(items):
+            if candidate is item:
+                del items[position]
+                self._compose()
+                return
+
+    def _compose(self) -> None:
+        chain: Callable[..., Awaitable[Any]] = self._terminal
+        for index in range(len(self._entries) - 1, -1, -1):
+            entry = self._entries[index]
+            layer = entry.layer
+            for hook in self._hooks:
+                layer = hook(layer, LayerInfo(self.stage, entry.name, index))
+            chain = _bind(layer, chain)
+        self._chain = chain
+
+    def __call__(self, *args: Any) -> Awaitable[Any]:
+        return self._chain(*args)
+
+    @property
+    def chain(self) -> NextT:
+        """The composed chain, typed like the terminal it ends in."""
+        return self._chain  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[tuple[str, Layer]]:
+        return iter([(entry.name, entry.layer) for entry in self._entries])
+
+    def describe(self) -> str:
+        """One line per layer, outermost first: ``<index>. <name>[: <repr>]``."""
+        lines = []
+        for index, entry in enumerate(self._entries):
+            line = f"{index}. {entry.name}"
+            if not isinstance(entry.layer, types.FunctionType | types.MethodType):
+                line += f": {entry.layer!r}"
+            lines.append(line)
+        return "\n".join(lines) if lines else "(no layers)"
+
+    def blame(self, error: BaseException) -> str | None:
+        """The name of the innermost layer of this pipeline that ``error`` passed through.
+
+        Read from the traceback, so it costs nothing until something raises.
+        """
+        codes = {}
+        for entry in self._entries:
+            code = _code_of(entry.layer)
+            if code is not None:
+                codes[code] = entry.name
+        blamed = None
+        traceback = error.__traceback__
+        while traceback is not None:
+            blamed = codes.get(traceback.tb_frame.f_code, blamed)
+            traceback = traceback.tb_next
+        return blamed

@@ -1,0 +1,147 @@
+"""Test doubles for your own stacks, shipped as public API (like httpx's MockTransport).
+
+* ``RecordingLayer`` — a pass-through layer for any stage that records when it was
+  entered and left, into a log you can share between layers to see the nesting.
+* ``ScriptedTool`` — a tool that follows a script per call (reply, raise, hang, reply
+  late while ignoring cancellation) and records every run with its virtual start
+  and end times.
+* ``ScriptedModel`` lives in ``pipeline`` itself; ``wrappers.no_backoff()`` turns
+  retry waits off in a scope.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import anyio
+import attrs
+
+from pipeline.onion import Registration
+from pipeline.values import ToolCall, ToolDefinition
+
+__all__ = [
+    "Hang",
+    "Raise",
+    "RecordingLayer",
+    "Reply",
+    "ScriptedTool",
+    "ToolRun",
+    "ToolStep",
+]
+
+
+@attrs.frozen
+class Reply:
+    """Return ``value`` after ``after_s`` seconds; with ``ignore_cancel``, finish anyway."""
+
+    value: object = "ok"
+    after_s: float = 0.0
+    ignore_cancel: bool = False
+
+
+@attrs.frozen
+class Raise:
+    """Raise ``error`` after ``after_s`` seconds."""
+
+    error: Exception
+    after_s: float = 0.0
+
+
+@attrs.frozen
+class Hang:
+    """Wait until cancelled."""
+
+
+ToolStep: TypeAlias = Reply | Raise | Hang
+
+
+@attrs.frozen
+class ToolRun:
+    """One run of a scripted tool: the call, when it started and ended, how it ended."""
+
+    call: ToolCall
+    started: float
+    ended: float | None
+    outcome: str  # "returned", "raised", "cancelled"
+
+
+class ScriptedTool:
+    """A tool whose n-th run follows the n-th step of its script (the last step repeats)."""
+
+    def __init__(
+        self,
+        name: str,
+        steps: Sequence[ToolStep | str] = ("ok",),
+        *,
+        timeout_ms: int | None = None,
+        description: str = "",
+        parameters: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not steps:
+            raise ValueError("ScriptedTool needs at least one step")
+        self.steps: list[ToolStep] = [
+            Reply(step) if isinstance(step, str) else step for step in steps
+        ]
+        self.runs: list[ToolRun] = []
+        self.definition = ToolDefinition(
+            name, self._execute, description, dict(parameters or {}), timeout_ms
+        )
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [run.call for run in self.runs]
+
+    def register(self, registry: Any) -> Registration:
+        registration: Registration = registry.register(self.definition)
+        return registration
+
+    async def _execute(self, arguments: Mapping[str, Any], call: ToolCall) -> object:
+        step = self.steps[min(len(self.runs), len(self.steps) - 1)]
+        index = len(self.runs)
+        started = anyio.current_time()
+        self.runs.append(ToolRun(call, started, None, "cancelled"))
+
+        def finish(outcome: str) -> None:
+            self.runs[index] = ToolRun(call, started, anyio.current_time(), outcome)
+
+        try:
+            if isinstance(step, Hang):
+                await anyio.sleep(math.inf)
+            elif isinstance(step, Raise):
+                await anyio.sleep(step.after_s)
+                finish("raised")
+                raise step.error
+            else:
+                with anyio.CancelScope(shield=step.ignore_cancel):
+                    await anyio.sleep(step.after_s)
+                finish("returned")
+                return step.value
+        except anyio.get_cancelled_exc_class():
+            finish("cancelled")
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class RecordingLayer:
+    """A pass-through layer for any stage that appends ``("enter"|"exit", name)`` to ``log``.
+
+    Share one ``log`` list between several layers to observe their nesting; ``exit``
+    is recorded even when an inner layer raises or the call is cancelled.
+    """
+
+    def __init__(self, name: str, log: list[tuple[str, str]] | None = None) -> None:
+        self.name = name
+        self.log: list[tuple[str, str]] = log if log is not None else []
+
+    async def __call__(self, *args: Any) -> Any:
+        *given, call_next = args
+        self.log.append(("enter", self.name))
+        try:
+            return await call_next(*given)
+        finally:
+            self.log.append(("exit", self.name))
+
+    def __repr__(self) -> str:
+        return f"RecordingLayer({self.name!r})"

@@ -1,0 +1,318 @@
+"""The values that flow through the onion: tools, calls, results and decisions.
+
+All are frozen attrs classes. A layer that wants to change a call passes a changed
+copy inward (``call_next(attrs.evolve(call, ...))``) instead of mutating and
+restoring shared state, so whatever a layer sees on the way out is, by
+construction, what its own caller gave it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+
+import attrs
+
+from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipeline.loop import Agent
+
+__all__ = [
+    "INVALID_ARGUMENTS",
+    "MAX_TIMEOUT_MS",
+    "TOOL_ABORTED",
+    "TOOL_ABORTED_BEFORE_DISPATCH",
+    "TOOL_DENIED",
+    "TOOL_FAILED",
+    "TOOL_TIMEOUT",
+    "UNKNOWN_TOOL",
+    "Accept",
+    "Allow",
+    "Block",
+    "ContextMessage",
+    "Deny",
+    "MessageSource",
+    "ToolCall",
+    "ToolDefinition",
+    "ToolError",
+    "ToolOutcome",
+    "ToolResult",
+    "render_value",
+    "timeout_result",
+]
+
+TOOL_TIMEOUT: Final = "TOOL_TIMEOUT"
+TOOL_ABORTED: Final = "ABORTED"
+TOOL_ABORTED_BEFORE_DISPATCH: Final = "ABORTED_BEFORE_DISPATCH"
+UNKNOWN_TOOL: Final = "UNKNOWN_TOOL"
+TOOL_DENIED: Final = "TOOL_DENIED"
+INVALID_ARGUMENTS: Final = "INVALID_ARGUMENTS"
+TOOL_FAILED: Final = "TOOL_FAILED"
+
+#: The largest budget a timer can hold in the original (2**31 - 1 ms, about 24.8 days).
+MAX_TIMEOUT_MS: Final = 2_147_483_647
+
+SourceKind: TypeAlias = Literal["user", "plugin", "model", "tool"]
+_SOURCE_KINDS: Final = ("user", "plugin", "model", "tool")
+
+
+def validate_timeout_ms(owner: str, key: str, value: object) -> int:
+    """A budget in whole milliseconds, or ``ConfigError`` naming owner, key and value."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TIMEOUT_MS:
+        raise ConfigError(
+            f"{owner}: `{key}` must be a whole number of milliseconds from 1 to "
+            f"{MAX_TIMEOUT_MS}, got {value!r}",
+            key=key,
+            value=value,
+        )
+    return value
+
+
+def _check_source_kind(_: object, __: attrs.Attribute[str], value: str) -> None:
+    if value not in _SOURCE_KINDS:
+        raise ConfigError(
+            f"MessageSource: `kind` must be one of {_SOURCE_KINDS}, got {value!r}",
+            key="kind",
+            value=value,
+        )
+
+
+@attrs.frozen
+class MessageSource:
+    """Who put a message into the context: a person, a plugin, the model or a tool."""
+
+    kind: SourceKind = attrs.field(validator=_check_source_kind)
+    plugin: str | None = None
+
+
+USER_SOURCE: Final = MessageSource("user")
+
+
+@attrs.frozen
+class ContextMessage:
+    """Text a layer adds to the model's context, as a user message after the step."""
+
+    text: str
+    source: MessageSource
+
+
+@attrs.frozen
+class ToolError:
+    """The structured part of an error result: what went wrong, and its class and code."""
+
+    message: str
+    name: str | None = None
+    code: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"message": self.message}
+        info = {key: value for key, value in (("name", self.name), ("code", self.code)) if value}
+        if info:
+            wire["info"] = info
+        return wire
+
+    @classmethod
+    def from_dict(cls, wire: Mapping[str, Any]) -> ToolError:
+        info = wire.get("info", {})
+        return cls(str(wire["message"]), info.get("name"), info.get("code"))
+
+
+def render_value(value: object) -> str:
+    """Model-facing content for a tool's value: a ``str`` as is, anything else as JSON.
+
+    Raises ``TypeError`` or ``ValueError`` for values JSON cannot hold (including NaN),
+    so a garbage value becomes an error result instead of a corrupt log.
+    """
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+@attrs.frozen
+class ToolResult:
+    """What a tool call produced, as the model will read it (``content``)."""
+
+    content: str
+    is_error: bool = False
+    error: ToolError | None = None
+    value: object = attrs.field(default=None, eq=False)
+
+    @property
+    def code(self) -> str | None:
+        """The error code, or ``None`` for a success or an error without one."""
+        return self.error.code if self.error is not None else None
+
+    @classmethod
+    def of(cls, value: object) -> ToolResult:
+        """A success result carrying ``value`` and its rendered content."""
+        return cls(render_value(value), value=value)
+
+    @classmethod
+    def failure(
+        cls, message: str, *, name: str | None = None, code: str | None = None
+    ) -> ToolResult:
+        """An error result in the seed's shape: content ``Error: <message>``."""
+        return cls(f"Error: {message}", is_error=True, error=ToolError(message, name, code))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire shape of the seed (``isError``, ``error.info`` only when set)."""
+        wire: dict[str, Any] = {"isError": self.is_error}
+        if self.error is not None:
+            wire["error"] = self.error.to_dict()
+        wire["content"] = self.content
+        return wire
+
+    @classmethod
+    def from_dict(cls, wire: Mapping[str, Any]) -> ToolResult:
+        error = wire.get("error")
+        return cls(
+            str(wire["content"]),
+            is_error=bool(wire["isError"]),
+            error=ToolError.from_dict(error) if error is not None else None,
+        )
+
+
+def timeout_result(ms: int, code: str) -> ToolResult:
+    """The seed's structured timeout error, with the code of the layer whose timer fired."""
+    return ToolResult.failure(
+        f"tool call timed out after {ms}ms", name="ToolTimeoutError", code=code
+    )
+
+
+ToolExecute: TypeAlias = Callable[[Mapping[str, Any], "ToolCall"], Awaitable[object] | object]
+
+
+def _check_tool_name(_: object, __: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            f"ToolDefinition: `name` must be a non-empty string, got {value!r}",
+            key="name",
+            value=value,
+        )
+
+
+def _is_async_callable(function: object) -> bool:
+    if inspect.iscoroutinefunction(function):
+        return True
+    call = getattr(function, "__call__", None)  # noqa: B004 - callable objects
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+@attrs.frozen(eq=False)
+class ToolDefinition:
+    """A tool the model may call.
+
+    ``execute(arguments, call)`` is an ``async def`` or a plain function; a plain
+    function runs in a worker thread and may call ``anyio.from_thread.check_cancelled()``
+    to stop when a timeout fires. It returns a ``str`` (the model-facing content),
+    any JSON value (rendered as JSON), or a ``ToolResult`` (used as is).
+
+    ``timeout_ms`` is the tool's own budget, declared by whoever owns the tool and
+    applied by ``ToolCallTimeoutPolicy`` / ``Timeout()``. Cancellation is cooperative:
+    only a tool that stops when cancelled should declare one, or the timeout waits
+    for it and then still reports ``TOOL_TIMEOUT``.
+    """
+
+    name: str = attrs.field(validator=_check_tool_name)
+    execute: ToolExecute
+    description: str = ""
+    parameters: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    timeout_ms: int | None = attrs.field(default=None)
+    is_async: bool = attrs.field(init=False)
+
+    @timeout_ms.validator
+    def _check_timeout(self, _: attrs.Attribute[int | None], value: int | None) -> None:
+        if value is not None:
+            validate_timeout_ms(f"tool {self.name!r}", "timeout_ms", value)
+
+    def __attrs_post_init__(self) -> None:
+        if not callable(self.execute):
+            raise ConfigError(
+                f"tool {self.name!r}: `execute` must be callable, got {self.execute!r}",
+                key="execute",
+                value=self.execute,
+            )
+        object.__setattr__(self, "is_async", _is_async_callable(self.execute))
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-tool schema: only name, description and parameters."""
+        parameters = dict(self.parameters) or {"type": "object", "properties": {}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": parameters,
+            },
+        }
+
+
+@attrs.frozen(eq=False)
+class ToolCall:
+    """One request to run a tool.
+
+    ``arguments`` is a mapping, or the raw text a model produced when that text was
+    not a JSON object (the registry answers such calls with ``INVALID_ARGUMENTS``).
+    ``agent`` is ``None`` for a direct call; ``tool`` is set by the registry before
+    the dispatch stage; ``attempt`` is set by a retry for the layers inside it.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] | str
+    call_id: str
+    agent: Agent | None = None
+    tool: ToolDefinition | None = None
+    attempt: int = 1
+
+
+def _contexts(contexts: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:
+    return tuple(contexts)
+
+
+@attrs.frozen
+class Allow:
+    """Pre-execute decision: run the call."""
+
+
+@attrs.frozen
+class Deny:
+    """Pre-execute decision: do not run the call; the model reads ``Error: <reason>``.
+
+    ``end_turn=True`` also ends the agent's turn after this step (reason ``blocked``).
+    """
+
+    reason: str
+    end_turn: bool = False
+
+
+@attrs.frozen
+class Accept:
+    """Post-execute decision: keep the result, or replace its value (``value`` not None)."""
+
+    value: object = None
+    additional_contexts: tuple[ContextMessage, ...] = attrs.field(default=(), converter=_contexts)
+
+
+@attrs.frozen
+class Block:
+    """Post-execute decision: replace the result by an error whose content is ``feedback``."""
+
+    feedback: str
+    additional_contexts: tuple[ContextMessage, ...] = attrs.field(default=(), converter=_contexts)
+    end_turn: bool = False
+
+
+PreDecision: TypeAlias = Allow | Deny
+PostDecision: TypeAlias = Accept | Block
+
+
+@attrs.frozen
+class ToolOutcome:
+    """What ``registry.execute`` returns: the final result and the contexts to inject."""
+
+    result: ToolResult
+    contexts: tuple[ContextMessage, ...] = ()
+    ends_turn: bool = False

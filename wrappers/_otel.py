@@ -1,0 +1,26 @@
+"""What the telemetry wrappers record as ``error.type``, in one place."""
+
+from __future__ import annotations
+
+import anyio
+
+from pipeline.values import ToolResult
+
+#: ``error.type`` for an error result without a code (the semantic conventions' fallback).
+OTHER = "_OTHER"
+#: ``error.type`` when the call was cancelled from outside the layer.
+CANCELLED = "cancelled"
+
+
+def result_error_type(result: ToolResult) -> str | None:
+    """The result's error code, ``_OTHER`` for an uncoded error, ``None`` for success."""
+    if not result.is_error:
+        return None
+    return result.code or OTHER
+
+
+def exception_error_type(error: BaseException) -> str:
+    """``cancelled`` for cancellation, else the exception's class name."""
+    if isinstance(error, anyio.get_cancelled_exc_class()):
+        return CANCELLED
+    return type(error).__name__
