@@ -77,9 +77,12 @@ class ToolCallRequest:
     raw_arguments: str | None = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        parsed = _parse_arguments(self.arguments)
         raw = self.arguments if isinstance(self.arguments, str) else None
+        if raw is not None and not isinstance(parsed, str) and raw == arguments_text(parsed):
+            raw = None  # the text says nothing the mapping does not: equal either way
         object.__setattr__(self, "raw_arguments", raw)
-        object.__setattr__(self, "arguments", _parse_arguments(self.arguments))
+        object.__setattr__(self, "arguments", parsed)
 
     def with_call_id(self, call_id: str) -> ToolCallRequest:
         """The same request under another id, raw text kept."""

@@ -85,14 +85,14 @@ def layer_name(layer: object) -> str:
     return type(layer).__name__
 
 
-def _code_of(layer: object) -> types.CodeType | None:
-    """The code object whose frame runs when ``layer`` is awaited, if there is one."""
+def _frame_owner(layer: object) -> tuple[types.CodeType | None, object]:
+    """The code object that runs when ``layer`` is awaited, and the ``self`` it runs with."""
     if isinstance(layer, types.MethodType):
-        layer = layer.__func__
+        return layer.__func__.__code__, layer.__self__
     if isinstance(layer, types.FunctionType):
-        return layer.__code__
+        return layer.__code__, None
     call = getattr(type(layer), "__call__", None)  # noqa: B004 - callable objects
-    return call.__code__ if isinstance(call, types.FunctionType) else None
+    return (call.__code__, layer) if isinstance(call, types.FunctionType) else (None, None)
 
 
 def _bind(layer: Layer, call_next: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -178,16 +178,21 @@ class Pipeline(Generic[NextT]):
     def blame(self, error: BaseException) -> str | None:
         """The name of the innermost layer of this pipeline that ``error`` passed through.
 
-        Read from the traceback, so it costs nothing until something raises.
+        Read from the traceback (a layer object is recognised by its ``self``), so it
+        costs nothing until something raises.
         """
-        codes = {}
+        owners: dict[types.CodeType, list[tuple[object, str]]] = {}
         for entry in self._entries:
-            code = _code_of(entry.layer)
+            code, owner = _frame_owner(entry.layer)
             if code is not None:
-                codes[code] = entry.name
+                owners.setdefault(code, []).append((owner, entry.name))
         blamed = None
         traceback = error.__traceback__
         while traceback is not None:
-            blamed = codes.get(traceback.tb_frame.f_code, blamed)
+            frame = traceback.tb_frame
+            for owner, name in owners.get(frame.f_code, ()):
+                if owner is None or frame.f_locals.get("self") is owner:
+                    blamed = name
+                    break
             traceback = traceback.tb_next
         return blamed

@@ -20,6 +20,7 @@ into a result: it propagates.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -138,6 +139,19 @@ async def _accept(call: ToolCall, result: ToolResult) -> PostDecision:
     return Accept()
 
 
+def _call_in_thread(tool: ToolDefinition, arguments: Mapping[str, Any], call: ToolCall) -> object:
+    value = tool.execute(arguments, call)
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()  # an un-awaited coroutine would warn when collected
+        raise TypeError(
+            f"tool {tool.name!r} is a plain function that returned an awaitable; "
+            "declare it `async def`"
+        )
+    return value
+
+
 async def _run_tool(call: ToolCall) -> ToolResult:
     """The innermost dispatch step: run the tool, normalise whatever happens into a result."""
     tool = call.tool
@@ -150,21 +164,12 @@ async def _run_tool(call: ToolCall) -> ToolResult:
         if tool.is_async:
             value = await cast(Awaitable[object], tool.execute(arguments, call))
         else:
-            value = await anyio.to_thread.run_sync(tool.execute, arguments, call)
+            value = await anyio.to_thread.run_sync(_call_in_thread, tool, arguments, call)
     except Exception as error:
         logger.debug("tool %r raised", call.name, exc_info=True)
         return failure_from_exception(error)
     if isinstance(value, ToolResult):
         return value
-    if isinstance(value, Awaitable):
-        if hasattr(value, "close"):
-            value.close()  # an un-awaited coroutine would warn at garbage collection
-        return ToolResult.failure(
-            f"tool {tool.name!r} is a plain function that returned an awaitable; "
-            "declare it `async def`",
-            name="TypeError",
-            code=TOOL_FAILED,
-        )
     try:
         return ToolResult(render_value(value), value=value)
     except (TypeError, ValueError) as error:
