@@ -30,6 +30,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from pipeline.errors import ConfigError, TurnInProgressError
@@ -270,6 +271,8 @@ class Agent:
             outcomes = []
             for index in range(count):
                 outcome = await execute(self._call(turn, step, calls, index))
+                # A tool that ignored the turn's cancel still returns: it was aborted.
+                await anyio.lowlevel.checkpoint_if_cancelled()
                 self._answer(turn, step, calls, index, outcome)
                 outcomes.append(outcome)
             return outcomes
@@ -311,6 +314,7 @@ class Agent:
             outcome = await self.loop.tools.execute(
                 ToolCall(request.name, request.arguments, request.call_id, agent=self)
             )
+            await anyio.lowlevel.checkpoint_if_cancelled()
             async with in_order(committed):
                 self._answer(turn, step, calls, index, outcome)
                 outcomes[index] = outcome

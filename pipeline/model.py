@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import attrs
@@ -97,12 +97,16 @@ class ToolCallRequest:
         return arguments_text(self.arguments)
 
 
+def _requests(requests: Iterable[ToolCallRequest]) -> tuple[ToolCallRequest, ...]:
+    return tuple(requests)
+
+
 @attrs.frozen
 class ModelReply:
     """A model's answer: text, and the tool calls it wants run (in its order)."""
 
     text: str = ""
-    tool_calls: tuple[ToolCallRequest, ...] = attrs.field(default=(), converter=tuple)
+    tool_calls: tuple[ToolCallRequest, ...] = attrs.field(default=(), converter=_requests)
 
 
 @runtime_checkable

@@ -201,6 +201,10 @@ def _is_async_callable(function: object) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
+def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(parameters)
+
+
 @attrs.frozen(eq=False)
 class ToolDefinition:
     """A tool the model may call.
@@ -219,7 +223,7 @@ class ToolDefinition:
     name: str = attrs.field(validator=_check_tool_name)
     execute: ToolExecute
     description: str = ""
-    parameters: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    parameters: Mapping[str, Any] = attrs.field(factory=dict, converter=_parameters)
     timeout_ms: int | None = attrs.field(default=None)
     is_async: bool = attrs.field(init=False)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from pipeline.errors import ConfigError
@@ -52,6 +53,9 @@ async def within_budget(call: ToolCall, call_next: DispatchNext, ms: int, code: 
         result = await call_next(call)
     # Nobody else holds this scope, so a cancel on it is our deadline firing.
     if scope.cancel_called or result is None:
+        # A tool that ignored our cancel may also have outlived the caller's: then the
+        # caller's cancellation wins and propagates; it is never turned into a result.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         return timeout_result(ms, code)
     return result
 

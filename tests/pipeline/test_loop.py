@@ -107,7 +107,7 @@ async def test_every_request_is_the_log_rebuilt_in_openai_format() -> None:
 
 async def test_contexts_follow_all_of_a_steps_results_with_their_source() -> None:
     async def note(call: ToolCall, result: ToolResult, call_next: Any) -> Any:
-        decision = await call_next(call, result)
+        await call_next(call, result)
         return Accept(additional_contexts=[ContextMessage(f"noted {call.call_id}", NOTE)])
 
     registry = registry_with(ScriptedTool("a"), ScriptedTool("b"))
