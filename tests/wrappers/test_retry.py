@@ -1,0 +1,168 @@
+"""Retry: what, how long, how many; budgets; cancellation; attempts visible inside."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from pipeline import TOOL_FAILED, TOOL_TIMEOUT, ConfigError, ToolCall, ToolResult
+from pipeline.testing import Hang, Raise, Reply, ScriptedTool
+from tests.helpers import call, registry_with
+from wrappers import Retry, RetryBudget, Timeout, no_backoff
+
+
+def flaky(fail_times: int, code: str = TOOL_TIMEOUT) -> ScriptedTool:
+    steps: list[Any] = [Reply(ToolResult.failure("x", code=code))] * fail_times
+    return ScriptedTool("flaky", [*steps, Reply("finally")])
+
+
+async def test_retries_matching_failures_until_success() -> None:
+    tool = flaky(2)
+    registry = registry_with(tool)
+    registry.dispatch.use(Retry(attempts=3, backoff_ms=0))
+    outcome = await registry.execute(call("flaky"))
+    assert outcome.result == ToolResult("finally")
+    assert [run.call.attempt for run in tool.runs] == [1, 2, 3]
+
+
+async def test_gives_up_after_attempts_and_returns_the_last_result() -> None:
+    tool = flaky(5)
+    registry = registry_with(tool)
+    registry.dispatch.use(Retry(attempts=2, backoff_ms=0))
+    outcome = await registry.execute(call("flaky"))
+    assert outcome.result.code == TOOL_TIMEOUT
+    assert len(tool.runs) == 2
+
+
+async def test_only_what_retry_on_names_is_retried() -> None:
+    tool = ScriptedTool("t", [Raise(ValueError("bad input"))])
+    registry = registry_with(tool)
+    registry.dispatch.use(Retry(attempts=5, backoff_ms=0))
+    assert (await registry.execute(call("t"))).result.code == TOOL_FAILED
+    assert len(tool.runs) == 1  # TOOL_FAILED is not in the default retry_on
+
+    by_predicate = flaky(1, code="RATE_LIMITED")
+    registry = registry_with(by_predicate)
+    registry.dispatch.use(Retry(retry_on=lambda result: result.code == "RATE_LIMITED",
+                                backoff_ms=0))
+    assert (await registry.execute(call("flaky"))).result == ToolResult("finally")
+
+
+async def test_backoff_is_exponential_and_capped_without_jitter() -> None:
+    tool = flaky(4)
+    registry = registry_with(tool)
+    registry.dispatch.use(Retry(attempts=5, backoff_ms=100, max_backoff_ms=300, jitter=False))
+    await registry.execute(call("flaky"))
+    starts = [run.started - tool.runs[0].started for run in tool.runs]
+    assert starts == pytest.approx([0, 0.1, 0.3, 0.6, 0.9])
+
+
+async def test_jitter_is_full_and_repeatable_with_a_seed() -> None:
+    retry = Retry(backoff_ms=1000, max_backoff_ms=8000, seed=7)
+    delays = [retry.delay_s(attempt) for attempt in (1, 2, 3, 4, 5)]
+    again = Retry(backoff_ms=1000, max_backoff_ms=8000, seed=7)
+    assert delays == [again.delay_s(attempt) for attempt in (1, 2, 3, 4, 5)]
+    ceilings = [1, 2, 4, 8, 8]
+    assert all(0 <= delay <= ceiling for delay, ceiling in zip(delays, ceilings, strict=True))
+    assert len(set(delays)) == 5
+
+
+async def test_no_backoff_turns_waits_off_only_in_its_scope() -> None:
+    tool = flaky(2)
+    registry = registry_with(tool)
+    registry.dispatch.use(Retry(attempts=3, backoff_ms=5000, jitter=False))
+    started = anyio.current_time()
+    with no_backoff():
+        await registry.execute(call("flaky"))
+    assert anyio.current_time() == started
+    tool.runs.clear()
+    await registry.execute(call("flaky"))
+    assert anyio.current_time() - started == pytest.approx(5 + 10)
+
+
+async def test_cancellation_interrupts_the_wait_and_no_attempt_starts_after_it() -> None:
+    tool = flaky(5)
+    registry = registry_with(tool)
+    registry.dispatch.use(Retry(attempts=5, backoff_ms=1000, jitter=False))
+    outcomes = []
+    with anyio.move_on_after(1.5) as scope:
+        outcomes.append(await registry.execute(call("flaky")))
+    assert scope.cancelled_caught
+    assert outcomes == []
+    assert len(tool.runs) == 2  # at 0 s and 1 s; the wait until 3 s was cut at 1.5 s
+    await anyio.sleep(10)
+    assert len(tool.runs) == 2
+
+
+async def test_a_cancelled_attempt_is_not_retried() -> None:
+    tool = ScriptedTool("hang", [Hang()])
+    registry = registry_with(tool)
+    registry.dispatch.use(Retry(attempts=3, backoff_ms=0))
+    with anyio.move_on_after(1):
+        await registry.execute(call("hang"))
+    assert len(tool.runs) == 1
+
+
+async def test_layers_inside_see_the_attempt_number() -> None:
+    attempts: list[int] = []
+
+    async def inside(tool_call: ToolCall, call_next: Any) -> ToolResult:
+        attempts.append(tool_call.attempt)
+        result: ToolResult = await call_next(tool_call)
+        return result
+
+    registry = registry_with(ScriptedTool("hang", [Hang()]))
+    registry.dispatch.use(Retry(attempts=3, backoff_ms=0))
+    registry.dispatch.use(inside)
+    registry.dispatch.use(Timeout(ms=10))
+    assert (await registry.execute(call("hang"))).result.code == TOOL_TIMEOUT
+    assert attempts == [1, 2, 3]
+
+
+async def test_a_shared_budget_stops_a_retry_storm() -> None:
+    budget = RetryBudget(ratio=0.5, min_retries_per_second=0, capacity=2)
+    tool = ScriptedTool("down", [Reply(ToolResult.failure("down", code=TOOL_TIMEOUT))])
+    registry = registry_with(tool)
+    registry.dispatch.use(Retry(attempts=3, backoff_ms=0, budget=budget))
+    with no_backoff():
+        for _ in range(10):
+            await registry.execute(call("down"))
+    # 10 operations; without a budget 30 attempts. With it: the 2 tokens it starts with
+    # go to the first operation's retries, then every second operation earns one retry.
+    assert len(tool.runs) == 10 + 2 + 4
+    assert [run.call.attempt for run in tool.runs].count(2) == 5
+    assert budget.tokens == 0.5
+
+
+async def test_a_budget_refills_over_time() -> None:
+    budget = RetryBudget(ratio=0, min_retries_per_second=2, capacity=4)
+    for _ in range(4):
+        assert budget.try_withdraw()
+    assert not budget.try_withdraw()
+    await anyio.sleep(1)
+    assert budget.try_withdraw()
+    assert budget.try_withdraw()
+    assert not budget.try_withdraw()
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [({"attempts": 0}, "attempts"), ({"attempts": 1.5}, "attempts"),
+     ({"backoff_ms": -1}, "backoff_ms"), ({"backoff_ms": 100, "max_backoff_ms": 50},
+                                          "max_backoff_ms"),
+     ({"retry_on": []}, "retry_on"), ({"retry_on": [1]}, "retry_on"),
+     ({"jitter": "yes"}, "jitter"), ({"budget": 3}, "budget")],
+)
+def test_bad_retry_configuration_fails_loud(config: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        Retry(**config)
+    assert raised.value.key == key
+
+
+@pytest.mark.parametrize(("key", "value"), [("ratio", -1), ("capacity", 0.5), ("ratio", "x")])
+def test_bad_budgets_fail_loud(key: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as raised:
+        RetryBudget(**{key: value})
+    assert raised.value.key == key

@@ -1,0 +1,50 @@
+"""Timeout: a fixed or declared budget; each instance owns its code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from pipeline import TOOL_TIMEOUT, ConfigError, ToolResult, timeout_result
+from pipeline.testing import Hang, Reply, ScriptedTool
+from tests.helpers import call, registry_with
+from wrappers import Timeout
+
+
+async def test_a_fixed_budget_times_out_with_the_layers_code() -> None:
+    registry = registry_with(ScriptedTool("t", [Hang()]))
+    registry.dispatch.use(Timeout(ms=40, code="MY_TIMEOUT"))
+    started = anyio.current_time()
+    outcome = await registry.execute(call("t"))
+    assert anyio.current_time() - started == pytest.approx(0.04)
+    assert outcome.result == timeout_result(40, "MY_TIMEOUT")
+    assert outcome.result.content == "Error: tool call timed out after 40ms"
+
+
+async def test_no_ms_uses_the_tools_declared_budget_or_passes_through() -> None:
+    registry = registry_with(ScriptedTool("budgeted", [Hang()], timeout_ms=70),
+                             ScriptedTool("free", [Reply("done", after_s=100)]))
+    registry.dispatch.use(Timeout())
+    assert (await registry.execute(call("budgeted"))).result == timeout_result(70, TOOL_TIMEOUT)
+    assert (await registry.execute(call("free"))).result == ToolResult("done")
+
+
+async def test_nested_timeouts_report_whichever_fired() -> None:
+    for outer, inner, expected in ((100, 30, "INNER"), (30, 100, "OUTER")):
+        registry = registry_with(ScriptedTool("t", [Hang()]))
+        registry.dispatch.use(Timeout(ms=outer, code="OUTER"))
+        registry.dispatch.use(Timeout(ms=inner, code="INNER"))
+        outcome = await registry.execute(call("t"))
+        assert outcome.result.code == expected
+        assert outcome.result.content == f"Error: tool call timed out after {min(outer, inner)}ms"
+
+
+@pytest.mark.parametrize(("key", "value"), [("ms", 0), ("ms", 2.5), ("ms", True), ("code", ""),
+                                            ("code", 5)])
+def test_bad_timeout_configuration_fails_loud(key: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as raised:
+        Timeout(**{key: value})
+    assert raised.value.key == key
+    assert repr(value) in str(raised.value)

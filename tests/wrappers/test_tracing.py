@@ -1,0 +1,151 @@
+"""Tracing: a span per call and per layer, nested in registration order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
+
+from guards import GENTLE_TEXT, RepeatToolReminder, ToolCallTimeoutPolicy
+from pipeline import TOOL_TIMEOUT, Harness, ModelReply, ScriptedModel, ToolCall, ToolDefinition
+from pipeline.testing import Hang, RecordingLayer, ScriptedTool
+from tests.helpers import call, calls
+from tests.wrappers.otel import SpanRig
+from wrappers import CONTEXT_EVENT, Metrics, Retry, Timeout, Tracing
+
+
+def by_name(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:
+    return [span for span in spans if span.name == name]
+
+
+def parent_of(span: ReadableSpan, spans: list[ReadableSpan]) -> ReadableSpan | None:
+    if span.parent is None:
+        return None
+    return next(s for s in spans if s.context.span_id == span.parent.span_id)
+
+
+async def test_each_call_gets_an_execute_tool_span_with_genai_attributes() -> None:
+    rig = SpanRig()
+    harness = Harness()
+    ScriptedTool("grep", ["found"]).register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    await harness.tools.execute(call("grep", call_id="call-42"))
+    [span] = rig.spans
+    assert span.name == "execute_tool grep"
+    assert span.kind == SpanKind.INTERNAL
+    assert dict(span.attributes or {}) == {"gen_ai.operation.name": "execute_tool",
+                                           "gen_ai.tool.name": "grep",
+                                           "gen_ai.tool.call.id": "call-42"}
+    assert span.status.status_code == StatusCode.UNSET
+
+
+async def test_layer_spans_nest_in_registration_order_under_the_call_span() -> None:
+    rig = SpanRig()
+    harness = Harness()
+    ScriptedTool("grep").register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    harness.plugin(Metrics())
+    harness.plugin(Timeout(ms=1000))
+    harness.tools.dispatch.use(RecordingLayer("innermost"))
+    await harness.tools.execute(call("grep"))
+    spans = rig.spans
+    chain = []
+    span: ReadableSpan | None = by_name(spans, "innermost")[0]
+    while span is not None:
+        chain.append(span)
+        span = parent_of(span, spans)
+    assert [s.name for s in chain] == ["innermost", "timeout", "metrics", "execute_tool grep"]
+    assert [(s.attributes or {}).get("guardstack.layer.index") for s in chain[:3]] == [2, 1, 0]
+    assert [(s.attributes or {}).get("guardstack.layer") for s in chain[:3]] == [
+        "innermost", "timeout", "metrics"]
+
+
+async def test_an_error_result_marks_every_span_that_returned_it() -> None:
+    rig = SpanRig()
+    harness = Harness()
+    ScriptedTool("hang", [Hang()], timeout_ms=100).register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    harness.plugin(Metrics())
+    harness.plugin(ToolCallTimeoutPolicy())
+    harness.tools.dispatch.use(RecordingLayer("inside"))
+    await harness.tools.execute(call("hang"))
+    spans = {span.name: span for span in rig.spans}
+    for name in ("execute_tool hang", "metrics", "tool-call-timeout-policy"):
+        assert spans[name].status.status_code == StatusCode.ERROR, name
+        assert (spans[name].attributes or {})["error.type"] == TOOL_TIMEOUT
+    assert (spans["inside"].attributes or {})["error.type"] == "cancelled"
+
+
+async def test_layers_inside_a_retry_show_one_span_per_attempt() -> None:
+    rig = SpanRig()
+    harness = Harness()
+    ScriptedTool("hang", [Hang()]).register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    harness.plugin(Retry(attempts=3, backoff_ms=0))
+    harness.plugin(Timeout(ms=10))
+    await harness.tools.execute(call("hang"))
+    spans = rig.spans
+    [retry] = by_name(spans, "retry")
+    attempts = by_name(spans, "timeout")
+    assert [(s.attributes or {})["guardstack.attempt"] for s in attempts] == [1, 2, 3]
+    assert all(parent_of(s, spans) is retry for s in attempts)
+    assert (retry.attributes or {})["guardstack.attempt"] == 1
+
+
+async def test_reminders_appear_as_span_events() -> None:
+    rig = SpanRig()
+    harness = Harness(model=ScriptedModel([calls(("grep", {}))] * 3 + [ModelReply("ok")]))
+    ScriptedTool("grep").register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    harness.plugin(RepeatToolReminder())
+    await harness.loop.create("a").prompt("go")
+    spans = by_name(rig.spans, "execute_tool grep")
+    assert [len(span.events) for span in spans] == [0, 0, 1]
+    event = spans[2].events[0]
+    assert event.name == CONTEXT_EVENT
+    assert dict(event.attributes or {}) == {"guardstack.context.source": "repeat-tool-reminder",
+                                            "guardstack.context.text": GENTLE_TEXT}
+
+
+async def test_the_tool_runs_inside_the_innermost_layer_span() -> None:
+    rig = SpanRig()
+    current: list[Any] = []
+
+    async def look(arguments: Any, tool_call: ToolCall) -> str:
+        current.append(trace.get_current_span().get_span_context().span_id)
+        return "ok"
+
+    harness = Harness()
+    harness.tools.register(ToolDefinition("look", look))
+    harness.plugin(Tracing(rig.provider))
+    harness.plugin(Timeout(ms=1000))
+    await harness.tools.execute(call("look"))
+    assert current == [by_name(rig.spans, "timeout")[0].context.span_id]
+
+
+async def test_with_tracing_off_no_span_is_made() -> None:
+    started: list[str] = []
+
+    class CountingTracer:
+        def __init__(self, tracer: Any) -> None:
+            self.tracer = tracer
+
+        def start_as_current_span(self, name: str, **kwargs: Any) -> Any:
+            started.append(name)
+            return self.tracer.start_as_current_span(name, **kwargs)
+
+    rig = SpanRig()
+    tracing = Tracing(rig.provider)
+    tracing.tracer = CountingTracer(tracing.tracer)  # type: ignore[assignment]
+    harness = Harness()
+    ScriptedTool("t").register(harness.tools)
+    harness.plugin(Timeout(ms=1000))
+    handle = harness.plugin(tracing)
+    await harness.tools.execute(call("t"))
+    assert started == ["execute_tool t", "timeout"]
+    handle.dispose()
+    await harness.tools.execute(call("t"))
+    assert started == ["execute_tool t", "timeout"]
+    assert len(rig.spans) == 2
