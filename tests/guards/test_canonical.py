@@ -15,11 +15,24 @@ from guards.canonical import js_number, utf16_length, utf16_prefix
 
 @pytest.mark.parametrize(
     ("number", "javascript"),
-    [(1.0, "1"), (-0.0, "0"), (1.5, "1.5"), (0.1, "0.1"), (1e-7, "1e-7"), (1e-6, "0.000001"),
-     (123456789012345680000.0, "123456789012345680000"), (1e21, "1e+21"), (1.5e300, "1.5e+300"),
-     (2.0**60, "1152921504606847000"), (5e-324, "5e-324"), (math.nan, "null"),
-     (math.inf, "null"), (-math.inf, "null"), (10**30, "1000000000000000000000000000000"),
-     (-2.5e-8, "-2.5e-8")],
+    [
+        (1.0, "1"),
+        (-0.0, "0"),
+        (1.5, "1.5"),
+        (0.1, "0.1"),
+        (1e-7, "1e-7"),
+        (1e-6, "0.000001"),
+        (123456789012345680000.0, "123456789012345680000"),
+        (1e21, "1e+21"),
+        (1.5e300, "1.5e+300"),
+        (2.0**60, "1152921504606847000"),
+        (5e-324, "5e-324"),
+        (math.nan, "null"),
+        (math.inf, "null"),
+        (-math.inf, "null"),
+        (10**30, "1000000000000000000000000000000"),
+        (-2.5e-8, "-2.5e-8"),
+    ],
 )
 def test_numbers_print_as_javascript_prints_them(number: float, javascript: str) -> None:
     assert js_number(number) == javascript
@@ -28,12 +41,14 @@ def test_numbers_print_as_javascript_prints_them(number: float, javascript: str)
 def test_keys_sort_deeply_with_integer_like_keys_first() -> None:
     value = {"b": 1, "a": {"z": None, "10": 1, "2": 2, "é": "ü", "B": True}, "01": 0, "1": [3, 1]}
     assert canonical_json(value) == (
-        '{"1":[3,1],"01":0,"a":{"2":2,"10":1,"B":true,"z":null,"é":"ü"},"b":1}')
+        '{"1":[3,1],"01":0,"a":{"2":2,"10":1,"B":true,"z":null,"é":"ü"},"b":1}'
+    )
 
 
 def test_strings_escape_like_json_stringify() -> None:
     assert canonical_json('quote " slash \\ tab \t nul \x00 ü 😀') == (
-        '"quote \\" slash \\\\ tab \\t nul \\u0000 ü 😀"')
+        '"quote \\" slash \\\\ tab \\t nul \\u0000 ü 😀"'
+    )
     assert canonical_json("\ud800") == '"\\ud800"'
 
 

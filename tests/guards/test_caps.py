@@ -23,14 +23,22 @@ from tests.helpers import calls
 
 
 def results(harness_agent: Any) -> list[tuple[str, str | None]]:
-    return [(e.call_id, e.result.code) for e in harness_agent.session.events
-            if isinstance(e, ToolResultEvent)]
+    return [
+        (e.call_id, e.result.code)
+        for e in harness_agent.session.events
+        if isinstance(e, ToolResultEvent)
+    ]
 
 
 async def test_over_the_per_turn_limit_calls_are_denied_with_a_reason_the_model_reads() -> None:
     tool = ScriptedTool("grep")
-    model = ScriptedModel([calls(("grep", {"i": 1}), ("grep", {"i": 2})),
-                           calls(("grep", {"i": 3})), ModelReply("answer")])
+    model = ScriptedModel(
+        [
+            calls(("grep", {"i": 1}), ("grep", {"i": 2})),
+            calls(("grep", {"i": 3})),
+            ModelReply("answer"),
+        ]
+    )
     harness = Harness(model=model)
     tool.register(harness.tools)
     harness.plugin(ToolCallLimit(per_turn=2))
@@ -40,13 +48,16 @@ async def test_over_the_per_turn_limit_calls_are_denied_with_a_reason_the_model_
     assert len(tool.runs) == 2
     assert [code for _, code in results(agent)] == [None, None, TOOL_DENIED]
     denial = model.requests[2][-1]["content"]
-    assert denial == ("Error: tool call limit reached: this turn already made 2 tool calls and "
-                      "the limit is 2 per turn. Do not call more tools; answer with what you have.")
+    assert denial == (
+        "Error: tool call limit reached: this turn already made 2 tool calls and "
+        "the limit is 2 per turn. Do not call more tools; answer with what you have."
+    )
 
 
 async def test_per_tool_limits_count_each_tool_separately() -> None:
-    model = ScriptedModel([calls(("a", {}), ("a", {}), ("b", {}), ("b", {}), ("a", {})),
-                           ModelReply("ok")])
+    model = ScriptedModel(
+        [calls(("a", {}), ("a", {}), ("b", {}), ("b", {}), ("a", {})), ModelReply("ok")]
+    )
     harness = Harness(model=model)
     for name in "ab":
         ScriptedTool(name).register(harness.tools)
@@ -54,8 +65,10 @@ async def test_per_tool_limits_count_each_tool_separately() -> None:
     agent = harness.loop.create("x")
     await agent.prompt("go")
     assert [code for _, code in results(agent)] == [None, TOOL_DENIED, None, None, TOOL_DENIED]
-    assert '"a" was already called 1 times this turn and the limit is 1' in (
-        model.requests[1][3]["content"])
+    assert (
+        '"a" was already called 1 times this turn and the limit is 1'
+        in (model.requests[1][3]["content"])
+    )
 
 
 async def test_end_turn_ends_the_turn_blocked_after_the_step() -> None:
@@ -110,9 +123,14 @@ async def test_calls_without_an_agent_are_not_capped() -> None:
 
 @pytest.mark.parametrize(
     ("config", "key"),
-    [({}, "per_turn"), ({"per_turn": 0}, "per_turn"), ({"per_tool": -1}, "per_tool"),
-     ({"per_tool": {"a": 0}}, "per_tool.a"), ({"per_tool": "3"}, "per_tool"),
-     ({"per_turn": 1, "on_exceeded": "explode"}, "on_exceeded")],
+    [
+        ({}, "per_turn"),
+        ({"per_turn": 0}, "per_turn"),
+        ({"per_tool": -1}, "per_tool"),
+        ({"per_tool": {"a": 0}}, "per_tool.a"),
+        ({"per_tool": "3"}, "per_tool"),
+        ({"per_turn": 1, "on_exceeded": "explode"}, "on_exceeded"),
+    ],
 )
 def test_bad_limits_fail_loud(config: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as raised:
@@ -141,8 +159,12 @@ def test_the_agent_limit_must_be_a_positive_integer(bad: Any) -> None:
 
 def test_caps_load_from_configuration() -> None:
     harness = Harness(model=ScriptedModel([]))
-    harness.load([{"name": "tool-call-limit", "config": {"perTurn": 5, "onExceeded": "end_turn"}},
-                  {"name": "agent-limit", "config": {"maxAgents": 1}}])
+    harness.load(
+        [
+            {"name": "tool-call-limit", "config": {"perTurn": 5, "onExceeded": "end_turn"}},
+            {"name": "agent-limit", "config": {"maxAgents": 1}},
+        ]
+    )
     harness.loop.create("only")
     with pytest.raises(AgentLimitExceeded):
         harness.loop.create("another")

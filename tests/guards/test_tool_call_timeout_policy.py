@@ -194,8 +194,9 @@ async def test_in_a_loop_the_model_reads_the_timeout_and_post_execute_saw_it() -
 
 
 async def test_a_stubborn_tool_outliving_the_callers_cancel_is_not_a_timeout_result() -> None:
-    tool = ScriptedTool("stubborn", [Reply("late", after_s=2.0, ignore_cancel=True)],
-                        timeout_ms=250)
+    tool = ScriptedTool(
+        "stubborn", [Reply("late", after_s=2.0, ignore_cancel=True)], timeout_ms=250
+    )
     registry = with_policy(tool)
     outcomes = []
     with anyio.move_on_after(1.0) as scope:  # the caller gives up after the budget fired

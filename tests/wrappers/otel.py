@@ -47,5 +47,6 @@ class MetricRig:
         total = 0.0
         for point in self.points(name):
             if all(point.attributes.get(key) == value for key, value in attributes.items()):
-                total += getattr(point, "value", None) or getattr(point, "count", 0)
+                value = getattr(point, "value", None)
+                total += value if value is not None else point.count
         return total

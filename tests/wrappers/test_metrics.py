@@ -26,8 +26,10 @@ async def test_outside_a_retry_it_counts_operations() -> None:
     [point] = rig.points(DURATION_METRIC)
     assert point.count == 1
     assert point.sum == pytest.approx(3.0 + 0.5 + 1.0)  # all attempts and both waits
-    assert dict(point.attributes) == {"gen_ai.operation.name": "execute_tool",
-                                      "gen_ai.tool.name": "lookup"}
+    assert dict(point.attributes) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "lookup",
+    }
 
 
 async def test_inside_a_retry_it_counts_attempts_with_their_error_type() -> None:
@@ -38,8 +40,7 @@ async def test_inside_a_retry_it_counts_attempts_with_their_error_type() -> None
     await registry.execute(call("lookup"))
     assert rig.total(CALLS_METRIC) == 3
     assert rig.total(CALLS_METRIC, **{"error.type": TOOL_TIMEOUT}) == 2
-    durations = {point.attributes.get("error.type"): point for point in
-                 rig.points(DURATION_METRIC)}
+    durations = {point.attributes.get("error.type"): point for point in rig.points(DURATION_METRIC)}
     assert durations[TOOL_TIMEOUT].count == 2
     assert durations[TOOL_TIMEOUT].sum == pytest.approx(2.0)
     assert durations[None].sum == pytest.approx(1.0)

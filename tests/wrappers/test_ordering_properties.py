@@ -58,8 +58,9 @@ class Cancelled:
 
 
 class Simulation:
-    def __init__(self, stack: list[tuple[str, Any]], behaviours: list[Behaviour],
-                 tool_budget: float | None) -> None:
+    def __init__(
+        self, stack: list[tuple[str, Any]], behaviours: list[Behaviour], tool_budget: float | None
+    ) -> None:
         self.stack, self.behaviours, self.tool_budget = stack, behaviours, tool_budget
         self.runs: list[tuple[int, float]] = []  # (attempt, start) of each tool run
         self.entered = [0] * len(stack)
@@ -69,8 +70,9 @@ class Simulation:
         assert isinstance(outcome, Done)
         return outcome
 
-    def layer(self, index: int, start: float, deadlines: list[tuple[float, int]],
-              attempt: int) -> Done | Cancelled:
+    def layer(
+        self, index: int, start: float, deadlines: list[tuple[float, int]], attempt: int
+    ) -> Done | Cancelled:
         if index == len(self.stack):
             return self.tool(start, deadlines, attempt)
         self.entered[index] += 1
@@ -95,8 +97,9 @@ class Simulation:
         check_tie(deadline, inner.time)
         return inner
 
-    def retry(self, index: int, start: float, deadlines: list[tuple[float, int]],
-              attempts: int) -> Done | Cancelled:
+    def retry(
+        self, index: int, start: float, deadlines: list[tuple[float, int]], attempts: int
+    ) -> Done | Cancelled:
         now = start
         for attempt in range(1, attempts + 1):
             outcome = self.layer(index + 1, now, deadlines, attempt)
@@ -112,8 +115,9 @@ class Simulation:
                 return Cancelled(min(fired), now)
         raise AssertionError("unreachable")
 
-    def tool(self, start: float, deadlines: list[tuple[float, int]], attempt: int
-             ) -> Done | Cancelled:
+    def tool(
+        self, start: float, deadlines: list[tuple[float, int]], attempt: int
+    ) -> Done | Cancelled:
         behaviour = self.behaviours[min(len(self.runs), len(self.behaviours) - 1)]
         self.runs.append((attempt, start))
         end = start + behaviour.latency if behaviour.kind != "hang" else math.inf
@@ -151,15 +155,20 @@ stubborn = st.builds(Behaviour, st.just("stubborn"), st.integers(0, 60).map(lamb
 
 
 def stacks() -> st.SearchStrategy[list[tuple[str, Any]]]:
-    parts = st.fixed_dictionaries({
-        "X": st.integers(1, 40).map(lambda n: ("timeout", n / 10 + 0.001)),
-        "Y": st.integers(1, 40).map(lambda n: ("timeout", n / 10 + 0.003)),
-        "retry": st.integers(1, 4).map(lambda n: ("retry", n)),
-        "policy": st.just(("policy", None)),
-        "metrics": st.just(("metrics", None)),
-    })
-    return parts.flatmap(lambda chosen: st.permutations(list(chosen.values())).flatmap(
-        lambda order: st.integers(1, len(order)).map(lambda size: list(order[:size]))))
+    parts = st.fixed_dictionaries(
+        {
+            "X": st.integers(1, 40).map(lambda n: ("timeout", n / 10 + 0.001)),
+            "Y": st.integers(1, 40).map(lambda n: ("timeout", n / 10 + 0.003)),
+            "retry": st.integers(1, 4).map(lambda n: ("retry", n)),
+            "policy": st.just(("policy", None)),
+            "metrics": st.just(("metrics", None)),
+        }
+    )
+    return parts.flatmap(
+        lambda chosen: st.permutations(list(chosen.values())).flatmap(
+            lambda order: st.integers(1, len(order)).map(lambda size: list(order[:size]))
+        )
+    )
 
 
 def to_step(item: Behaviour) -> ToolStep:
@@ -170,10 +179,12 @@ def to_step(item: Behaviour) -> ToolStep:
     return Reply("ok", after_s=item.latency, ignore_cancel=item.kind == "stubborn")
 
 
-async def check_stack(stack: list[tuple[str, Any]], behaviours: list[Behaviour],
-                      tool_budget_ms: int | None) -> None:
-    simulation = Simulation(stack, behaviours, None if tool_budget_ms is None
-                            else tool_budget_ms / 1000)
+async def check_stack(
+    stack: list[tuple[str, Any]], behaviours: list[Behaviour], tool_budget_ms: int | None
+) -> None:
+    simulation = Simulation(
+        stack, behaviours, None if tool_budget_ms is None else tool_budget_ms / 1000
+    )
     try:
         expected = simulation.run()
     except Tie:
@@ -188,8 +199,9 @@ async def check_stack(stack: list[tuple[str, Any]], behaviours: list[Behaviour],
     metric_positions = []
     for index, (kind, parameter) in enumerate(stack):
         if kind == "timeout":
-            harness.plugin(Timeout(ms=round(parameter * 1000),
-                                   code=parameter_code(kind, index, stack)))
+            harness.plugin(
+                Timeout(ms=round(parameter * 1000), code=parameter_code(kind, index, stack))
+            )
         elif kind == "retry":
             harness.plugin(Retry(attempts=parameter, retry_on=RETRY_ON))
         elif kind == "policy":
@@ -210,7 +222,8 @@ async def check_stack(stack: list[tuple[str, Any]], behaviours: list[Behaviour],
         assert outcome.result.code == expected.code
     assert abs(elapsed - expected.time) < 1e-6
     assert [(run.call.attempt, round(run.started - started, 6)) for run in tool.runs] == [
-        (attempt, round(start, 6)) for attempt, start in simulation.runs]
+        (attempt, round(start, 6)) for attempt, start in simulation.runs
+    ]
 
     # The invariants, stated directly.
     retry_at = next((i for i, (kind, _) in enumerate(stack) if kind == "retry"), len(stack))
@@ -239,33 +252,42 @@ async def check_stack(stack: list[tuple[str, Any]], behaviours: list[Behaviour],
     # Span nesting equals registration order, once per entry.
     finished = spans.spans
     by_id = {span.context.span_id: span for span in finished}
-    layer_spans = [span for span in finished if span.attributes
-                   and "guardstack.layer.index" in span.attributes]
+    layer_spans = [
+        span for span in finished if span.attributes and "guardstack.layer.index" in span.attributes
+    ]
+
+    def index_of(span: Any) -> Any:
+        return span.attributes["guardstack.layer.index"]
+
     for span in layer_spans:
-        index = span.attributes["guardstack.layer.index"]  # type: ignore[index]
+        index = index_of(span)
         assert span.parent is not None
         parent = by_id[span.parent.span_id]
         if index == 0:
             assert parent.name == "execute_tool t"
         else:
-            assert parent.attributes["guardstack.layer.index"] == index - 1  # type: ignore[index]
+            assert index_of(parent) == index - 1
     for index in range(len(stack)):
-        count = sum(1 for span in layer_spans
-                    if span.attributes["guardstack.layer.index"] == index)  # type: ignore[index]
+        count = sum(1 for span in layer_spans if index_of(span) == index)
         assert count == simulation.entered[index]
 
 
-@given(stack=stacks(), behaviours=st.lists(behaviour, min_size=1, max_size=4),
-       tool_budget=st.none() | st.integers(1, 40).map(lambda n: n * 100 + 7))
+@given(
+    stack=stacks(),
+    behaviours=st.lists(behaviour, min_size=1, max_size=4),
+    tool_budget=st.none() | st.integers(1, 40).map(lambda n: n * 100 + 7),
+)
 async def test_cooperative_tools_follow_the_order(
     stack: list[tuple[str, Any]], behaviours: list[Behaviour], tool_budget: int | None
 ) -> None:
     await check_stack(stack, behaviours, tool_budget)
 
 
-@given(stack=stacks(), behaviours=st.lists(st.one_of(behaviour, stubborn), min_size=1,
-                                           max_size=4),
-       tool_budget=st.none() | st.integers(1, 40).map(lambda n: n * 100 + 7))
+@given(
+    stack=stacks(),
+    behaviours=st.lists(st.one_of(behaviour, stubborn), min_size=1, max_size=4),
+    tool_budget=st.none() | st.integers(1, 40).map(lambda n: n * 100 + 7),
+)
 async def test_tools_that_ignore_cancellation_follow_the_order_too(
     stack: list[tuple[str, Any]], behaviours: list[Behaviour], tool_budget: int | None
 ) -> None:

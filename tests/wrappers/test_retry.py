@@ -45,8 +45,9 @@ async def test_only_what_retry_on_names_is_retried() -> None:
 
     by_predicate = flaky(1, code="RATE_LIMITED")
     registry = registry_with(by_predicate)
-    registry.dispatch.use(Retry(retry_on=lambda result: result.code == "RATE_LIMITED",
-                                backoff_ms=0))
+    registry.dispatch.use(
+        Retry(retry_on=lambda result: result.code == "RATE_LIMITED", backoff_ms=0)
+    )
     assert (await registry.execute(call("flaky"))).result == ToolResult("finally")
 
 
@@ -149,11 +150,16 @@ async def test_a_budget_refills_over_time() -> None:
 
 @pytest.mark.parametrize(
     ("config", "key"),
-    [({"attempts": 0}, "attempts"), ({"attempts": 1.5}, "attempts"),
-     ({"backoff_ms": -1}, "backoff_ms"), ({"backoff_ms": 100, "max_backoff_ms": 50},
-                                          "max_backoff_ms"),
-     ({"retry_on": []}, "retry_on"), ({"retry_on": [1]}, "retry_on"),
-     ({"jitter": "yes"}, "jitter"), ({"budget": 3}, "budget")],
+    [
+        ({"attempts": 0}, "attempts"),
+        ({"attempts": 1.5}, "attempts"),
+        ({"backoff_ms": -1}, "backoff_ms"),
+        ({"backoff_ms": 100, "max_backoff_ms": 50}, "max_backoff_ms"),
+        ({"retry_on": []}, "retry_on"),
+        ({"retry_on": [1]}, "retry_on"),
+        ({"jitter": "yes"}, "jitter"),
+        ({"budget": 3}, "budget"),
+    ],
 )
 def test_bad_retry_configuration_fails_loud(config: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as raised:

@@ -24,8 +24,10 @@ async def test_a_fixed_budget_times_out_with_the_layers_code() -> None:
 
 
 async def test_no_ms_uses_the_tools_declared_budget_or_passes_through() -> None:
-    registry = registry_with(ScriptedTool("budgeted", [Hang()], timeout_ms=70),
-                             ScriptedTool("free", [Reply("done", after_s=100)]))
+    registry = registry_with(
+        ScriptedTool("budgeted", [Hang()], timeout_ms=70),
+        ScriptedTool("free", [Reply("done", after_s=100)]),
+    )
     registry.dispatch.use(Timeout())
     assert (await registry.execute(call("budgeted"))).result == timeout_result(70, TOOL_TIMEOUT)
     assert (await registry.execute(call("free"))).result == ToolResult("done")
@@ -41,8 +43,9 @@ async def test_nested_timeouts_report_whichever_fired() -> None:
         assert outcome.result.content == f"Error: tool call timed out after {min(outer, inner)}ms"
 
 
-@pytest.mark.parametrize(("key", "value"), [("ms", 0), ("ms", 2.5), ("ms", True), ("code", ""),
-                                            ("code", 5)])
+@pytest.mark.parametrize(
+    ("key", "value"), [("ms", 0), ("ms", 2.5), ("ms", True), ("code", ""), ("code", 5)]
+)
 def test_bad_timeout_configuration_fails_loud(key: str, value: Any) -> None:
     with pytest.raises(ConfigError) as raised:
         Timeout(**{key: value})

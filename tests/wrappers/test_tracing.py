@@ -35,9 +35,11 @@ async def test_each_call_gets_an_execute_tool_span_with_genai_attributes() -> No
     [span] = rig.spans
     assert span.name == "execute_tool grep"
     assert span.kind == SpanKind.INTERNAL
-    assert dict(span.attributes or {}) == {"gen_ai.operation.name": "execute_tool",
-                                           "gen_ai.tool.name": "grep",
-                                           "gen_ai.tool.call.id": "call-42"}
+    assert dict(span.attributes or {}) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "grep",
+        "gen_ai.tool.call.id": "call-42",
+    }
     assert span.status.status_code == StatusCode.UNSET
 
 
@@ -59,7 +61,10 @@ async def test_layer_spans_nest_in_registration_order_under_the_call_span() -> N
     assert [s.name for s in chain] == ["innermost", "timeout", "metrics", "execute_tool grep"]
     assert [(s.attributes or {}).get("guardstack.layer.index") for s in chain[:3]] == [2, 1, 0]
     assert [(s.attributes or {}).get("guardstack.layer") for s in chain[:3]] == [
-        "innermost", "timeout", "metrics"]
+        "innermost",
+        "timeout",
+        "metrics",
+    ]
 
 
 async def test_an_error_result_marks_every_span_that_returned_it() -> None:
@@ -105,8 +110,10 @@ async def test_reminders_appear_as_span_events() -> None:
     assert [len(span.events) for span in spans] == [0, 0, 1]
     event = spans[2].events[0]
     assert event.name == CONTEXT_EVENT
-    assert dict(event.attributes or {}) == {"guardstack.context.source": "repeat-tool-reminder",
-                                            "guardstack.context.text": GENTLE_TEXT}
+    assert dict(event.attributes or {}) == {
+        "guardstack.context.source": "repeat-tool-reminder",
+        "guardstack.context.text": GENTLE_TEXT,
+    }
 
 
 async def test_the_tool_runs_inside_the_innermost_layer_span() -> None:

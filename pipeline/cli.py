@@ -1,0 +1,57 @@
+"""The ``guardstack`` command: ``demo``, ``describe CONFIG`` and ``transcript SESSION``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+
+from pipeline.errors import GuardstackError
+from pipeline.harness import Harness
+from pipeline.session import Session
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="guardstack", description="Guards and wrappers for AI-agent tool calls."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="run the demo: order semantics, guards, tracing")
+    demo.add_argument("--save", type=Path, help="save the demo agent's session log here")
+    describe = commands.add_parser("describe", help="load a plugin config and print the onion")
+    describe.add_argument("config", type=Path, help="a YAML, TOML or JSON plugin list")
+    transcript = commands.add_parser(
+        "transcript", help="print the model request a saved session rebuilds"
+    )
+    transcript.add_argument("session", type=Path, help="a session saved as JSON Lines")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = _parser().parse_args(argv)
+    try:
+        if arguments.command == "demo":
+            from pipeline.demo import run_demo
+
+            anyio.run(lambda: run_demo(sys.stdout, save_to=arguments.save))
+        elif arguments.command == "describe":
+            harness = Harness()
+            harness.load(arguments.config)
+            print(harness.describe())
+        else:
+            session = Session.load(arguments.session)
+            print(json.dumps(session.messages(), ensure_ascii=False, indent=2))
+    except (GuardstackError, OSError) as error:
+        print(f"guardstack: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,204 @@
+"""``guardstack demo``: the guards, the caps and the meaning of order, on a scripted agent.
+
+Everything here runs through the public API. The demo is a coroutine, so the CLI
+runs it on a real clock and the tests run it in virtual time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+
+from guards import ToolCallTimeoutPolicy
+from pipeline.harness import Harness
+from pipeline.model import ModelReply, ScriptedModel, ToolCallRequest
+from pipeline.session import ToolCallEvent, ToolResultEvent, TurnEnd, UserMessage
+from pipeline.testing import Hang, Reply, ScriptedTool
+from pipeline.values import ToolCall
+from wrappers import Retry, Timeout, Tracing
+
+__all__ = ["SEED_CONFIG", "order_stacks", "run_demo"]
+
+SEED_CONFIG: list[dict[str, Any]] = [
+    {"id": "timeout-policy", "name": "@deepseek-ai/dsh-tool-call-timeout-policy"},
+    {
+        "id": "repeat-tool-reminder",
+        "name": "@deepseek-ai/dsh-repeat-tool-reminder",
+        "config": {
+            "thresholds": [3, 5, 8],
+            "include": [],
+            "exclude": ["todo_write"],
+            "argumentsPreviewChars": 500,
+        },
+    },
+]
+
+
+def _search_tool() -> ScriptedTool:
+    """Hangs on its first two runs, answers on the third; declares a 200 ms budget."""
+    return ScriptedTool(
+        "search", [Hang(), Hang(), Reply("3 results", after_s=0.05)], timeout_ms=200
+    )
+
+
+def order_stacks() -> list[tuple[str, Callable[[Harness], None]]]:
+    """The same three layers in different orders, and what each order means."""
+
+    def per_attempt(harness: Harness) -> None:
+        harness.plugin(Retry(attempts=3, backoff_ms=50, jitter=False))
+        harness.plugin(ToolCallTimeoutPolicy())
+
+    def whole_operation(harness: Harness) -> None:
+        harness.plugin(ToolCallTimeoutPolicy())
+        harness.plugin(Retry(attempts=3, backoff_ms=50, jitter=False))
+
+    def both(harness: Harness) -> None:
+        harness.plugin(Timeout(ms=400, code="TOTAL_TIMEOUT"))
+        harness.plugin(Retry(attempts=3, backoff_ms=50, jitter=False))
+        harness.plugin(ToolCallTimeoutPolicy())
+
+    return [
+        ("timeout inside retry: the tool's 200 ms budget per attempt", per_attempt),
+        ("timeout outside retry: one 200 ms budget for the whole operation", whole_operation),
+        ("a 400 ms total outside, the tool's budget per attempt inside", both),
+    ]
+
+
+async def _order_section(out: TextIO) -> None:
+    out.write("1. Order is meaning — one hanging tool, three stacks\n")
+    out.write("   `search` hangs twice, then answers; it declares timeout_ms=200.\n\n")
+    for title, build in order_stacks():
+        harness = Harness()
+        tool = _search_tool()
+        tool.register(harness.tools)
+        build(harness)
+        started = anyio.current_time()
+        outcome = await harness.tools.execute(ToolCall("search", {"q": "guards"}, "call-1"))
+        elapsed_ms = (anyio.current_time() - started) * 1000
+        layers = " -> ".join(name for name, _ in harness.tools.dispatch)
+        shown = outcome.result.content
+        out.write(f"   {title}\n")
+        out.write(f"     onion    {layers} -> tool\n")
+        out.write(f"     result   {shown}\n")
+        out.write(f"     attempts {len(tool.runs)}, elapsed {elapsed_ms:.0f} ms\n\n")
+
+
+def _agent_script() -> list[ModelReply]:
+    def ask(name: str, arguments: dict[str, Any]) -> ModelReply:
+        return ModelReply(tool_calls=[ToolCallRequest(name, arguments)])
+
+    grep = {"pattern": "TODO", "path": "src/"}
+    return [
+        ask("grep", grep),
+        ask("todo_write", {"items": ["look again"]}),
+        ask("grep", {"path": "src/", "pattern": "TODO"}),  # same call, keys reordered
+        ask("grep", grep),
+        ask("web_fetch", {"url": "https://example.invalid/slow"}),
+        ModelReply("Nothing new in src/, and the page would not load: stopping here."),
+    ]
+
+
+def _describe_event(event: Any) -> str | None:
+    if isinstance(event, UserMessage):
+        who = event.source.plugin or event.source.kind
+        text = event.text if len(event.text) <= 90 else event.text[:87] + "..."
+        return f"[{who}] {text}"
+    if isinstance(event, ToolCallEvent):
+        return f"  call   {event.name}({event.arguments_json})"
+    if isinstance(event, ToolResultEvent):
+        return f"  result {event.result.content}"
+    if isinstance(event, TurnEnd):
+        return f"turn ended: {event.reason}"
+    return None
+
+
+async def _agent_section(out: TextIO, save_to: Path | None) -> None:
+    out.write("2. The seed's two guards on a looping agent (the seed's YAML, as entries)\n\n")
+    model = ScriptedModel(_agent_script())
+    harness = Harness(model=model)
+    for tool in (
+        ScriptedTool("grep", ["src/app.py:12: # TODO: remove"]),
+        ScriptedTool("todo_write", ["saved"]),
+        ScriptedTool("web_fetch", [Hang()], timeout_ms=300),
+    ):
+        tool.register(harness.tools)
+    harness.load(SEED_CONFIG)
+    for line in harness.describe().splitlines():
+        out.write(f"   {line}\n")
+    agent = harness.loop.create("demo-session")
+    result = await agent.prompt("Find the TODOs in src/ and check the docs page.")
+    out.write("\n")
+    for event in agent.session.events:
+        described = _describe_event(event)
+        if described is not None:
+            out.write(f"   {described}\n")
+    rebuilt = model.requests[-1] == agent.session.messages()[:-1]  # all but the answer
+    out.write(
+        f"\n   The model was asked {len(model.requests)} times; every request is the "
+        f"session log rebuilt ({'verified' if rebuilt else 'MISMATCH'}).\n"
+    )
+    out.write(f"   Turn: {result.reason} after {result.steps} steps.\n")
+    if save_to is not None:
+        agent.session.save(save_to)
+        out.write(f"   Session log saved to {save_to} (JSON Lines).\n")
+    out.write("\n")
+
+
+async def _tracing_section(out: TextIO) -> None:
+    out.write("3. One span per call and per layer (OpenTelemetry SDK, in memory)\n\n")
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+            InMemorySpanExporter,
+        )
+    except ImportError:
+        out.write("   (skipped: pip install 'guardstack[otel]' to see the spans)\n\n")
+        return
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    harness = Harness()
+    _search_tool().register(harness.tools)
+    harness.plugin(Tracing(provider))
+    order_stacks()[0][1](harness)
+    await harness.tools.execute(ToolCall("search", {"q": "guards"}, "call-7"))
+    spans = list(exporter.get_finished_spans())
+    children: dict[int | None, list[Any]] = {}
+    for span in spans:
+        children.setdefault(span.parent.span_id if span.parent else None, []).append(span)
+
+    def show(span: Any, depth: int) -> None:
+        attributes = span.attributes or {}
+        duration_ms = (span.end_time - span.start_time) / 1e6
+        notes = [f"{duration_ms:.0f} ms"]
+        if "guardstack.attempt" in attributes and "guardstack.layer" in attributes:
+            notes.append(f"attempt {attributes['guardstack.attempt']}")
+        if "error.type" in attributes:
+            notes.append(f"error.type={attributes['error.type']}")
+        out.write(f"   {'  ' * depth}{span.name}  ({', '.join(notes)})\n")
+        for child in sorted(children.get(span.context.span_id, []), key=lambda s: s.start_time):
+            show(child, depth + 1)
+
+    for root in children.get(None, []):
+        show(root, 0)
+    out.write("\n")
+
+
+async def run_demo(
+    out: TextIO,
+    *,
+    save_to: Path | None = None,
+    sections: Sequence[str] = ("order", "agent", "tracing"),
+) -> None:
+    """Write the demo to ``out``."""
+    out.write("guardstack demo: guards and wrappers for AI-agent tool calls\n\n")
+    if "order" in sections:
+        await _order_section(out)
+    if "agent" in sections:
+        await _agent_section(out, save_to)
+    if "tracing" in sections:
+        await _tracing_section(out)
