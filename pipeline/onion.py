@@ -24,6 +24,7 @@ that is how tracing gives each layer a span without being a layer itself.
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
@@ -95,12 +96,40 @@ def _frame_owner(layer: object) -> tuple[types.CodeType | None, object]:
     return (call.__code__, layer) if isinstance(call, types.FunctionType) else (None, None)
 
 
-def _bind(layer: Layer, call_next: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    # A plain function, not a coroutine: awaiting the chain costs one frame per layer.
+def _bind(
+    layer: Layer, call_next: Callable[..., Awaitable[Any]], arity: int
+) -> Callable[..., Awaitable[Any]]:
+    # A plain function, not a coroutine: awaiting the chain costs one call per layer on
+    # top of the layer's own coroutine. The usual arities skip packing ``*args``.
+    if arity == 1:
+
+        def step_one(first: Any) -> Awaitable[Any]:
+            return layer(first, call_next)
+
+        return step_one
+    if arity == 2:
+
+        def step_two(first: Any, second: Any) -> Awaitable[Any]:
+            return layer(first, second, call_next)
+
+        return step_two
+
     def step(*args: Any) -> Awaitable[Any]:
         return layer(*args, call_next)
 
     return step
+
+
+def _arity(function: Callable[..., Any]) -> int:
+    """How many positional arguments a chain ending in ``function`` is called with."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return -1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(parameter.kind is inspect.Parameter.VAR_POSITIONAL for parameter in parameters):
+        return -1
+    return sum(1 for parameter in parameters if parameter.kind in kinds)
 
 
 @attrs.define(eq=False)
@@ -115,6 +144,9 @@ class Pipeline(Generic[NextT]):
     def __init__(self, terminal: NextT, *, stage: str) -> None:
         self.stage = stage
         self._terminal = terminal
+        self._arity = _arity(terminal)
+        #: Whether any layer is registered; callers may skip an empty stage entirely.
+        self.layered = False
         self._entries: list[_Entry] = []
         self._hooks: list[Instrumentation] = []
         self._chain: Callable[..., Awaitable[Any]] = terminal
@@ -148,8 +180,9 @@ class Pipeline(Generic[NextT]):
             layer = entry.layer
             for hook in self._hooks:
                 layer = hook(layer, LayerInfo(self.stage, entry.name, index))
-            chain = _bind(layer, chain)
+            chain = _bind(layer, chain, self._arity)
         self._chain = chain
+        self.layered = bool(self._entries)
 
     def __call__(self, *args: Any) -> Awaitable[Any]:
         return self._chain(*args)

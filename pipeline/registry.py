@@ -26,7 +26,7 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
-from typing import Any, Protocol, TypeAlias, cast
+from typing import Any, Final, Protocol, TypeAlias
 
 import anyio.to_thread
 import attrs
@@ -80,8 +80,24 @@ class CallGate(Protocol):
 CALL_GATE: ContextVar[CallGate | None] = ContextVar("guardstack_call_gate", default=None)
 
 
+def _check_arguments(arguments: object) -> _Early | None:
+    """An ``INVALID_ARGUMENTS`` result for arguments that are not a JSON object."""
+    if type(arguments) is dict and _json_problem(arguments, 0) is None:
+        return None  # the usual case, without the ABC isinstance
+    problem = _json_object_problem(arguments)
+    if problem is None:
+        return None
+    failure = ToolResult.failure(problem, name="InvalidArgumentsError", code=INVALID_ARGUMENTS)
+    return _Early(failure)
+
+
 def _json_object_problem(arguments: object) -> str | None:
     """Why ``arguments`` is not a JSON object, or ``None``. Fast for the usual small dicts."""
+    if type(arguments) is dict:  # the usual case, without the ABC isinstance
+        problem = _json_problem(arguments, 0)
+        return (
+            None if problem is None else f"tool call arguments must be JSON-serialisable: {problem}"
+        )
     if isinstance(arguments, str):
         preview = arguments if len(arguments) <= 80 else arguments[:80] + "…"
         return f"tool call arguments must be a JSON object, got the text {preview!r}"
@@ -91,24 +107,31 @@ def _json_object_problem(arguments: object) -> str | None:
     return None if problem is None else f"tool call arguments must be JSON-serialisable: {problem}"
 
 
+_SCALARS: Final = frozenset({str, int, bool, type(None)})
+
+
 def _json_problem(value: object, depth: int) -> str | None:
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind in _SCALARS:
         return None
     if kind is float:
         return None if math.isfinite(value) else f"{value!r} is not a JSON number"  # type: ignore[arg-type]
     if depth > _MAX_ARGUMENT_DEPTH:
         return f"nested deeper than {_MAX_ARGUMENT_DEPTH} levels (or circular)"
-    if isinstance(value, Mapping):
-        for key, item in value.items():
+    if kind is dict or isinstance(value, Mapping):
+        for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
                 return f"key {key!r} is not a string"
+            if type(item) in _SCALARS:
+                continue
             problem = _json_problem(item, depth + 1)
             if problem is not None:
                 return problem
         return None
     if kind is list or kind is tuple:
         for item in value:  # type: ignore[attr-defined]
+            if type(item) in _SCALARS:
+                continue
             problem = _json_problem(item, depth + 1)
             if problem is not None:
                 return problem
@@ -131,12 +154,16 @@ def failure_from_exception(error: BaseException, *, prefix: str = "") -> ToolRes
     )
 
 
+_ALLOW: Final = Allow()
+_ACCEPT: Final = Accept()
+
+
 async def _allow(call: ToolCall) -> PreDecision:
-    return Allow()
+    return _ALLOW
 
 
 async def _accept(call: ToolCall, result: ToolResult) -> PostDecision:
-    return Accept()
+    return _ACCEPT
 
 
 def _call_in_thread(tool: ToolDefinition, arguments: Mapping[str, Any], call: ToolCall) -> object:
@@ -160,16 +187,17 @@ async def _run_tool(call: ToolCall) -> ToolResult:
             f'unknown tool "{call.name}"', name="ToolNotFoundError", code=UNKNOWN_TOOL
         )
     try:
-        arguments = cast(Mapping[str, Any], call.arguments)  # a JSON object by now
         if tool.is_async:
-            value = await cast(Awaitable[object], tool.execute(arguments, call))
+            value = await tool.execute(call.arguments, call)  # type: ignore[arg-type,misc]
         else:
-            value = await anyio.to_thread.run_sync(_call_in_thread, tool, arguments, call)
+            value = await anyio.to_thread.run_sync(_call_in_thread, tool, call.arguments, call)  # type: ignore[arg-type]
     except Exception as error:
         logger.debug("tool %r raised", call.name, exc_info=True)
         return failure_from_exception(error)
     if isinstance(value, ToolResult):
         return value
+    if type(value) is str:
+        return ToolResult(value, False, None, value)
     try:
         return ToolResult(render_value(value), value=value)
     except (TypeError, ValueError) as error:
@@ -185,6 +213,12 @@ class _Early:
     result: ToolResult
     ends_turn: bool = False
     final: bool = False
+
+
+def _checked(result: object) -> ToolResult:
+    if type(result) is not ToolResult and not isinstance(result, ToolResult):
+        raise TypeError(f"dispatch returned {result!r}; expected a ToolResult")
+    return result
 
 
 class ToolRegistry:
@@ -267,34 +301,41 @@ class ToolRegistry:
         gate = CALL_GATE.get()
         if gate is not None:
             return await self._run_gated(call, gate)
-        early = await self._prepare(call)
+        # Stages without layers are skipped outright: zero cost when unused.
+        early = _check_arguments(call.arguments)
+        if early is None and self.pre_execute.layered:
+            early = await self._pre_execute(call)
         if early is None:
-            early = await self._dispatch(call)
+            try:
+                result = _checked(await self.dispatch.chain(call))
+            except Exception as error:
+                return ToolOutcome(self._final_failure(self.dispatch, error).result)
+            if not self.post_execute.layered:
+                return ToolOutcome(result)
+            return await self._post_execute(call, result, False)
         return await self._finalize(call, early)
 
     async def _run_gated(self, call: ToolCall, gate: CallGate) -> ToolOutcome:
         async with gate.prepare():
-            early = await self._prepare(call)
+            early = _check_arguments(call.arguments)
+            if early is None and self.pre_execute.layered:
+                early = await self._pre_execute(call)
         if early is None:
             async with gate.dispatch():
-                early = await self._dispatch(call)
+                try:
+                    early = _Early(_checked(await self.dispatch.chain(call)))
+                except Exception as error:
+                    early = self._final_failure(self.dispatch, error)
         async with gate.finalize():
             return await self._finalize(call, early)
 
-    async def _prepare(self, call: ToolCall) -> _Early | None:
-        """``None`` to dispatch; else the result of a denied or invalid call."""
-        problem = _json_object_problem(call.arguments)
-        if problem is not None:
-            return _Early(
-                ToolResult.failure(problem, name="InvalidArgumentsError", code=INVALID_ARGUMENTS)
-            )
+    async def _pre_execute(self, call: ToolCall) -> _Early | None:
+        """``None`` to dispatch; else a denial, or a final failure of a broken layer."""
         try:
-            decision = await self.pre_execute(call)
+            decision = await self.pre_execute.chain(call)
             if isinstance(decision, Deny):
-                return _Early(
-                    ToolResult.failure(decision.reason, code=TOOL_DENIED),
-                    ends_turn=decision.end_turn,
-                )
+                denied = ToolResult.failure(decision.reason, code=TOOL_DENIED)
+                return _Early(denied, ends_turn=decision.end_turn)
             if not isinstance(decision, Allow):
                 raise TypeError(  # noqa: TRY301 - reported like any pre-execute bug
                     f"pre-execute returned {decision!r}; expected Allow() or Deny(reason)"
@@ -303,28 +344,23 @@ class ToolRegistry:
             return self._final_failure(self.pre_execute, error)
         return None
 
-    async def _dispatch(self, call: ToolCall) -> _Early:
-        try:
-            result = await self.dispatch(call)
-            if not isinstance(result, ToolResult):
-                raise TypeError(  # noqa: TRY301 - reported like any dispatch bug
-                    f"dispatch returned {result!r}; expected a ToolResult"
-                )
-        except Exception as error:
-            return self._final_failure(self.dispatch, error)
-        return _Early(result)
-
     async def _finalize(self, call: ToolCall, early: _Early) -> ToolOutcome:
         if early.final:
             return ToolOutcome(early.result)
-        result = early.result
+        if not self.post_execute.layered:
+            return ToolOutcome(early.result, (), early.ends_turn)
+        return await self._post_execute(call, early.result, early.ends_turn)
+
+    async def _post_execute(
+        self, call: ToolCall, result: ToolResult, ends_turn: bool
+    ) -> ToolOutcome:
         try:
-            decision = await self.post_execute(call, result)
+            decision = await self.post_execute.chain(call, result)
             if isinstance(decision, Block):
                 message = decision.feedback or "tool result blocked by post-execute policy"
                 blocked = ToolResult(decision.feedback, is_error=True, error=ToolError(message))
                 return ToolOutcome(
-                    blocked, decision.additional_contexts, early.ends_turn or decision.end_turn
+                    blocked, decision.additional_contexts, ends_turn or decision.end_turn
                 )
             if not isinstance(decision, Accept):
                 raise TypeError(  # noqa: TRY301 - reported like any post-execute bug
@@ -338,7 +374,7 @@ class ToolRegistry:
                 result = ToolResult(render_value(decision.value), value=decision.value)
         except Exception as error:
             return ToolOutcome(self._final_failure(self.post_execute, error).result)
-        return ToolOutcome(result, decision.additional_contexts, early.ends_turn)
+        return ToolOutcome(result, decision.additional_contexts, ends_turn)
 
     def _final_failure(self, stage: Pipeline[Any], error: Exception) -> _Early:
         layer = stage.blame(error)

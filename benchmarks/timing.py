@@ -1,0 +1,47 @@
+"""Timing helpers for the benchmarks: per-call cost, best of several rounds, in one process.
+
+Results are *ratios* against peers measured in the same run, which is what carries
+from one machine to another; absolute nanoseconds are printed for context only.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Operation = Callable[[], Awaitable[Any]]
+
+
+async def per_call_ns(operation: Operation, *, calls: int = 20_000, rounds: int = 7) -> float:
+    """Nanoseconds per awaited call: the best of ``rounds`` runs of ``calls`` calls."""
+    for _ in range(min(calls, 2_000)):  # warm up caches and specialisations
+        await operation()
+    best = float("inf")
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            started = time.perf_counter_ns()
+            for _ in range(calls):
+                await operation()
+            best = min(best, (time.perf_counter_ns() - started) / calls)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return best
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table, so the output pastes into the README as it is."""
+    widths = [max(len(headers[i]), *(len(row[i]) for row in rows)) for i in range(len(headers))]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in rows
+    ]
+    return "\n".join(lines)
