@@ -12,6 +12,7 @@ bare await.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -34,7 +35,7 @@ def closure_onion(depth: int) -> Callable[[ToolCall], Awaitable[Any]]:
     async def innermost(call: ToolCall) -> Any:
         return await tool(call.arguments, call)
 
-    chain = innermost
+    chain: Callable[[ToolCall], Awaitable[Any]] = innermost
     for _ in range(depth):
 
         def wrap(
@@ -54,14 +55,12 @@ async def measure() -> dict[str, float]:
     results = {"bare await": await per_call_ns(lambda: tool(call.arguments, call))}
     for depth in DEPTHS:
         onion = closure_onion(depth)
-        results[f"closures {depth}"] = await per_call_ns(lambda onion=onion: onion(call))
+        results[f"closures {depth}"] = await per_call_ns(partial(onion, call))
         registry = ToolRegistry()
         registry.register(ToolDefinition("t", tool))
         for _ in range(depth):
             registry.dispatch.use(passthrough)
-        results[f"execute {depth}"] = await per_call_ns(
-            lambda registry=registry: registry.execute(call)
-        )
+        results[f"execute {depth}"] = await per_call_ns(partial(registry.execute, call))
     return results
 
 

@@ -139,9 +139,9 @@ async def test_with_tracing_off_no_span_is_made() -> None:
         def __init__(self, tracer: Any) -> None:
             self.tracer = tracer
 
-        def start_as_current_span(self, name: str, **kwargs: Any) -> Any:
+        def start_span(self, name: str, **kwargs: Any) -> Any:
             started.append(name)
-            return self.tracer.start_as_current_span(name, **kwargs)
+            return self.tracer.start_span(name, **kwargs)
 
     rig = SpanRig()
     tracing = Tracing(rig.provider)
@@ -156,3 +156,16 @@ async def test_with_tracing_off_no_span_is_made() -> None:
     await harness.tools.execute(call("t"))
     assert started == ["execute_tool t", "timeout"]
     assert len(rig.spans) == 2
+
+
+async def test_layer_spans_can_be_turned_off_keeping_the_call_span() -> None:
+    rig = SpanRig()
+    harness = Harness()
+    ScriptedTool("hang", [Hang()]).register(harness.tools)
+    harness.plugin(Tracing(rig.provider, layer_spans=False))
+    harness.plugin(Retry(attempts=2, backoff_ms=0))
+    harness.plugin(Timeout(ms=10))
+    await harness.tools.execute(call("hang"))
+    [span] = rig.spans
+    assert span.name == "execute_tool hang"
+    assert (span.attributes or {})["error.type"] == TOOL_TIMEOUT
