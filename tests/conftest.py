@@ -7,6 +7,7 @@ milliseconds and every elapsed time is exact, so timing tests assert equalities.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True)
-settings.load_profile("default")
+settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 @pytest.fixture(

@@ -1,0 +1,34 @@
+# One virtual environment with everything (library, test, benchmark and lint tools).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test check bench ci clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)  ## the main job: order semantics, the two guards, tracing
+	$(BIN)/guardstack demo
+
+test: $(STAMP)  ## every test, asyncio and trio, in virtual time
+	$(BIN)/python -m pytest
+
+check: $(STAMP)  ## lint, format and strict type checks
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of the tests)
+	$(BIN)/python -m benchmarks.ordering
+	$(BIN)/python -m benchmarks.overhead
+	$(BIN)/python -m benchmarks.wrappers
+
+ci: check test
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
