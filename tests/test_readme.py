@@ -31,7 +31,7 @@ def test_every_python_block_runs_in_order(
         "meter_provider": MeterProvider(),
     }
     for block in BLOCKS:
-        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+        exec(compile(block, "README.md", "exec"), namespace)
     printed = capsys.readouterr().out
     assert "'content': '{\"url\": \"https://example.org\", \"status\": 200}'" in printed
     assert "completed - Found one TODO." in printed
