@@ -13,8 +13,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from pipeline import Harness
 
 ROOT = Path(__file__).parents[1]
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"),
-                    flags=re.DOTALL)
+BLOCKS = re.findall(
+    r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.DOTALL
+)
 
 
 def test_the_readme_has_examples() -> None:
@@ -33,7 +34,7 @@ def test_every_python_block_runs_in_order(
     for block in BLOCKS:
         exec(compile(block, "README.md", "exec"), namespace)
     printed = capsys.readouterr().out
-    assert "'content': '{\"url\": \"https://example.org\", \"status\": 200}'" in printed
+    assert '\'content\': \'{"url": "https://example.org", "status": 200}\'' in printed
     assert "completed - Found one TODO." in printed
     assert "You are repeating the exact same tool call" in printed
     assert "0. tool-call-timeout-policy" in printed
