@@ -107,13 +107,19 @@ async def measure() -> dict[str, float]:
         with tracer.start_as_current_span("x", attributes=attributes):
             return await tool()
 
+    call_attributes: dict[str, AttributeValue] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "t",
+        "gen_ai.tool.call.id": "c1",
+    }
+
+    def record(started: float) -> None:
+        metric_attributes = {"gen_ai.tool.name": "t"}
+        histogram.record(anyio.current_time() - started, metric_attributes)
+        counter.add(1, metric_attributes)
+
     async def by_hand() -> Any:
-        span_attributes = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "t",
-            "gen_ai.tool.call.id": "c1",
-        }
-        with tracer.start_as_current_span("execute_tool t", attributes=span_attributes):
+        with tracer.start_as_current_span("execute_tool t", attributes=call_attributes):
             started = anyio.current_time()
             try:
                 async for attempt in stamina.retry_context(on=TimeoutError, attempts=3):
@@ -121,20 +127,13 @@ async def measure() -> dict[str, float]:
                         async with asyncio.timeout(1.0):
                             return await tool()
             finally:
-                metric_attributes = {"gen_ai.tool.name": "t"}
-                histogram.record(anyio.current_time() - started, metric_attributes)
-                counter.add(1, metric_attributes)
+                record(started)
         return None
 
     async def by_hand_span_per_layer() -> Any:
         """The same stack by hand, with the same telemetry: a span per layer too."""
-        span_attributes = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "t",
-            "gen_ai.tool.call.id": "c1",
-        }
         with (
-            tracer.start_as_current_span("execute_tool t", attributes=span_attributes),
+            tracer.start_as_current_span("execute_tool t", attributes=call_attributes),
             tracer.start_as_current_span("metrics", attributes=attributes),
         ):
             started = anyio.current_time()
@@ -148,9 +147,7 @@ async def measure() -> dict[str, float]:
                             async with asyncio.timeout(1.0):
                                 return await tool()
             finally:
-                metric_attributes = {"gen_ai.tool.name": "t"}
-                histogram.record(anyio.current_time() - started, metric_attributes)
-                counter.add(1, metric_attributes)
+                record(started)
         return None
 
     operations: dict[str, Callable[[], Awaitable[Any]]] = {

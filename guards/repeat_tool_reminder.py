@@ -37,19 +37,18 @@ stays in the log untouched.
 from __future__ import annotations
 
 import re
-import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 import attrs
 
+from guards.agent_state import AgentState
 from guards.canonical import canonical_json, utf16_length, utf16_prefix
 from pipeline.errors import ConfigError
 from pipeline.values import ContextMessage, MessageSource, PostDecision, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from pipeline.harness import Scope
-    from pipeline.loop import Agent
     from pipeline.registry import PostNext
 
 __all__ = ["DETAILED_TEMPLATE", "GENTLE_TEXT", "SOURCE", "RepeatToolReminder"]
@@ -165,9 +164,7 @@ class RepeatToolReminder:
     arguments_preview_chars: int = attrs.field(default=500, converter=_preview_chars)
     _include: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
-    _chains: weakref.WeakKeyDictionary[Agent, _Chain] = attrs.field(
-        init=False, repr=False, eq=False, factory=weakref.WeakKeyDictionary
-    )
+    _chains: AgentState[_Chain] = attrs.field(init=False, repr=False, eq=False, factory=AgentState)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_include", _compile(self.include))
@@ -202,7 +199,7 @@ class RepeatToolReminder:
         key = canonical_json([call.name, canonical])
         previous = self._chains.get(agent)
         count = previous.count + 1 if previous is not None and previous.key == key else 1
-        self._chains[agent] = _Chain(key, count)
+        self._chains.set(agent, _Chain(key, count))
         decision = await call_next(call, result)
         if count not in self.thresholds:
             return decision
@@ -210,12 +207,7 @@ class RepeatToolReminder:
         contexts: tuple[ContextMessage, ...] = (reminder, *decision.additional_contexts)
         return attrs.evolve(decision, additional_contexts=contexts)
 
-    async def prompt_submit(self, agent: Agent, text: str, call_next: Any) -> str:
-        """A new person's prompt resets the submitting agent's chain."""
-        self._chains.pop(agent, None)
-        submitted: str = await call_next(agent, text)
-        return submitted
-
     def apply(self, scope: Scope) -> None:
         scope.use(scope.tools.post_execute, self.post_execute, name=self.name)
-        scope.use(scope.loop.prompt_submit, self.prompt_submit, name=self.name)
+        # a new person's prompt resets the submitting agent's chain
+        scope.use(scope.loop.prompt_submit, self._chains.reset_on_prompt, name=self.name)

@@ -19,19 +19,18 @@ parallel tool calls, pre-execute runs in the model's order, so the count is exac
 
 from __future__ import annotations
 
-import weakref
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 import attrs
 
+from guards.agent_state import AgentState
 from pipeline.errors import ConfigError
 from pipeline.values import Deny, PreDecision, ToolCall
 
 if TYPE_CHECKING:
     from pipeline.harness import Scope
-    from pipeline.loop import Agent
     from pipeline.registry import PreNext
 
 __all__ = ["ToolCallLimit"]
@@ -101,8 +100,8 @@ class ToolCallLimit:
     on_exceeded: Literal["deny", "end_turn"] = attrs.field(
         default="deny", validator=_check_on_exceeded
     )
-    _counts: weakref.WeakKeyDictionary[Agent, _TurnCounts] = attrs.field(
-        init=False, repr=False, eq=False, factory=weakref.WeakKeyDictionary
+    _counts: AgentState[_TurnCounts] = attrs.field(
+        init=False, repr=False, eq=False, factory=AgentState
     )
 
     def __attrs_post_init__(self) -> None:
@@ -140,7 +139,8 @@ class ToolCallLimit:
             return await call_next(call)
         counts = self._counts.get(agent)
         if counts is None:
-            counts = self._counts[agent] = _TurnCounts()
+            counts = _TurnCounts()
+            self._counts.set(agent, counts)
         reason = self._over_limit(counts, call.name)
         if reason is not None:
             return Deny(reason, end_turn=self.on_exceeded == "end_turn")
@@ -150,12 +150,7 @@ class ToolCallLimit:
             counts.by_tool[call.name] += 1
         return decision
 
-    async def prompt_submit(self, agent: Agent, text: str, call_next: Any) -> str:
-        """A new turn starts with fresh counts."""
-        self._counts.pop(agent, None)
-        submitted: str = await call_next(agent, text)
-        return submitted
-
     def apply(self, scope: Scope) -> None:
         scope.use(scope.tools.pre_execute, self.pre_execute, name=self.name)
-        scope.use(scope.loop.prompt_submit, self.prompt_submit, name=self.name)
+        # a new turn starts with fresh counts
+        scope.use(scope.loop.prompt_submit, self._counts.reset_on_prompt, name=self.name)

@@ -260,20 +260,14 @@ def _build(entry: Mapping[str, Any], position: int) -> tuple[str, Any]:
                 key=str(key),
                 value=entry[key],
             )
-    if not isinstance(name, str) or not name:
-        raise ConfigError(
-            f"plugin {label}: `name` must be a non-empty string, got {name!r}",
-            plugin=label,
-            key="name",
-            value=name,
-        )
-    if not isinstance(plugin_id, str) or not plugin_id:
-        raise ConfigError(
-            f"plugin {label}: `id` must be a non-empty string, got {plugin_id!r}",
-            plugin=label,
-            key="id",
-            value=plugin_id,
-        )
+    for key, value in (("name", name), ("id", plugin_id)):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(
+                f"plugin {label}: `{key}` must be a non-empty string, got {value!r}",
+                plugin=label,
+                key=key,
+                value=value,
+            )
     config = entry.get("config") or {}
     if not isinstance(config, Mapping):
         raise ConfigError(
@@ -283,7 +277,7 @@ def _build(entry: Mapping[str, Any], position: int) -> tuple[str, Any]:
             value=config,
         )
     try:
-        factory = resolve_plugin(name)
+        factory = resolve_plugin(str(name))  # checked above
     except ConfigError as error:
         raise error.for_plugin(label) from error
     accepted = _accepted_keys(factory)

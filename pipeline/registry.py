@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from typing import Any, Final, Protocol, TypeAlias
@@ -118,25 +118,23 @@ def _json_problem(value: object, depth: int) -> str | None:
         return None if math.isfinite(value) else f"{value!r} is not a JSON number"  # type: ignore[arg-type]
     if depth > _MAX_ARGUMENT_DEPTH:
         return f"nested deeper than {_MAX_ARGUMENT_DEPTH} levels (or circular)"
+    items: Iterable[object]
     if kind is dict or isinstance(value, Mapping):
-        for key, item in value.items():  # type: ignore[attr-defined]
+        for key in value:  # type: ignore[attr-defined]
             if type(key) is not str:
                 return f"key {key!r} is not a string"
-            if type(item) in _SCALARS:
-                continue
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    if kind is list or kind is tuple:
-        for item in value:  # type: ignore[attr-defined]
-            if type(item) in _SCALARS:
-                continue
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    return f"a {kind.__name__} value is not JSON"
+        items = value.values()  # type: ignore[attr-defined]
+    elif kind is list or kind is tuple:
+        items = value  # type: ignore[assignment]
+    else:
+        return f"a {kind.__name__} value is not JSON"
+    for item in items:
+        if type(item) in _SCALARS:
+            continue
+        problem = _json_problem(item, depth + 1)
+        if problem is not None:
+            return problem
+    return None
 
 
 def _message_of(error: BaseException) -> str:

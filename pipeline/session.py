@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias, overload
@@ -41,6 +42,7 @@ __all__ = [
 
 TurnEndReason: TypeAlias = Literal["completed", "max-steps", "aborted", "error", "blocked"]
 _FORMAT = 1
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @attrs.frozen
@@ -189,6 +191,15 @@ def _event_from_wire(wire: Mapping[str, Any]) -> Event:
     raise ValueError(f"unknown event type {kind!r}")
 
 
+def _json_line(wire: Mapping[str, Any]) -> str:
+    text = json.dumps(wire, ensure_ascii=False)
+    if _LONE_SURROGATE.search(text):
+        # A tool may return text with half a surrogate pair; UTF-8 cannot hold it raw,
+        # so that line is written with escapes, which load back to the same string.
+        text = json.dumps(wire, ensure_ascii=True)
+    return text + "\n"
+
+
 class _EventView(Sequence[Event]):
     """A read-only view of the log: the loop appends, nobody rewrites."""
 
@@ -258,7 +269,7 @@ class Session:
     def to_jsonl(self) -> str:
         header = {"type": "session", "format": _FORMAT, "session_id": self.session_id}
         lines = [header, *(_event_to_wire(event) for event in self._events)]
-        return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+        return "".join(_json_line(line) for line in lines)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the log as JSON Lines, atomically (a crash leaves the old file whole)."""

@@ -111,3 +111,14 @@ def test_scripted_model_records_a_copy_of_each_request() -> None:
     model = ScriptedModel([ModelReply("x")])
     assert model.remaining == 1
     assert calls(("a", {})).tool_calls[0].name == "a"
+
+
+async def test_text_a_file_cannot_hold_raw_still_saves_and_loads(tmp_path: Path) -> None:
+    half_pair = "half a pair: \ud800 ✓"
+    model = ScriptedModel([calls(("echo", {"text": half_pair})), ModelReply(half_pair)])
+    agent = AgentLoop(registry_with(ScriptedTool("echo", [half_pair])), model).create("s")
+    await agent.prompt(half_pair)
+    agent.session.save(tmp_path / "log.jsonl")
+    loaded = Session.load(tmp_path / "log.jsonl")
+    assert list(loaded.events) == list(agent.session.events)
+    assert loaded.messages() == agent.session.messages()
