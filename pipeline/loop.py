@@ -34,7 +34,7 @@ import anyio.lowlevel
 import attrs
 
 from pipeline.errors import ConfigError, TurnInProgressError
-from pipeline.model import Model, ToolCallRequest
+from pipeline.model import Model, ModelReply, ToolCallRequest
 from pipeline.onion import Pipeline, Registration
 from pipeline.registry import CALL_GATE
 from pipeline.session import (
@@ -205,6 +205,10 @@ class Agent:
                     reply = await self.model.complete(
                         self.session.messages(), self.loop.tools.schemas()
                     )
+                    if not isinstance(reply, ModelReply):
+                        raise TypeError(  # noqa: TRY301 - ends the turn like any model failure
+                            f"the model returned {reply!r}, not a ModelReply"
+                        )
                 except Exception as error:
                     log(StepEnd(turn, step))
                     message = f"{type(error).__name__}: {error}"

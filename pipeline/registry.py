@@ -314,6 +314,9 @@ class ToolRegistry:
         return await self._finalize(call, early)
 
     async def _run_gated(self, call: ToolCall, gate: CallGate) -> ToolOutcome:
+        # The gate orders this call among its step's calls; tool calls made *from*
+        # inside it (a subagent's, say) belong to no step of ours.
+        CALL_GATE.set(None)
         async with gate.prepare():
             early = _check_arguments(call.arguments)
             if early is None and self.pre_execute.layered:

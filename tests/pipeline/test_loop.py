@@ -24,6 +24,7 @@ from pipeline import (
     ToolCall,
     ToolCallEvent,
     ToolCallRequest,
+    ToolDefinition,
     ToolRegistry,
     ToolResult,
     ToolResultEvent,
@@ -155,6 +156,18 @@ async def test_a_model_that_raises_ends_the_turn_with_reason_error() -> None:
     assert (end.reason, end.error) == ("error", "ConnectionError: provider down")
 
 
+async def test_a_model_returning_something_else_ends_the_turn_with_an_error() -> None:
+    class Broken:
+        async def complete(self, messages: Any, tools: Any) -> Any:
+            return {"content": "a dict, not a ModelReply"}
+
+    agent = AgentLoop(ToolRegistry(), Broken()).create("s")
+    result = await agent.prompt("hi")
+    assert result.reason == "error"
+    assert result.error is not None
+    assert result.error.startswith("TypeError: the model returned {'content'")
+
+
 async def test_running_out_of_script_is_a_clear_error_not_a_hang() -> None:
     model = ScriptedModel([calls(("echo", {}))])
     agent = AgentLoop(registry_with(ScriptedTool("echo")), model).create("s")
@@ -240,6 +253,29 @@ async def test_parallelism_is_bounded_by_max_parallel_tool_calls() -> None:
     started = anyio.current_time()
     await agent.prompt("go")
     assert anyio.current_time() - started == pytest.approx(3.0)  # ceil(5 / 2) rounds
+
+
+async def test_a_tool_may_run_its_own_agent_inside_a_parallel_step() -> None:
+    registry = registry_with(ScriptedTool("leaf", ["leaf result"]))
+    inner_model = ScriptedModel([calls(("leaf", {})), ModelReply("sub-agent done")])
+    loop = AgentLoop(registry, ScriptedModel([]), max_parallel_tool_calls=2)
+    sub_agents: list[Any] = []
+
+    async def delegate(arguments: Any, call: ToolCall) -> str:
+        sub_agent = loop.create("sub", model=inner_model)
+        sub_agents.append(sub_agent)
+        return (await sub_agent.prompt("do it")).text
+
+    registry.register(ToolDefinition("delegate", delegate))
+    model = ScriptedModel([calls(("delegate", {}), ("leaf", {})), ModelReply("ok")])
+    agent = loop.create("main", model=model)
+    await agent.prompt("go")
+    assert [r.content for r in results_by_id(agent.session).values()] == [
+        "sub-agent done",
+        "leaf result",
+    ]
+    assert_every_call_answered_once(agent.session)
+    assert list(results_by_id(sub_agents[0].session).values())[0].content == "leaf result"
 
 
 @pytest.mark.parametrize("parallel", [1, 3])
