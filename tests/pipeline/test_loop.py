@@ -275,7 +275,7 @@ async def test_a_tool_may_run_its_own_agent_inside_a_parallel_step() -> None:
         "leaf result",
     ]
     assert_every_call_answered_once(agent.session)
-    assert list(results_by_id(sub_agents[0].session).values())[0].content == "leaf result"
+    assert next(iter(results_by_id(sub_agents[0].session).values())).content == "leaf result"
 
 
 @pytest.mark.parametrize("parallel", [1, 3])
