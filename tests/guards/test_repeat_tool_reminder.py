@@ -361,6 +361,7 @@ actions = st.lists(
             st.integers(0, 2),
             st.sampled_from(TOOLS),
             st.integers(0, len(ARGUMENT_VARIANTS) - 1),
+            st.randoms(use_true_random=False),  # shuffles the key order of the call
         ),
         st.tuples(st.just("prompt"), st.integers(0, 2)),
     ),
@@ -397,9 +398,11 @@ async def test_chains_match_a_reference_model(actions: list[tuple[Any, ...]]) ->
             await harness.loop.prompt_submit(agents[action[1]], "new prompt")
             chains.pop(action[1], None)
             continue
-        _, who, name, variant = action
+        _, who, name, variant, shuffler = action
         arguments = ARGUMENT_VARIANTS[variant]
-        outcome = await run(harness, agents[who], name, dict(arguments))
+        keys = list(arguments)
+        shuffler.shuffle(keys)
+        outcome = await run(harness, agents[who], name, {key: arguments[key] for key in keys})
         expected: list[str] = []
         if name in tracked:
             key = reference_key(name, arguments)
