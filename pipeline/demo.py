@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 import anyio
 
-from guards import ToolCallTimeoutPolicy
+from guards import ToolCallLimit, ToolCallTimeoutPolicy
 from pipeline.harness import Harness
 from pipeline.model import ModelReply, ScriptedModel, ToolCallRequest
 from pipeline.session import ToolCallEvent, ToolResultEvent, TurnEnd, UserMessage
@@ -141,6 +141,11 @@ async def _agent_section(out: TextIO, save_to: Path | None) -> None:
         f"session log rebuilt ({'verified' if rebuilt else 'MISMATCH'}).\n"
     )
     out.write(f"   Turn: {result.reason} after {result.steps} steps.\n")
+    out.write(
+        "   The reminder came after the third identical grep: key order does not matter,\n"
+        "   and todo_write is excluded, so it neither counted nor broke the chain. The\n"
+        "   hung web_fetch ended at its own 300 ms budget with the seed's error.\n"
+    )
     if save_to is not None:
         agent.session.save(save_to)
         out.write(f"   Session log saved to {save_to} (JSON Lines).\n")
@@ -188,11 +193,28 @@ async def _tracing_section(out: TextIO) -> None:
     out.write("\n")
 
 
+async def _caps_section(out: TextIO) -> None:
+    out.write("4. A cap stops loss: a model that never stops calling tools\n\n")
+    model = ScriptedModel(
+        [ModelReply(tool_calls=[ToolCallRequest("grep", {"page": page})]) for page in range(100)]
+    )
+    harness = Harness(model=model, max_steps=50)
+    grep = ScriptedTool("grep", ["more results"])
+    grep.register(harness.tools)
+    harness.plugin(ToolCallLimit(per_turn=5, on_exceeded="end_turn"))
+    result = await harness.loop.create("runaway").prompt("Read every page.")
+    out.write(
+        "   ToolCallLimit(per_turn=5, on_exceeded='end_turn'): the 6th call was denied and the\n"
+        f"   turn ended {result.reason} after {len(grep.runs)} tool runs and {result.steps} model "
+        "calls\n   (max_steps=50 alone would have paid for 50).\n\n"
+    )
+
+
 async def run_demo(
     out: TextIO,
     *,
     save_to: Path | None = None,
-    sections: Sequence[str] = ("order", "agent", "tracing"),
+    sections: Sequence[str] = ("order", "agent", "tracing", "caps"),
 ) -> None:
     """Write the demo to ``out``."""
     out.write("guardstack demo: guards and wrappers for AI-agent tool calls\n\n")
@@ -202,3 +224,5 @@ async def run_demo(
         await _agent_section(out, save_to)
     if "tracing" in sections:
         await _tracing_section(out)
+    if "caps" in sections:
+        await _caps_section(out)

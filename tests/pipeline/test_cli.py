@@ -39,6 +39,7 @@ async def test_the_demo_shows_what_each_order_means_exactly(tmp_path: Path) -> N
         r"tool-call-timeout-policy  \(\d+ ms, attempt 2, error.type=TOOL_TIMEOUT\)", text
     )
     assert (tmp_path / "demo.jsonl").is_file()
+    assert "turn ended blocked after 5 tool runs and 6 model calls" in text
 
 
 def test_describe_prints_the_onion_of_a_config(capsys: pytest.CaptureFixture[str]) -> None:
