@@ -302,6 +302,24 @@ async def test_a_cancelled_turn_answers_every_call_and_re_raises(parallel: int) 
     assert end.reason == "aborted"
 
 
+@pytest.mark.parametrize("parallel", [1, 2])
+async def test_a_tool_that_ignores_cancellation_is_waited_for_and_logged_aborted(
+    parallel: int,
+) -> None:
+    stubborn = ScriptedTool("stubborn", [Reply("finished anyway", after_s=5, ignore_cancel=True)])
+    model = ScriptedModel([calls(("stubborn", {}), ("stubborn", {}))])
+    agent = AgentLoop(registry_with(stubborn), model, max_parallel_tool_calls=parallel).create("s")
+    started = anyio.current_time()
+    with anyio.move_on_after(1):
+        await agent.prompt("go")
+    assert anyio.current_time() - started == pytest.approx(5)  # never abandoned
+    results = results_by_id(agent.session)
+    assert results["call_1_1_0"].code == TOOL_ABORTED
+    expected_second = TOOL_ABORTED if parallel > 1 else TOOL_ABORTED_BEFORE_DISPATCH
+    assert results["call_1_1_1"].code == expected_second
+    assert_every_call_answered_once(agent.session)
+
+
 async def test_agent_cancel_ends_the_turn_as_aborted_without_raising() -> None:
     registry = registry_with(ScriptedTool("hang", [Hang()]))
     agent = AgentLoop(registry, ScriptedModel([calls(("hang", {}))])).create("s")
