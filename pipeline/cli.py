@@ -24,6 +24,12 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the demo: order semantics, guards, tracing")
     demo.add_argument("--save", type=Path, help="save the demo agent's session log here")
+    demo.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="also send every span over OTLP/HTTP, e.g. http://localhost:4318 "
+        "(needs guardstack[otlp])",
+    )
     describe = commands.add_parser("describe", help="load a plugin config and print the onion")
     describe.add_argument("config", type=Path, help="a YAML, TOML or JSON plugin list")
     transcript = commands.add_parser(
@@ -39,7 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command == "demo":
             from pipeline.demo import run_demo
 
-            anyio.run(lambda: run_demo(sys.stdout, save_to=arguments.save))
+            endpoint = arguments.otlp
+            if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
+                endpoint = endpoint.rstrip("/") + "/v1/traces"
+            anyio.run(lambda: run_demo(sys.stdout, save_to=arguments.save, otlp_endpoint=endpoint))
         elif arguments.command == "describe":
             harness = Harness()
             harness.load(arguments.config)

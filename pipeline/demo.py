@@ -13,6 +13,7 @@ from typing import Any, TextIO
 import anyio
 
 from guards import ToolCallLimit, ToolCallTimeoutPolicy
+from pipeline.errors import GuardstackError
 from pipeline.harness import Harness
 from pipeline.model import ModelReply, ScriptedModel, ToolCallRequest
 from pipeline.session import ToolCallEvent, ToolResultEvent, TurnEnd, UserMessage
@@ -20,7 +21,7 @@ from pipeline.testing import Hang, Reply, ScriptedTool
 from pipeline.values import ToolCall
 from wrappers import Retry, Timeout, Tracing
 
-__all__ = ["SEED_CONFIG", "order_stacks", "run_demo"]
+__all__ = ["SEED_CONFIG", "DemoTelemetry", "order_stacks", "run_demo"]
 
 SEED_CONFIG: list[dict[str, Any]] = [
     {"id": "timeout-policy", "name": "@deepseek-ai/dsh-tool-call-timeout-policy"},
@@ -67,13 +68,14 @@ def order_stacks() -> list[tuple[str, Callable[[Harness], None]]]:
     ]
 
 
-async def _order_section(out: TextIO) -> None:
+async def _order_section(out: TextIO, telemetry: DemoTelemetry) -> None:
     out.write("1. Order is meaning — one hanging tool, three stacks\n")
     out.write("   `search` hangs twice, then answers; it declares timeout_ms=200.\n\n")
     for title, build in order_stacks():
         harness = Harness()
         tool = _search_tool()
         tool.register(harness.tools)
+        telemetry.trace(harness)
         build(harness)
         started = anyio.current_time()
         outcome = await harness.tools.execute(ToolCall("search", {"q": "guards"}, "call-1"))
@@ -115,7 +117,7 @@ def _describe_event(event: Any) -> str | None:
     return None
 
 
-async def _agent_section(out: TextIO, save_to: Path | None) -> None:
+async def _agent_section(out: TextIO, telemetry: DemoTelemetry, save_to: Path | None) -> None:
     out.write("2. The seed's two guards on a looping agent (the seed's YAML, as entries)\n\n")
     model = ScriptedModel(_agent_script())
     harness = Harness(model=model)
@@ -125,6 +127,7 @@ async def _agent_section(out: TextIO, save_to: Path | None) -> None:
         ScriptedTool("web_fetch", [Hang()], timeout_ms=300),
     ):
         tool.register(harness.tools)
+    telemetry.trace(harness)
     harness.load(SEED_CONFIG)
     for line in harness.describe().splitlines():
         out.write(f"   {line}\n")
@@ -152,29 +155,73 @@ async def _agent_section(out: TextIO, save_to: Path | None) -> None:
     out.write("\n")
 
 
-async def _tracing_section(out: TextIO) -> None:
-    out.write("3. One span per call and per layer (OpenTelemetry SDK, in memory)\n\n")
-    try:
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
-            InMemorySpanExporter,
-        )
-    except ImportError:
+class DemoTelemetry:
+    """The demo's spans: kept in memory for section 3, and sent over OTLP if asked.
+
+    With an OTLP endpoint every harness of the demo is traced, so a backend (Jaeger,
+    Tempo, an OpenTelemetry Collector…) shows the whole demo, one span per layer.
+    """
+
+    def __init__(self, otlp_endpoint: str | None = None) -> None:
+        self.otlp_endpoint = otlp_endpoint
+        try:
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+            from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+                InMemorySpanExporter,
+            )
+        except ImportError:
+            if otlp_endpoint is not None:
+                raise GuardstackError(
+                    "sending spans needs the SDK: pip install 'guardstack[otlp]'"
+                ) from None
+            self.provider: Any = None
+            return
+        self.memory = InMemorySpanExporter()
+        self.provider = TracerProvider(resource=Resource({"service.name": "guardstack-demo"}))
+        self.provider.add_span_processor(SimpleSpanProcessor(self.memory))
+        if otlp_endpoint is not None:
+            try:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+            except ImportError:
+                raise GuardstackError(
+                    "sending spans over OTLP needs: pip install 'guardstack[otlp]'"
+                ) from None
+            self.provider.add_span_processor(
+                BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint))
+            )
+
+    def trace(self, harness: Harness, *, always: bool = False) -> None:
+        """Trace ``harness`` if the demo sends spans somewhere (or ``always``)."""
+        if self.provider is not None and (always or self.otlp_endpoint is not None):
+            harness.plugin(Tracing(self.provider))
+
+    def shutdown(self) -> None:
+        if self.provider is not None:
+            self.provider.shutdown()  # flushes what is still batched for the endpoint
+
+
+async def _tracing_section(out: TextIO, telemetry: DemoTelemetry) -> None:
+    out.write("3. One span per call and per layer (OpenTelemetry SDK)\n\n")
+    if telemetry.provider is None:
         out.write("   (skipped: pip install 'guardstack[otel]' to see the spans)\n\n")
         return
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
     harness = Harness()
     _search_tool().register(harness.tools)
-    harness.plugin(Tracing(provider))
+    telemetry.trace(harness, always=True)
     order_stacks()[0][1](harness)
     await harness.tools.execute(ToolCall("search", {"q": "guards"}, "call-7"))
-    spans = list(exporter.get_finished_spans())
-    children: dict[int | None, list[Any]] = {}
+    spans = list(telemetry.memory.get_finished_spans())
+    root = next(
+        span for span in spans if (span.attributes or {}).get("gen_ai.tool.call.id") == "call-7"
+    )
+    children: dict[int, list[Any]] = {}
     for span in spans:
-        children.setdefault(span.parent.span_id if span.parent else None, []).append(span)
+        if span.parent is not None and span.context.trace_id == root.context.trace_id:
+            children.setdefault(span.parent.span_id, []).append(span)
 
     def show(span: Any, depth: int) -> None:
         attributes = span.attributes or {}
@@ -188,12 +235,16 @@ async def _tracing_section(out: TextIO) -> None:
         for child in sorted(children.get(span.context.span_id, []), key=lambda s: s.start_time):
             show(child, depth + 1)
 
-    for root in children.get(None, []):
-        show(root, 0)
+    show(root, 0)
+    if telemetry.otlp_endpoint is not None:
+        out.write(
+            f"\n   Every call of this demo was traced to {telemetry.otlp_endpoint} "
+            "(service.name=guardstack-demo).\n"
+        )
     out.write("\n")
 
 
-async def _caps_section(out: TextIO) -> None:
+async def _caps_section(out: TextIO, telemetry: DemoTelemetry) -> None:
     out.write("4. A cap stops loss: a model that never stops calling tools\n\n")
     model = ScriptedModel(
         [ModelReply(tool_calls=[ToolCallRequest("grep", {"page": page})]) for page in range(100)]
@@ -201,6 +252,7 @@ async def _caps_section(out: TextIO) -> None:
     harness = Harness(model=model, max_steps=50)
     grep = ScriptedTool("grep", ["more results"])
     grep.register(harness.tools)
+    telemetry.trace(harness)
     harness.plugin(ToolCallLimit(per_turn=5, on_exceeded="end_turn"))
     result = await harness.loop.create("runaway").prompt("Read every page.")
     out.write(
@@ -214,15 +266,20 @@ async def run_demo(
     out: TextIO,
     *,
     save_to: Path | None = None,
+    otlp_endpoint: str | None = None,
     sections: Sequence[str] = ("order", "agent", "tracing", "caps"),
 ) -> None:
-    """Write the demo to ``out``."""
+    """Write the demo to ``out``; with ``otlp_endpoint``, also send every span there."""
+    telemetry = DemoTelemetry(otlp_endpoint)
     out.write("guardstack demo: guards and wrappers for AI-agent tool calls\n\n")
-    if "order" in sections:
-        await _order_section(out)
-    if "agent" in sections:
-        await _agent_section(out, save_to)
-    if "tracing" in sections:
-        await _tracing_section(out)
-    if "caps" in sections:
-        await _caps_section(out)
+    try:
+        if "order" in sections:
+            await _order_section(out, telemetry)
+        if "agent" in sections:
+            await _agent_section(out, telemetry, save_to)
+        if "tracing" in sections:
+            await _tracing_section(out, telemetry)
+        if "caps" in sections:
+            await _caps_section(out, telemetry)
+    finally:
+        telemetry.shutdown()
