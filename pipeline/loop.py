@@ -259,7 +259,12 @@ class Agent:
         self.session.append(ToolCallEvent.of(turn, step, request))
         calls.called.add(index)
         calls.started.add(index)
-        return ToolCall(request.name, request.arguments, request.call_id, agent=self)
+        return self._tool_call(request)
+
+    def _tool_call(self, request: ToolCallRequest) -> ToolCall:
+        # Resolved here, so the registry need not rebuild the call to set ``tool``.
+        tool = self.loop.tools.get(request.name)
+        return ToolCall(request.name, request.arguments, request.call_id, self, tool)
 
     def _answer(
         self, turn: int, step: int, calls: _StepCalls, index: int, outcome: ToolOutcome
@@ -315,9 +320,7 @@ class Agent:
 
             CALL_GATE.set(_Gate(prepare, dispatch, lambda: in_order(finalized)))
             request = calls.requests[index]
-            outcome = await self.loop.tools.execute(
-                ToolCall(request.name, request.arguments, request.call_id, agent=self)
-            )
+            outcome = await self.loop.tools.execute(self._tool_call(request))
             await anyio.lowlevel.checkpoint_if_cancelled()
             async with in_order(committed):
                 self._answer(turn, step, calls, index, outcome)

@@ -340,8 +340,8 @@ async def test_state_dies_with_the_agent_and_a_restored_session_starts_fresh() -
 
 
 def test_the_reminder_is_not_a_tool_the_model_sees() -> None:
-    harness = harness_with(RepeatToolReminder())
-    assert harness.tools.schemas() == []
+    harness = harness_with(RepeatToolReminder(), ScriptedTool("grep"))
+    assert [schema["function"]["name"] for schema in harness.tools.schemas()] == ["grep"]
 
 
 # -- the chain against a reference model, over random interleavings ------------------------

@@ -107,10 +107,14 @@ async def test_save_replaces_the_file_atomically(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [path]
 
 
-def test_scripted_model_records_a_copy_of_each_request() -> None:
+async def test_scripted_model_records_a_copy_of_each_request() -> None:
     model = ScriptedModel([ModelReply("x")])
     assert model.remaining == 1
-    assert calls(("a", {})).tool_calls[0].name == "a"
+    messages = [{"role": "user", "content": "hi"}]
+    await model.complete(messages, [])
+    messages[0]["content"] = "changed afterwards"
+    assert model.requests == [[{"role": "user", "content": "hi"}]]
+    assert model.remaining == 0
 
 
 async def test_text_a_file_cannot_hold_raw_still_saves_and_loads(tmp_path: Path) -> None:
