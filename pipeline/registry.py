@@ -193,6 +193,13 @@ async def _run_tool(call: ToolCall) -> ToolResult:
         logger.debug("tool %r raised", call.name, exc_info=True)
         return failure_from_exception(error)
     if isinstance(value, ToolResult):
+        if type(value.content) is not str:
+            return ToolResult.failure(
+                f"tool {tool.name!r} returned a ToolResult whose content is not text: "
+                f"{type(value.content).__name__}",
+                name="TypeError",
+                code=TOOL_FAILED,
+            )
         return value
     if type(value) is str:
         return ToolResult(value, False, None, value)

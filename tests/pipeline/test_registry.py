@@ -271,6 +271,17 @@ async def test_a_layer_returning_the_wrong_type_is_a_final_failure() -> None:
     assert "expected a ToolResult" in outcome.result.content
 
 
+async def test_a_tool_result_whose_content_is_not_text_is_an_error() -> None:
+    async def odd(arguments: Any, tool_call: ToolCall) -> ToolResult:
+        return ToolResult(content=123)  # type: ignore[arg-type]
+
+    registry = ToolRegistry()
+    registry.register(ToolDefinition("odd", odd))
+    outcome = await registry.execute(call("odd"))
+    assert outcome.result.code == TOOL_FAILED
+    assert "content is not text: int" in outcome.result.content
+
+
 @pytest.mark.parametrize("value", [{1, 2}, math.nan, object(), {"x": b"bytes"}])
 async def test_a_tool_returning_garbage_gets_an_error_result(value: Any) -> None:
     async def garbage(arguments: Any, tool_call: ToolCall) -> Any:
