@@ -20,8 +20,6 @@ __all__ = [
     "TurnInProgressError",
 ]
 
-_UNSET = object()
-
 
 class GuardstackError(Exception):
     """Root of every exception guardstack raises on purpose."""
@@ -40,19 +38,18 @@ class ConfigError(GuardstackError, ValueError):
         *,
         plugin: str | None = None,
         key: str | None = None,
-        value: object = _UNSET,
+        value: object = None,
     ) -> None:
         super().__init__(message)
         self.plugin = plugin
         self.key = key
-        self.value: object = None if value is _UNSET else value
-        self.has_value = value is not _UNSET
+        self.value = value
 
     def for_plugin(self, plugin: str) -> ConfigError:
         """The same error, with the message prefixed by the plugin entry it came from."""
-        error = ConfigError(f"plugin {plugin}: {self}", plugin=plugin, key=self.key)
-        error.value, error.has_value = self.value, self.has_value
-        return error
+        return ConfigError(
+            f"plugin {plugin}: {self}", plugin=plugin, key=self.key, value=self.value
+        )
 
 
 class DuplicateToolError(GuardstackError, ValueError):

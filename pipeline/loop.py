@@ -26,8 +26,8 @@ outside re-raises after that, ``agent.cancel()`` returns the aborted turn.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, TypeAlias
 
 import anyio
 import anyio.lowlevel
@@ -143,11 +143,10 @@ class AgentLoop:
 
 @attrs.define(eq=False)
 class _StepCalls:
-    """Which of a step's calls were logged, started and answered: what a cancel must fill."""
+    """Which of a step's calls were logged (started) and answered: what a cancel must fill."""
 
     requests: tuple[ToolCallRequest, ...]
     called: set[int] = attrs.Factory(set)
-    started: set[int] = attrs.Factory(set)
     answered: set[int] = attrs.Factory(set)
 
 
@@ -247,19 +246,17 @@ class Agent:
 
     def _answer_unanswered(self, turn: int, step: int, calls: _StepCalls) -> None:
         for index, request in enumerate(calls.requests):
-            if index not in calls.called:
+            started = index in calls.called
+            if not started:
                 self.session.append(ToolCallEvent.of(turn, step, request))
             if index not in calls.answered:
-                result = aborted_result(before_dispatch=index not in calls.started)
+                result = aborted_result(before_dispatch=not started)
                 self.session.append(ToolResultEvent(turn, step, request.call_id, result))
 
-    def _call(self, turn: int, step: int, calls: _StepCalls, index: int) -> ToolCall:
-        """Log ``tool/call`` for call ``index`` and return the call to execute."""
-        request = calls.requests[index]
-        self.session.append(ToolCallEvent.of(turn, step, request))
+    def _log_call(self, turn: int, step: int, calls: _StepCalls, index: int) -> None:
+        """Log ``tool/call`` for call ``index``: from here on it counts as started."""
+        self.session.append(ToolCallEvent.of(turn, step, calls.requests[index]))
         calls.called.add(index)
-        calls.started.add(index)
-        return self._tool_call(request)
 
     def _tool_call(self, request: ToolCallRequest) -> ToolCall:
         # Resolved here, so the registry need not rebuild the call to set ``tool``.
@@ -279,7 +276,8 @@ class Agent:
         if self.loop.max_parallel_tool_calls == 1 or count == 1:
             outcomes = []
             for index in range(count):
-                outcome = await execute(self._call(turn, step, calls, index))
+                self._log_call(turn, step, calls, index)
+                outcome = await execute(self._tool_call(calls.requests[index]))
                 # A tool that ignored the turn's cancel still returns: it was aborted.
                 await anyio.lowlevel.checkpoint_if_cancelled()
                 self._answer(turn, step, calls, index, outcome)
@@ -310,7 +308,7 @@ class Agent:
             @asynccontextmanager
             async def prepare() -> AsyncIterator[None]:
                 async with in_order(prepared):
-                    self._call(turn, step, calls, index)  # logs tool/call in model order
+                    self._log_call(turn, step, calls, index)  # in model order
                     yield
 
             @asynccontextmanager
@@ -319,8 +317,7 @@ class Agent:
                     yield
 
             CALL_GATE.set(_Gate(prepare, dispatch, lambda: in_order(finalized)))
-            request = calls.requests[index]
-            outcome = await self.loop.tools.execute(self._tool_call(request))
+            outcome = await self.loop.tools.execute(self._tool_call(calls.requests[index]))
             await anyio.lowlevel.checkpoint_if_cancelled()
             async with in_order(committed):
                 self._answer(turn, step, calls, index, outcome)
@@ -336,6 +333,6 @@ class Agent:
 class _Gate:
     """The per-call ``CallGate`` of an overlapping step (see ``pipeline.registry``)."""
 
-    prepare: Callable[[], Any]
-    dispatch: Callable[[], Any]
-    finalize: Callable[[], Any]
+    prepare: Callable[[], AbstractAsyncContextManager[None]]
+    dispatch: Callable[[], AbstractAsyncContextManager[None]]
+    finalize: Callable[[], AbstractAsyncContextManager[None]]

@@ -49,7 +49,6 @@ from pipeline.values import (
     ToolError,
     ToolOutcome,
     ToolResult,
-    render_value,
 )
 
 __all__ = ["Execute", "ToolRegistry"]
@@ -92,12 +91,7 @@ def _check_arguments(arguments: object) -> _Early | None:
 
 
 def _json_object_problem(arguments: object) -> str | None:
-    """Why ``arguments`` is not a JSON object, or ``None``. Fast for the usual small dicts."""
-    if type(arguments) is dict:  # the usual case, without the ABC isinstance
-        problem = _json_problem(arguments, 0)
-        return (
-            None if problem is None else f"tool call arguments must be JSON-serialisable: {problem}"
-        )
+    """Why ``arguments`` is not a JSON object, or ``None``."""
     if isinstance(arguments, str):
         preview = arguments if len(arguments) <= 80 else arguments[:80] + "…"
         return f"tool call arguments must be a JSON object, got the text {preview!r}"
@@ -204,7 +198,7 @@ async def _run_tool(call: ToolCall) -> ToolResult:
     if type(value) is str:
         return ToolResult(value, False, None, value)
     try:
-        return ToolResult(render_value(value), value=value)
+        return ToolResult.of(value)
     except (TypeError, ValueError) as error:
         return failure_from_exception(
             error, prefix=f"tool {tool.name!r} returned a value that is not JSON-serialisable: "
@@ -323,19 +317,22 @@ class ToolRegistry:
     async def _run_gated(self, call: ToolCall, gate: CallGate) -> ToolOutcome:
         # The gate orders this call among its step's calls; tool calls made *from*
         # inside it (a subagent's, say) belong to no step of ours.
-        CALL_GATE.set(None)
-        async with gate.prepare():
-            early = _check_arguments(call.arguments)
-            if early is None and self.pre_execute.layered:
-                early = await self._pre_execute(call)
-        if early is None:
-            async with gate.dispatch():
-                try:
-                    early = _Early(_checked(await self.dispatch.chain(call)))
-                except Exception as error:
-                    early = self._final_failure(self.dispatch, error)
-        async with gate.finalize():
-            return await self._finalize(call, early)
+        token = CALL_GATE.set(None)
+        try:
+            async with gate.prepare():
+                early = _check_arguments(call.arguments)
+                if early is None and self.pre_execute.layered:
+                    early = await self._pre_execute(call)
+            if early is None:
+                async with gate.dispatch():
+                    try:
+                        early = _Early(_checked(await self.dispatch.chain(call)))
+                    except Exception as error:
+                        early = self._final_failure(self.dispatch, error)
+            async with gate.finalize():
+                return await self._finalize(call, early)
+        finally:
+            CALL_GATE.reset(token)
 
     async def _pre_execute(self, call: ToolCall) -> _Early | None:
         """``None`` to dispatch; else a denial, or a final failure of a broken layer."""
@@ -379,7 +376,7 @@ class ToolRegistry:
                     raise GuardstackError(  # noqa: TRY301
                         "post-execute cannot replace the value of a failed result"
                     )
-                result = ToolResult(render_value(decision.value), value=decision.value)
+                result = ToolResult.of(decision.value)
         except Exception as error:
             return ToolOutcome(self._final_failure(self.post_execute, error).result)
         return ToolOutcome(result, decision.additional_contexts, ends_turn)
