@@ -8,25 +8,34 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 Operation = Callable[[], Awaitable[Any]]
 
 
-async def per_call_ns(operation: Operation, *, calls: int = 20_000, rounds: int = 7) -> float:
-    """Nanoseconds per awaited call: the best of ``rounds`` runs of ``calls`` calls."""
-    for _ in range(min(calls, 2_000)):  # warm up caches and specialisations
-        await operation()
-    best = float("inf")
+async def per_call_ns(
+    operations: Mapping[str, Operation], *, calls: int = 10_000, rounds: int = 9
+) -> dict[str, float]:
+    """Nanoseconds per awaited call of each operation: the best of ``rounds`` runs.
+
+    Rounds are interleaved (every operation once per round), so a slow spell of the
+    machine — frequency scaling, a neighbour's load — falls on all of them alike
+    instead of on whichever happened to be measured then.
+    """
+    for operation in operations.values():  # warm up caches and specialisations
+        for _ in range(min(calls, 2_000)):
+            await operation()
+    best = dict.fromkeys(operations, float("inf"))
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(rounds):
-            started = time.perf_counter_ns()
-            for _ in range(calls):
-                await operation()
-            best = min(best, (time.perf_counter_ns() - started) / calls)
+            for name, operation in operations.items():
+                started = time.perf_counter_ns()
+                for _ in range(calls):
+                    await operation()
+                best[name] = min(best[name], (time.perf_counter_ns() - started) / calls)
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -184,9 +184,7 @@ async def measure() -> dict[str, float]:
             )
         ),
     }
-    return {
-        name: await per_call_ns(operation, calls=10_000) for name, operation in operations.items()
-    }
+    return await per_call_ns(operations)
 
 
 def report(ns: dict[str, float]) -> str:
