@@ -26,6 +26,7 @@ declare a budget: the policy would wait for it to finish and then still report
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, ClassVar
 
 import attrs
@@ -46,11 +47,12 @@ class ToolCallTimeoutPolicy:
 
     name: ClassVar[str] = "tool-call-timeout-policy"
 
-    async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
+    def __call__(self, call: ToolCall, call_next: DispatchNext) -> Awaitable[ToolResult]:
+        # Hands back the awaitable, like ``Timeout``: no coroutine frame of its own.
         tool = call.tool
         if tool is None or tool.timeout_ms is None:
-            return await call_next(call)
-        return await within_budget(call, call_next, tool.timeout_ms, TOOL_TIMEOUT)
+            return call_next(call)
+        return within_budget(call, call_next, tool.timeout_ms, TOOL_TIMEOUT)
 
     def apply(self, scope: Scope) -> None:
         scope.use(scope.tools.dispatch, self)
