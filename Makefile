@@ -18,10 +18,16 @@ demo: $(STAMP)  ## the main job: order semantics, the two guards, tracing
 test: $(STAMP)  ## every test, asyncio and trio, in virtual time
 	$(BIN)/python -m pytest
 
-check: $(STAMP)  ## lint, format and strict type checks
+TYPECHECK := build/typecheck/guardstack
+
+check: $(STAMP)  ## lint, format, strict type checks and the import contract
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	@# mypy cannot follow the editable install's import hook: give it guardstack/ as links
+	mkdir -p $(TYPECHECK)
+	for package in pipeline guards wrappers cli; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of the tests)
 	$(BIN)/python -m benchmarks.ordering

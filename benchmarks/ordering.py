@@ -24,9 +24,9 @@ import trio
 import trio.testing
 
 from benchmarks.timing import table
-from guards import ToolCallTimeoutPolicy
-from pipeline import Harness, ToolCall, ToolDefinition
-from wrappers import Retry, Timeout
+from guardstack.guards import ToolCallTimeoutPolicy
+from guardstack.pipeline import Harness, ToolCall, ToolDefinition
+from guardstack.wrappers import Retry, Timeout
 
 CALLS = 1_000
 ATTEMPTS = 3

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from benchmarks.timing import Operation, per_call_ns, table
-from pipeline import ToolCall, ToolDefinition, ToolRegistry
+from guardstack.pipeline import ToolCall, ToolDefinition, ToolRegistry
 
 DEPTHS = (0, 1, 5, 10)
 

@@ -32,9 +32,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from benchmarks.timing import per_call_ns, table
-from guards import ToolCallTimeoutPolicy
-from pipeline import Harness, ToolCall, ToolDefinition
-from wrappers import Metrics, Retry, Timeout, Tracing
+from guardstack.guards import ToolCallTimeoutPolicy
+from guardstack.pipeline import Harness, ToolCall, ToolDefinition
+from guardstack.wrappers import Metrics, Retry, Timeout, Tracing
 
 stamina.instrumentation.set_on_retry_hooks([])  # no logging/prometheus hooks in the peer
 

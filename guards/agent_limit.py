@@ -10,45 +10,46 @@ Where it belongs: a ``loop.on_create`` hook, not an onion layer; it has no order
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from pipeline.errors import AgentLimitExceeded, ConfigError
+import attrs
+
+from guardstack.pipeline.contract import Scope
+from guardstack.pipeline.errors import AgentLimitExceeded
+from guardstack.pipeline.validate import integer
 
 if TYPE_CHECKING:
-    from pipeline.harness import Scope
-    from pipeline.loop import Agent
+    from guardstack.pipeline.contract import Agent
 
 __all__ = ["AgentLimit"]
 
 PLUGIN: Final = "agent-limit"
 
 
+def _check_max_agents(_: object, __: object, value: Any) -> None:
+    integer(PLUGIN, "max_agents", value)
+
+
+@attrs.frozen
 class AgentLimit:
-    """At most ``max_agents`` agents created by the harness it is applied to."""
+    """At most ``max_agents`` agents created by each harness it is applied to."""
 
     name: ClassVar[str] = PLUGIN
 
-    def __init__(self, max_agents: int) -> None:
-        if isinstance(max_agents, bool) or not isinstance(max_agents, int) or max_agents < 1:
-            raise ConfigError(
-                f"{PLUGIN}: `max_agents` must be an integer >= 1, got {max_agents!r}",
-                key="max_agents",
-                value=max_agents,
-            )
-        self.max_agents = max_agents
-        self.created = 0
-
-    def _on_create(self, agent: Agent) -> None:
-        if self.created >= self.max_agents:
-            raise AgentLimitExceeded(
-                f"{PLUGIN}: this harness reached its total agent cap ({self.max_agents}) — a "
-                "runaway-loop backstop; raise max_agents if the scale is intentional "
-                f"(refused {agent.session_id!r})"
-            )
-        self.created += 1
+    max_agents: int = attrs.field(validator=_check_max_agents)
 
     def apply(self, scope: Scope) -> None:
-        scope.adopt(scope.loop.on_create(self._on_create))
+        """Count the agents this harness creates from now on, from zero."""
+        created = 0
 
-    def __repr__(self) -> str:
-        return f"AgentLimit(max_agents={self.max_agents})"
+        def on_create(agent: Agent) -> None:
+            nonlocal created
+            if created >= self.max_agents:
+                raise AgentLimitExceeded(
+                    f"{PLUGIN}: this harness reached its total agent cap ({self.max_agents}) — "
+                    "a runaway-loop backstop; raise max_agents if the scale is intentional "
+                    f"(refused {agent.session_id!r})"
+                )
+            created += 1
+
+        scope.adopt(scope.loop.on_create(on_create))

@@ -2,7 +2,8 @@
 
 Both ``RepeatToolReminder`` (its chain) and ``ToolCallLimit`` (its per-turn counts)
 keep state per agent that must never outlive the agent and must start fresh with
-each new person's prompt. This is that one mechanism.
+each new person's prompt. This is that one mechanism; each application of a
+guard creates its own, so one guard applied to two harnesses keeps two states.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from pipeline.loop import Agent
+    from guardstack.pipeline.contract import Agent
 
 __all__ = ["AgentState"]
 
@@ -26,9 +27,11 @@ class AgentState(Generic[T]):
         self._states: weakref.WeakKeyDictionary[Agent, T] = weakref.WeakKeyDictionary()
 
     def get(self, agent: Agent) -> T | None:
+        """The agent's state, or ``None`` before its first call this turn."""
         return self._states.get(agent)
 
     def set(self, agent: Agent, state: T) -> None:
+        """Replace the agent's state."""
         self._states[agent] = state
 
     async def reset_on_prompt(

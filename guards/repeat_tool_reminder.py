@@ -38,18 +38,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Final
+from typing import ClassVar, Final
 
 import attrs
 
-from guards.agent_state import AgentState
-from guards.canonical import canonical_json, utf16_length, utf16_prefix
-from pipeline.errors import ConfigError
-from pipeline.values import ContextMessage, MessageSource, PostDecision, ToolCall, ToolResult
-
-if TYPE_CHECKING:
-    from pipeline.harness import Scope
-    from pipeline.registry import PostNext
+from guardstack.guards.agent_state import AgentState
+from guardstack.guards.canonical import canonical_json, utf16_length, utf16_prefix
+from guardstack.pipeline.contract import PostNext, Scope
+from guardstack.pipeline.validate import compile_patterns, cut, invalid, patterns, rejected
+from guardstack.pipeline.values import (
+    ContextMessage,
+    MessageSource,
+    PostDecision,
+    ToolCall,
+    ToolResult,
+)
 
 __all__ = ["DETAILED_TEMPLATE", "GENTLE_TEXT", "SOURCE", "RepeatToolReminder"]
 
@@ -73,77 +76,46 @@ DETAILED_TEMPLATE: Final = (
 
 
 def _thresholds(value: object) -> tuple[int, ...]:
+    # The original's own messages (reference R-config), with this plugin's name.
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise ConfigError(
-            f"{PLUGIN}: `thresholds` must be a list of integers, got {value!r}",
-            key="thresholds",
-            value=value,
-        )
+        raise invalid(PLUGIN, "thresholds", value, "a list of integers")
     if not value:
-        raise ConfigError(
-            f"{PLUGIN}: `thresholds` must not be empty", key="thresholds", value=value
-        )
+        raise rejected(PLUGIN, "thresholds", value, "`thresholds` must not be empty")
     thresholds = []
     for threshold in value:
         integral = isinstance(threshold, int) or (
             isinstance(threshold, float) and threshold.is_integer()
         )
         if isinstance(threshold, bool) or not integral or threshold < 2:
-            raise ConfigError(
-                f"{PLUGIN}: invalid threshold {threshold!r} — every threshold "
-                "must be an integer >= 2",
-                key="thresholds",
-                value=value,
+            raise rejected(
+                PLUGIN,
+                "thresholds",
+                value,
+                f"invalid threshold {cut(threshold)} — every threshold must be an integer >= 2",
             )
         thresholds.append(int(threshold))
     if len(set(thresholds)) != len(thresholds):
-        raise ConfigError(
-            f"{PLUGIN}: `thresholds` must not contain duplicates", key="thresholds", value=value
-        )
+        raise rejected(PLUGIN, "thresholds", value, "`thresholds` must not contain duplicates")
     return tuple(sorted(thresholds))
 
 
-def _check_patterns(key: str, value: object) -> tuple[str, ...]:
-    if (
-        isinstance(value, str | bytes)
-        or not isinstance(value, Sequence)
-        or not all(isinstance(pattern, str) and pattern for pattern in value)
-    ):
-        raise ConfigError(
-            f"{PLUGIN}: `{key}` must be a list of tool-name patterns "
-            f"(non-empty strings, `*` matches anything), got {value!r}",
-            key=key,
-            value=value,
-        )
-    return tuple(value)
-
-
 def _include(value: object) -> tuple[str, ...]:
-    return _check_patterns("include", value)
+    return patterns(PLUGIN, "include", value)
 
 
 def _exclude(value: object) -> tuple[str, ...]:
-    return _check_patterns("exclude", value)
+    return patterns(PLUGIN, "exclude", value)
 
 
 def _preview_chars(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(
-            f"{PLUGIN}: invalid arguments_preview_chars {value!r} — must be an integer >= 1",
-            key="arguments_preview_chars",
-            value=value,
+        raise rejected(
+            PLUGIN,
+            "arguments_preview_chars",
+            value,
+            f"invalid arguments_preview_chars {cut(value)} — must be an integer >= 1",
         )
     return value
-
-
-def _compile(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
-    if not patterns:
-        return None
-    alternatives = (
-        "".join(".*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern))
-        for pattern in patterns
-    )
-    return re.compile("|".join(f"(?:{alternative})" for alternative in alternatives), re.DOTALL)
 
 
 @attrs.frozen
@@ -164,11 +136,10 @@ class RepeatToolReminder:
     arguments_preview_chars: int = attrs.field(default=500, converter=_preview_chars)
     _include: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
-    _chains: AgentState[_Chain] = attrs.field(init=False, repr=False, eq=False, factory=AgentState)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_include", _compile(self.include))
-        object.__setattr__(self, "_exclude", _compile(self.exclude))
+        object.__setattr__(self, "_include", compile_patterns(self.include))
+        object.__setattr__(self, "_exclude", compile_patterns(self.exclude))
 
     def tracks(self, tool_name: str) -> bool:
         """Whether calls to ``tool_name`` count (and break chains)."""
@@ -189,25 +160,40 @@ class RepeatToolReminder:
         text = DETAILED_TEMPLATE.format(tool=tool_name, count=count, arguments=preview)
         return ContextMessage(text, SOURCE)
 
+    def apply(self, scope: Scope) -> None:
+        """Register the counting post-execute layer and the prompt reset, with fresh chains."""
+        chains: AgentState[_Chain] = AgentState()
+        counter = _ChainCounter(self, chains)
+        scope.use(scope.tools.post_execute, counter.post_execute, name=self.name)
+        # a new person's prompt resets the submitting agent's chain
+        scope.use(scope.loop.prompt_submit, chains.reset_on_prompt, name=self.name)
+
+
+class _ChainCounter:
+    """One application's chains, and the post-execute layer that counts them."""
+
+    __slots__ = ("chains", "config")
+
+    def __init__(self, config: RepeatToolReminder, chains: AgentState[_Chain]) -> None:
+        self.config = config
+        self.chains = chains
+
     async def post_execute(
         self, call: ToolCall, result: ToolResult, call_next: PostNext
     ) -> PostDecision:
+        config = self.config
         agent = call.agent
-        if agent is None or not self.tracks(call.name):
+        if agent is None or not config.tracks(call.name):
             return await call_next(call, result)
         canonical = canonical_json(call.arguments)
-        key = canonical_json([call.name, canonical])
-        previous = self._chains.get(agent)
+        # The chain key: the tool's name and its canonical arguments, computed once.
+        key = f"{len(call.name)}:{call.name}{canonical}"
+        previous = self.chains.get(agent)
         count = previous.count + 1 if previous is not None and previous.key == key else 1
-        self._chains.set(agent, _Chain(key, count))
+        self.chains.set(agent, _Chain(key, count))
         decision = await call_next(call, result)
-        if count not in self.thresholds:
+        if count not in config.thresholds:
             return decision
-        reminder = self.reminder(call.name, canonical, count)
+        reminder = config.reminder(call.name, canonical, count)
         contexts: tuple[ContextMessage, ...] = (reminder, *decision.additional_contexts)
         return attrs.evolve(decision, additional_contexts=contexts)
-
-    def apply(self, scope: Scope) -> None:
-        scope.use(scope.tools.post_execute, self.post_execute, name=self.name)
-        # a new person's prompt resets the submitting agent's chain
-        scope.use(scope.loop.prompt_submit, self._chains.reset_on_prompt, name=self.name)

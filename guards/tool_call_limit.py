@@ -21,66 +21,42 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar, Final, Literal
+from typing import ClassVar, Final, Literal
 
 import attrs
 
-from guards.agent_state import AgentState
-from pipeline.errors import ConfigError
-from pipeline.values import Deny, PreDecision, ToolCall
-
-if TYPE_CHECKING:
-    from pipeline.harness import Scope
-    from pipeline.registry import PreNext
+from guardstack.guards.agent_state import AgentState
+from guardstack.pipeline.contract import PreNext, Scope
+from guardstack.pipeline.validate import integer, invalid
+from guardstack.pipeline.values import Deny, PreDecision, ToolCall
 
 __all__ = ["ToolCallLimit"]
 
 PLUGIN: Final = "tool-call-limit"
 
 
-def _limit(key: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(
-            f"{PLUGIN}: `{key}` must be an integer >= 1, got {value!r}", key=key, value=value
-        )
-
-
 def _check_per_turn(_: object, __: attrs.Attribute[int | None], value: int | None) -> None:
     if value is not None:
-        _limit("per_turn", value)
+        integer(PLUGIN, "per_turn", value)
 
 
 def _per_tool(value: object) -> int | Mapping[str, int] | None:
     if value is None:
         return None
     if isinstance(value, int):
-        _limit("per_tool", value)
-        return value
+        return integer(PLUGIN, "per_tool", value)
     if isinstance(value, Mapping) and value:
         for tool, limit in value.items():
             if not isinstance(tool, str) or not tool:
-                raise ConfigError(
-                    f"{PLUGIN}: `per_tool` keys must be tool names, got {tool!r}",
-                    key="per_tool",
-                    value=value,
-                )
-            _limit(f"per_tool.{tool}", limit)
+                raise invalid(PLUGIN, "per_tool", value, "keyed by tool names")
+            integer(PLUGIN, f"per_tool.{tool}", limit)
         return dict(value)
-    raise ConfigError(
-        f"{PLUGIN}: `per_tool` must be an integer or a mapping of tool name to "
-        f"integer, got {value!r}",
-        key="per_tool",
-        value=value,
-    )
+    raise invalid(PLUGIN, "per_tool", value, "an integer or a mapping of tool name to integer")
 
 
 def _check_on_exceeded(_: object, __: object, value: object) -> None:
     if value not in ("deny", "end_turn"):
-        raise ConfigError(
-            f"{PLUGIN}: `on_exceeded` must be 'deny' or 'end_turn', got {value!r}",
-            key="on_exceeded",
-            value=value,
-        )
+        raise invalid(PLUGIN, "on_exceeded", value, "'deny' or 'end_turn'")
 
 
 @attrs.define(eq=False)
@@ -100,16 +76,14 @@ class ToolCallLimit:
     on_exceeded: Literal["deny", "end_turn"] = attrs.field(
         default="deny", validator=_check_on_exceeded
     )
-    _counts: AgentState[_TurnCounts] = attrs.field(
-        init=False, repr=False, eq=False, factory=AgentState
-    )
 
     def __attrs_post_init__(self) -> None:
         if self.per_turn is None and self.per_tool is None:
-            raise ConfigError(
-                f"{PLUGIN}: set `per_turn`, `per_tool` or both; with neither it caps nothing",
-                key="per_turn",
-                value=None,
+            raise invalid(
+                PLUGIN,
+                "per_turn",
+                None,
+                "set (or `per_tool`, or both); with neither it caps nothing",
             )
 
     def _tool_limit(self, tool: str) -> int | None:
@@ -117,40 +91,54 @@ class ToolCallLimit:
             return self.per_tool.get(tool)
         return self.per_tool
 
-    def _over_limit(self, counts: _TurnCounts, tool: str) -> str | None:
-        if self.per_turn is not None and counts.total >= self.per_turn:
+    def over_limit(self, total: int, tool: str, tool_calls: int) -> str | None:
+        """The denial reason for one more call of ``tool`` after these counts, or ``None``."""
+        if self.per_turn is not None and total >= self.per_turn:
             return (
-                f"tool call limit reached: this turn already made {counts.total} tool "
+                f"tool call limit reached: this turn already made {total} tool "
                 f"calls and the limit is {self.per_turn} per turn. Do not call more tools; "
                 "answer with what you have."
             )
         limit = self._tool_limit(tool)
-        if limit is not None and counts.by_tool[tool] >= limit:
+        if limit is not None and tool_calls >= limit:
             return (
                 f'tool call limit reached: "{tool}" was already called '
-                f"{counts.by_tool[tool]} times this turn and the limit is {limit}. Use "
+                f"{tool_calls} times this turn and the limit is {limit}. Use "
                 "what it returned, or try something else."
             )
         return None
+
+    def apply(self, scope: Scope) -> None:
+        """Register the counting pre-execute layer and the per-turn reset, with fresh counts."""
+        counts: AgentState[_TurnCounts] = AgentState()
+        cap = _Cap(self, counts)
+        scope.use(scope.tools.pre_execute, cap.pre_execute, name=self.name)
+        # a new turn starts with fresh counts
+        scope.use(scope.loop.prompt_submit, counts.reset_on_prompt, name=self.name)
+
+
+class _Cap:
+    """One application's counts, and the pre-execute layer that enforces them."""
+
+    __slots__ = ("config", "counts")
+
+    def __init__(self, config: ToolCallLimit, counts: AgentState[_TurnCounts]) -> None:
+        self.config = config
+        self.counts = counts
 
     async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
         agent = call.agent
         if agent is None:
             return await call_next(call)
-        counts = self._counts.get(agent)
+        counts = self.counts.get(agent)
         if counts is None:
             counts = _TurnCounts()
-            self._counts.set(agent, counts)
-        reason = self._over_limit(counts, call.name)
+            self.counts.set(agent, counts)
+        reason = self.config.over_limit(counts.total, call.name, counts.by_tool[call.name])
         if reason is not None:
-            return Deny(reason, end_turn=self.on_exceeded == "end_turn")
+            return Deny(reason, end_turn=self.config.on_exceeded == "end_turn")
         decision = await call_next(call)
         if not isinstance(decision, Deny):
             counts.total += 1
             counts.by_tool[call.name] += 1
         return decision
-
-    def apply(self, scope: Scope) -> None:
-        scope.use(scope.tools.pre_execute, self.pre_execute, name=self.name)
-        # a new turn starts with fresh counts
-        scope.use(scope.loop.prompt_submit, self._counts.reset_on_prompt, name=self.name)

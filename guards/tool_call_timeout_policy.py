@@ -15,7 +15,7 @@ passes through untouched; a call that overruns its budget gets exactly::
 
 which also keeps a slow provider's late result out of the model's context. Whose
 timer fired is read from the policy's own cancel scope, so an outer cancel or
-deadline passes through and is never relabelled (see ``wrappers.timeout``).
+deadline passes through and is never relabelled (see ``pipeline.deadline``).
 
 Cancellation is cooperative, not a kill: an ``async`` tool stops at its next await;
 a plain-function tool runs in a worker thread and stops only where it calls
@@ -27,32 +27,29 @@ declare a budget: the policy would wait for it to finish and then still report
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import attrs
 
-from pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
-from wrappers.timeout import within_budget
-
-if TYPE_CHECKING:
-    from pipeline.harness import Scope
-    from pipeline.registry import DispatchNext
+from guardstack.pipeline.contract import DispatchNext, Scope, timed_dispatch
+from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 
 __all__ = ["ToolCallTimeoutPolicy"]
 
 
 @attrs.frozen
 class ToolCallTimeoutPolicy:
-    """Applies each tool's declared ``timeout_ms``; no configuration."""
+    """Applies each tool's declared ``timeout_ms``; no configuration.
+
+    The budget-reading case of the one timeout mechanism (``pipeline.deadline``), the
+    same code as ``wrappers.Timeout()`` with no ``ms``.
+    """
 
     name: ClassVar[str] = "tool-call-timeout-policy"
 
     def __call__(self, call: ToolCall, call_next: DispatchNext) -> Awaitable[ToolResult]:
-        # Hands back the awaitable, like ``Timeout``: no coroutine frame of its own.
-        tool = call.tool
-        if tool is None or tool.timeout_ms is None:
-            return call_next(call)
-        return within_budget(call, call_next, tool.timeout_ms, TOOL_TIMEOUT)
+        return timed_dispatch(call, call_next, None, TOOL_TIMEOUT)
 
     def apply(self, scope: Scope) -> None:
+        """Register as a dispatch layer."""
         scope.use(scope.tools.dispatch, self)

@@ -1,6 +1,20 @@
-"""guardstack's core: the onion, tool values and registry, agent loop, session log, assembly."""
+"""guardstack's core: the onion, tool values and registry, agent loop, session log, assembly.
 
-from pipeline.errors import (
+Plugin authors need only ``guardstack.pipeline.contract`` (layer and stage types,
+``Plugin``, ``Scope``), the values and the errors re-exported here.
+"""
+
+from guardstack.pipeline.contract import (
+    DispatchNext,
+    Execute,
+    Layer,
+    Plugin,
+    PostNext,
+    PreNext,
+    PromptNext,
+    Scope,
+)
+from guardstack.pipeline.errors import (
     AgentLimitExceeded,
     ConfigError,
     DuplicateToolError,
@@ -10,12 +24,12 @@ from pipeline.errors import (
     SessionTailWarning,
     TurnInProgressError,
 )
-from pipeline.harness import PLUGIN_GROUP, Harness, Plugin, PluginHandle, Scope
-from pipeline.loop import Agent, AgentLoop, TurnResult
-from pipeline.model import Model, ModelReply, ScriptedModel, ToolCallRequest
-from pipeline.onion import Instrumentation, LayerInfo, Pipeline, Registration
-from pipeline.registry import ToolRegistry
-from pipeline.session import (
+from guardstack.pipeline.harness import PLUGIN_GROUP, Harness, PluginHandle
+from guardstack.pipeline.loop import Agent, AgentLoop, TurnResult
+from guardstack.pipeline.model import Model, ModelReply, ToolCallRequest
+from guardstack.pipeline.onion import Instrumentation, LayerInfo, Pipeline, Registration
+from guardstack.pipeline.registry import Phase, PhaseOrder, ToolRegistry
+from guardstack.pipeline.session import (
     AssistantMessage,
     Event,
     Session,
@@ -28,7 +42,8 @@ from pipeline.session import (
     TurnStart,
     UserMessage,
 )
-from pipeline.values import (
+from guardstack.pipeline.testing import ScriptedModel
+from guardstack.pipeline.values import (
     INVALID_ARGUMENTS,
     MAX_TIMEOUT_MS,
     TOOL_ABORTED,
@@ -71,18 +86,26 @@ __all__ = [
     "ConfigError",
     "ContextMessage",
     "Deny",
+    "DispatchNext",
     "DuplicateToolError",
     "Event",
+    "Execute",
     "GuardstackError",
     "Harness",
     "Instrumentation",
+    "Layer",
     "LayerInfo",
     "MessageSource",
     "Model",
     "ModelReply",
+    "Phase",
+    "PhaseOrder",
     "Pipeline",
     "Plugin",
     "PluginHandle",
+    "PostNext",
+    "PreNext",
+    "PromptNext",
     "Registration",
     "Scope",
     "ScriptExhaustedError",

@@ -39,17 +39,15 @@ class ConfigError(GuardstackError, ValueError):
         plugin: str | None = None,
         key: str | None = None,
         value: object = None,
+        reason: str | None = None,
     ) -> None:
         super().__init__(message)
+        #: The plugin's id (from a config file) or its config name (from code).
         self.plugin = plugin
         self.key = key
         self.value = value
-
-    def for_plugin(self, plugin: str) -> ConfigError:
-        """The same error, with the message prefixed by the plugin entry it came from."""
-        return ConfigError(
-            f"plugin {plugin}: {self}", plugin=plugin, key=self.key, value=self.value
-        )
+        #: The message without the plugin's name, for callers that name it themselves.
+        self.reason = reason if reason is not None else message
 
 
 class DuplicateToolError(GuardstackError, ValueError):

@@ -7,11 +7,17 @@ each stage, a plugin applied earlier is outside one applied later.
 
 ``harness.load(path_or_entries)`` does the same from the seed's configuration form,
 a list of ``{id, name, config}`` entries (YAML, JSON, or TOML's ``[[plugins]]``), in
-list order. Names resolve through the ``guardstack.plugins`` entry-point group or a
-``module:attribute`` path; config keys may be snake_case or the seed's camelCase.
-Anything wrong — an unknown name, an unknown key, a bad value — raises
-``ConfigError`` at load naming the entry, the key and the value, and nothing of
-that load stays applied.
+list order. Config keys may be snake_case or the seed's camelCase.
+
+**A config file runs no code of its own choosing.** Names resolve through the
+``guardstack.plugins`` entry-point group only — the plugins installed
+distributions declare. A ``module:attribute`` path is refused unless the caller
+opts in (``allow_imports=True``, CLI ``--allow-imports``); even then the target
+must be a class with ``apply(scope)`` (a plugin class), checked before anything is
+called, and a module is imported only when the whole file has been read and
+checked. Anything wrong — an unknown name, an unknown key, a bad value, a file
+too large or too deep — raises ``ConfigError`` at load naming the entry, the key
+and the value, and nothing of that load stays applied.
 """
 
 from __future__ import annotations
@@ -24,70 +30,43 @@ import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, cast
 
-from pipeline.errors import ConfigError
-from pipeline.loop import AgentLoop
-from pipeline.model import Model
-from pipeline.onion import Layer, Pipeline, Registration
-from pipeline.registry import ToolRegistry
+from guardstack.pipeline.contract import Plugin, Scope
+from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.loop import AgentLoop
+from guardstack.pipeline.model import Model
+from guardstack.pipeline.registry import ToolRegistry
+from guardstack.pipeline.validate import cut
 
-__all__ = ["PLUGIN_GROUP", "Harness", "Plugin", "PluginHandle", "Scope", "resolve_plugin"]
+__all__ = ["PLUGIN_GROUP", "Harness", "PluginHandle", "resolve_plugin"]
 
 PLUGIN_GROUP = "guardstack.plugins"
 _ENTRY_KEYS = frozenset({"id", "name", "config"})
-
-
-@runtime_checkable
-class Plugin(Protocol):
-    """Anything ``harness.plugin`` accepts: it registers what it needs through the scope."""
-
-    def apply(self, scope: Scope) -> None: ...
-
-
-class Scope:
-    """What a plugin registers through; all of it goes when the plugin's handle is disposed."""
-
-    def __init__(self, harness: Harness, plugin_id: str) -> None:
-        self.harness = harness
-        self.tools: ToolRegistry = harness.tools
-        self.loop: AgentLoop = harness.loop
-        self.plugin_id = plugin_id
-        self._registrations: list[Registration] = []
-
-    def use(self, stage: Pipeline[Any], layer: Layer, *, name: str | None = None) -> Registration:
-        """Add ``layer`` to ``stage`` (e.g. ``scope.tools.dispatch``) for this plugin."""
-        return self.adopt(stage.use(layer, name=name))
-
-    def adopt(self, registration: Registration) -> Registration:
-        """Dispose ``registration`` with this plugin."""
-        self._registrations.append(registration)
-        return registration
-
-    def on_dispose(self, callback: Callable[[], None]) -> None:
-        self.adopt(Registration(callback))
-
-    def _dispose(self) -> None:
-        while self._registrations:
-            self._registrations.pop().dispose()
+#: A configuration larger or deeper than this is refused before anything is built.
+MAX_CONFIG_NODES = 10_000
+MAX_CONFIG_DEPTH = 32
+MAX_CONFIG_BYTES = 1_000_000
 
 
 class PluginHandle:
     """A plugin applied to a harness; ``dispose()`` removes all it registered."""
 
-    def __init__(self, plugin_id: str, plugin: object, scope: Scope) -> None:
+    def __init__(self, harness: Harness, plugin_id: str, plugin: object, scope: Scope) -> None:
         self.id = plugin_id
         self.plugin = plugin
+        self._harness = harness
         self._scope = scope
 
     def dispose(self) -> None:
-        self._scope._dispose()
-        plugins = self._scope.harness.plugins
+        """Remove everything the plugin registered; idempotent."""
+        self._scope.dispose()
+        plugins = self._harness.plugins
         if self in plugins:
             plugins.remove(self)
 
     def __repr__(self) -> str:
-        return f"<PluginHandle {self.id!r}: {self.plugin!r}>"
+        return f"<PluginHandle {self.id!r}: {cut(self.plugin)}>"
 
 
 def _plugin_name(plugin: object) -> str:
@@ -109,31 +88,41 @@ class Harness:
         """Apply ``plugin`` in its own scope; later plugins sit inside earlier ones."""
         apply = getattr(plugin, "apply", None)
         if not callable(apply):
-            raise TypeError(f"{plugin!r} is not a plugin: it has no apply(scope) method")
+            raise TypeError(f"{cut(plugin)} is not a plugin: it has no apply(scope) method")
         plugin_id = id or _plugin_name(plugin)
-        scope = Scope(self, plugin_id)
+        scope = Scope(self.tools, self.loop, plugin_id)
         try:
             apply(scope)
         except BaseException:
-            scope._dispose()
+            scope.dispose()
             raise
-        handle = PluginHandle(plugin_id, plugin, scope)
+        handle = PluginHandle(self, plugin_id, plugin, scope)
         self.plugins.append(handle)
         return handle
 
     def load(
-        self, source: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Mapping[str, Any]
+        self,
+        source: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Mapping[str, Any],
+        *,
+        allow_imports: bool = False,
     ) -> list[PluginHandle]:
-        """Apply the plugins a config file (or list of entries) names, in list order."""
+        """Apply the plugins a config file (or list of entries) names, in list order.
+
+        ``allow_imports=True`` also accepts ``module:attribute`` names (importing that
+        module runs its code: only for files you trust).
+        """
         entries = _read_entries(source)
+        factories = [
+            _resolve_entry(entry, position, allow_imports) for position, entry in enumerate(entries)
+        ]
         handles: list[PluginHandle] = []
         try:
-            for position, entry in enumerate(entries):
-                plugin_id, plugin = _build(entry, position)
+            for (plugin_id, name, factory), entry in zip(factories, entries, strict=True):
+                plugin = _build(plugin_id, name, factory, entry)
                 try:
                     handles.append(self.plugin(plugin, id=plugin_id))
                 except ConfigError as error:
-                    raise error.for_plugin(repr(plugin_id)) from error
+                    raise _reworded(error, plugin_id, name, {}) from error
         except BaseException:
             for handle in reversed(handles):
                 handle.dispose()
@@ -159,33 +148,61 @@ def _read_entries(
     if isinstance(source, str | os.PathLike):
         origin = os.fspath(source)
         data = _read_file(origin)
+    _check_size(origin, data)
     if isinstance(data, Mapping):
         if set(data) != {"plugins"}:
             raise ConfigError(
                 f"{origin}: expected a list of plugin entries or a `plugins` list, got keys "
-                f"{sorted(map(str, data))}",
+                f"{cut(sorted(map(str, data)))}",
                 key="plugins",
             )
         data = data["plugins"]
     if data is None:
         return []
     if isinstance(data, str | bytes) or not isinstance(data, Iterable):
-        raise ConfigError(f"{origin}: expected a list of plugin entries, got {data!r}", value=data)
+        raise ConfigError(
+            f"{origin}: expected a list of plugin entries, got {cut(data)}", value=data
+        )
     entries: list[Mapping[str, Any]] = list(data)
     for position, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise ConfigError(
-                f"{origin}: entry {position + 1} is not a mapping: {entry!r}", value=entry
+                f"{origin}: entry {position + 1} is not a mapping: {cut(entry)}", value=entry
             )
     return entries
+
+
+def _check_size(origin: str, data: object) -> None:
+    """Refuse absurd configurations (a YAML alias bomb) before anything walks them whole."""
+    budget = MAX_CONFIG_NODES
+    stack: list[tuple[object, int]] = [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise ConfigError(
+                f"{origin}: the configuration expands to more than {MAX_CONFIG_NODES} "
+                "values (repeated YAML aliases?); refused"
+            )
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(
+                f"{origin}: the configuration is nested deeper than {MAX_CONFIG_DEPTH} levels; "
+                "refused"
+            )
+        if isinstance(node, Mapping):
+            stack.extend((child, depth + 1) for pair in node.items() for child in pair)
+        elif isinstance(node, list | tuple):
+            stack.extend((child, depth + 1) for child in node)
 
 
 def _read_file(path: str) -> Any:
     try:
         with open(path, "rb") as file:
-            raw = file.read()
+            raw = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
         raise ConfigError(f"cannot read plugin configuration {path}: {error}") from error
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; refused")
     suffix = os.path.splitext(path)[1].lower()
     try:
         if suffix in (".yaml", ".yml"):
@@ -203,36 +220,60 @@ def _read_file(path: str) -> Any:
     except ConfigError:
         raise
     except Exception as error:
-        raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {error}") from error
+        raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {cut(error, 300)}") from error
     raise ConfigError(
         f"{path}: unknown configuration format {suffix!r}; use .yaml, .yml, .toml or .json",
         value=suffix,
     )
 
 
-def resolve_plugin(name: str) -> Callable[..., Any]:
-    """The factory an entry's ``name`` means: an entry point, or ``module:attribute``."""
+def _is_plugin_class(target: object) -> bool:
+    return inspect.isclass(target) and callable(getattr(target, "apply", None))
+
+
+def resolve_plugin(name: str, *, allow_imports: bool = False) -> type[Plugin]:
+    """The plugin class an entry's ``name`` means.
+
+    An entry-point name of the ``guardstack.plugins`` group; with ``allow_imports``,
+    also a ``module:attribute`` path. Either way the target must be a plugin class
+    (a class with ``apply``), checked before it is called.
+    """
     for point in entry_points(group=PLUGIN_GROUP):
         if point.name == name:
-            loaded: Callable[..., Any] = point.load()
-            return loaded
+            target = point.load()
+            if not _is_plugin_class(target):
+                raise ConfigError(
+                    f"entry point {name!r} is not a plugin class", key="name", value=name
+                )
+            return cast(type[Plugin], target)
+    if ":" in name and not allow_imports:
+        raise ConfigError(
+            f"plugin name {cut(name)} is a module path; a configuration file may only name "
+            "installed plugins (entry points) unless imports are allowed "
+            "(harness.load(..., allow_imports=True), CLI --allow-imports)",
+            key="name",
+            value=name,
+        )
     if ":" in name:
         module_name, _, attribute = name.partition(":")
         try:
             target = importlib.import_module(module_name)
             for part in attribute.split("."):
                 target = getattr(target, part)
-        except (ImportError, AttributeError) as error:
+        except Exception as error:
             raise ConfigError(
-                f"cannot import plugin {name!r}: {error}", key="name", value=name
+                f"cannot import plugin {cut(name)}: {cut(error, 300)}", key="name", value=name
             ) from error
-        if not callable(target):
-            raise ConfigError(f"plugin {name!r} is not callable", key="name", value=name)
-        return cast(Callable[..., Any], target)
+        if not _is_plugin_class(target):
+            raise ConfigError(
+                f"{cut(name)} is not a plugin class (a class with apply(scope)); it is not called",
+                key="name",
+                value=name,
+            )
+        return cast(type[Plugin], target)
     known = sorted(point.name for point in entry_points(group=PLUGIN_GROUP))
     raise ConfigError(
-        f"unknown plugin name {name!r}; known names: {', '.join(known)} "
-        "(or give a `module:attribute` path)",
+        f"unknown plugin name {cut(name)}; known names: {', '.join(known)}",
         key="name",
         value=name,
     )
@@ -245,7 +286,10 @@ def _snake(key: str) -> str:
     return _CAMEL_BOUNDARY.sub("_", key).lower()
 
 
-def _build(entry: Mapping[str, Any], position: int) -> tuple[str, Any]:
+def _resolve_entry(
+    entry: Mapping[str, Any], position: int, allow_imports: bool
+) -> tuple[str, str, type[Plugin]]:
+    """Check an entry's shape and find its plugin class; nothing is built yet."""
     label = f"entry {position + 1}"
     name = entry.get("name")
     plugin_id = entry.get("id", name)
@@ -254,32 +298,39 @@ def _build(entry: Mapping[str, Any], position: int) -> tuple[str, Any]:
     for key in entry:
         if key not in _ENTRY_KEYS:
             raise ConfigError(
-                f"plugin {label}: unknown entry key {key!r} = {entry[key]!r}; "
+                f"plugin {label}: unknown entry key {cut(key)} = {cut(entry[key])}; "
                 "an entry has id, name and config",
-                plugin=label,
+                plugin=plugin_id if isinstance(plugin_id, str) else None,
                 key=str(key),
                 value=entry[key],
             )
     for key, value in (("name", name), ("id", plugin_id)):
         if not isinstance(value, str) or not value:
             raise ConfigError(
-                f"plugin {label}: `{key}` must be a non-empty string, got {value!r}",
-                plugin=label,
+                f"plugin {label}: `{key}` must be a non-empty string, got {cut(value)}",
                 key=key,
                 value=value,
             )
-    config = entry.get("config") or {}
-    if not isinstance(config, Mapping):
+    name, plugin_id = str(name), str(plugin_id)  # checked just above
+    config = entry.get("config")
+    if config is not None and not isinstance(config, Mapping):
         raise ConfigError(
-            f"plugin {label}: `config` must be a mapping, got {config!r}",
-            plugin=label,
+            f"plugin {label} ({name}): `config` must be a mapping, got {cut(config)}",
+            plugin=plugin_id,
             key="config",
             value=config,
         )
     try:
-        factory = resolve_plugin(str(name))  # checked above
+        factory = resolve_plugin(name, allow_imports=allow_imports)
     except ConfigError as error:
-        raise error.for_plugin(label) from error
+        raise ConfigError(
+            f"plugin {label}: {error.reason}", plugin=plugin_id, key="name", value=name
+        ) from error
+    return plugin_id, name, factory
+
+
+def _build(plugin_id: str, name: str, factory: type[Plugin], entry: Mapping[str, Any]) -> Plugin:
+    config: Mapping[str, Any] = entry.get("config") or {}
     accepted = _accepted_keys(factory)
     arguments: dict[str, Any] = {}
     given_as: dict[str, str] = {}
@@ -288,38 +339,51 @@ def _build(entry: Mapping[str, Any], position: int) -> tuple[str, Any]:
         if snake not in accepted:
             known = ", ".join(sorted(accepted)) or "none"
             raise ConfigError(
-                f"plugin {label} ({name}): unknown config key {key!r} = {value!r}; "
+                f"plugin {plugin_id!r} ({name}): unknown config key {cut(key)} = {cut(value)}; "
                 f"known keys: {known}",
-                plugin=label,
+                plugin=plugin_id,
                 key=str(key),
                 value=value,
             )
         if snake in arguments:
             raise ConfigError(
-                f"plugin {label} ({name}): config key {key!r} given twice "
+                f"plugin {plugin_id!r} ({name}): config key {key!r} given twice "
                 f"(as {given_as[snake]!r} too)",
-                plugin=label,
+                plugin=plugin_id,
                 key=str(key),
                 value=value,
             )
         arguments[snake], given_as[snake] = value, str(key)
     try:
-        return plugin_id, factory(**arguments)
+        return factory(**arguments)
     except ConfigError as error:
-        key = given_as.get(error.key or "", error.key or "")
-        detail = f"config key {key!r} = {config.get(key)!r}: " if key in config else ""
+        raise _reworded(error, plugin_id, name, given_as) from error
+    except Exception as error:
+        # A wrong-typed value the plugin did not check itself (say, a provider that is
+        # a number): still the entry, the config and the value, never a traceback.
         raise ConfigError(
-            f"plugin {label} ({name}): {detail}{error}",
-            plugin=label,
-            key=key,
-            value=config.get(key),
-        ) from error
-    except (TypeError, ValueError) as error:
-        raise ConfigError(
-            f"plugin {label} ({name}): bad config {dict(config)!r}: {error}",
-            plugin=label,
+            f"plugin {plugin_id!r} ({name}): bad config {cut(dict(config))}: "
+            f"{type(error).__name__}: {cut(error, 300)}",
+            plugin=plugin_id,
             value=dict(config),
         ) from error
+
+
+def _reworded(
+    error: ConfigError, plugin_id: str, name: str, given_as: Mapping[str, str]
+) -> ConfigError:
+    """The plugin's own error, naming the entry (by id), the key and the value once each."""
+    key = given_as.get(error.key or "", error.key)
+    where = f"plugin {plugin_id!r} ({name})"
+    if key is not None:
+        where += f": config key {key!r} = {cut(error.value)}"
+    return ConfigError(
+        f"{where}: {error.reason}",
+        plugin=plugin_id,
+        key=key,
+        value=error.value,
+        reason=error.reason,
+    )
 
 
 def _accepted_keys(factory: Callable[..., Any]) -> set[str]:

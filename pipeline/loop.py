@@ -25,19 +25,19 @@ outside re-raises after that, ``agent.cancel()`` returns the aborted turn.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, TypeAlias
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
 import attrs
 
-from pipeline.errors import ConfigError, TurnInProgressError
-from pipeline.model import Model, ModelReply, ToolCallRequest
-from pipeline.onion import Pipeline, Registration
-from pipeline.registry import CALL_GATE
-from pipeline.session import (
+from guardstack.pipeline.contract import PromptNext
+from guardstack.pipeline.errors import ConfigError, TurnInProgressError
+from guardstack.pipeline.model import Model, ModelReply, ToolCallRequest
+from guardstack.pipeline.onion import Pipeline, Registration
+from guardstack.pipeline.registry import Phase
+from guardstack.pipeline.session import (
     AssistantMessage,
     Session,
     StepEnd,
@@ -49,32 +49,18 @@ from pipeline.session import (
     TurnStart,
     UserMessage,
 )
-from pipeline.values import (
-    TOOL_ABORTED,
-    TOOL_ABORTED_BEFORE_DISPATCH,
+from guardstack.pipeline.validate import integer
+from guardstack.pipeline.values import (
     USER_SOURCE,
     ToolCall,
     ToolOutcome,
-    ToolResult,
+    aborted_result,
 )
 
 if TYPE_CHECKING:
-    from pipeline.registry import ToolRegistry
+    from guardstack.pipeline.registry import ToolRegistry
 
-__all__ = ["Agent", "AgentLoop", "TurnResult", "aborted_result"]
-
-PromptNext: TypeAlias = Callable[["Agent", str], Awaitable[str]]
-
-
-def aborted_result(before_dispatch: bool) -> ToolResult:
-    """The result a call gets when its turn is cancelled (the seed's two abort results)."""
-    if before_dispatch:
-        return ToolResult.failure(
-            "tool call aborted before dispatch",
-            name="AbortError",
-            code=TOOL_ABORTED_BEFORE_DISPATCH,
-        )
-    return ToolResult.failure("tool call aborted", name="AbortError", code=TOOL_ABORTED)
+__all__ = ["Agent", "AgentLoop", "TurnResult"]
 
 
 @attrs.frozen
@@ -91,14 +77,6 @@ async def _submit(agent: Agent, text: str) -> str:
     return text
 
 
-def _positive_int(key: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(
-            f"AgentLoop: `{key}` must be an integer >= 1, got {value!r}", key=key, value=value
-        )
-    return value
-
-
 class AgentLoop:
     """Creates agents that share one tool registry and run turns."""
 
@@ -111,9 +89,9 @@ class AgentLoop:
     ) -> None:
         self.tools = tools
         self.model = model
-        self.max_steps = _positive_int("max_steps", max_steps)
-        self.max_parallel_tool_calls = _positive_int(
-            "max_parallel_tool_calls", max_parallel_tool_calls
+        self.max_steps = integer("AgentLoop", "max_steps", max_steps)
+        self.max_parallel_tool_calls = integer(
+            "AgentLoop", "max_parallel_tool_calls", max_parallel_tool_calls
         )
         #: ``async (agent, text, call_next) -> text``: sees every new person's prompt.
         self.prompt_submit: Pipeline[PromptNext] = Pipeline(_submit, stage="prompt_submit")
@@ -289,39 +267,27 @@ class Agent:
         self, turn: int, step: int, calls: _StepCalls
     ) -> list[ToolOutcome]:
         count = len(calls.requests)
-        prepared = [anyio.Event() for _ in range(count)]
-        finalized = [anyio.Event() for _ in range(count)]
+        step_order = _StepOrder(count, self.loop.max_parallel_tool_calls)
         committed = [anyio.Event() for _ in range(count)]
-        slots = anyio.Semaphore(self.loop.max_parallel_tool_calls)
         outcomes: list[ToolOutcome | None] = [None] * count
 
+        def log_call(index: int) -> None:
+            if index not in calls.called:  # a hook may run a call's phases twice
+                self._log_call(turn, step, calls, index)
+
         async def run(index: int) -> None:
-            @asynccontextmanager
-            async def in_order(done: list[anyio.Event]) -> AsyncIterator[None]:
-                if index:
-                    await done[index - 1].wait()
-                try:
-                    yield
-                finally:
-                    done[index].set()
-
-            @asynccontextmanager
-            async def prepare() -> AsyncIterator[None]:
-                async with in_order(prepared):
-                    self._log_call(turn, step, calls, index)  # in model order
-                    yield
-
-            @asynccontextmanager
-            async def dispatch() -> AsyncIterator[None]:
-                async with slots:
-                    yield
-
-            CALL_GATE.set(_Gate(prepare, dispatch, lambda: in_order(finalized)))
-            outcome = await self.loop.tools.execute(self._tool_call(calls.requests[index]))
+            order = _CallOrder(step_order, index, log_call)
+            call = self._tool_call(calls.requests[index])
+            outcome = await self.loop.tools.execute(call, order=order)
+            # A hook that answered without running the phases still frees the next call.
+            step_order.release(index)
             await anyio.lowlevel.checkpoint_if_cancelled()
-            async with in_order(committed):
-                self._answer(turn, step, calls, index, outcome)
-                outcomes[index] = outcome
+            if index:
+                await committed[index - 1].wait()
+            log_call(index)
+            self._answer(turn, step, calls, index, outcome)
+            outcomes[index] = outcome
+            committed[index].set()
 
         async with anyio.create_task_group() as group:
             for index in range(count):
@@ -329,10 +295,44 @@ class Agent:
         return [outcome for outcome in outcomes if outcome is not None]
 
 
-@attrs.frozen
-class _Gate:
-    """The per-call ``CallGate`` of an overlapping step (see ``pipeline.registry``)."""
+class _StepOrder:
+    """The turns a parallel step's calls take: pre- and post-execute in model order."""
 
-    prepare: Callable[[], AbstractAsyncContextManager[None]]
-    dispatch: Callable[[], AbstractAsyncContextManager[None]]
-    finalize: Callable[[], AbstractAsyncContextManager[None]]
+    __slots__ = ("done", "slots")
+
+    def __init__(self, count: int, parallelism: int) -> None:
+        self.done = {
+            "pre_execute": [anyio.Event() for _ in range(count)],
+            "post_execute": [anyio.Event() for _ in range(count)],
+        }
+        self.slots = anyio.Semaphore(parallelism)
+
+    def release(self, index: int) -> None:
+        for events in self.done.values():
+            events[index].set()
+
+
+class _CallOrder:
+    """One call's ``PhaseOrder`` within a ``_StepOrder`` (see ``pipeline.registry``)."""
+
+    __slots__ = ("index", "log_call", "step")
+
+    def __init__(self, step: _StepOrder, index: int, log_call: Callable[[int], None]) -> None:
+        self.step = step
+        self.index = index
+        self.log_call = log_call
+
+    async def enter(self, phase: Phase) -> None:
+        if phase == "dispatch":
+            await self.step.slots.acquire()
+            return
+        if self.index:
+            await self.step.done[phase][self.index - 1].wait()
+        if phase == "pre_execute":
+            self.log_call(self.index)  # in model order; from here on the call has started
+
+    def leave(self, phase: Phase) -> None:
+        if phase == "dispatch":
+            self.step.slots.release()
+        else:
+            self.step.done[phase][self.index].set()

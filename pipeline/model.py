@@ -1,24 +1,20 @@
-"""The model seam, and ``ScriptedModel`` for tests, demos and benchmarks.
+"""The model seam: what a model is given, and what it answers.
 
 A model is any object with ``async complete(messages, tools) -> ModelReply``:
 ``messages`` in OpenAI chat format (rebuilt from the session log for every
 request) and ``tools`` as OpenAI function schemas. Real providers implement it in a
-few lines; guardstack ships none, so it depends on none.
+few lines. ``ScriptedModel``, the test double, is in ``pipeline.testing``.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from pipeline.errors import ScriptExhaustedError
-
-__all__ = ["Model", "ModelReply", "ScriptedModel", "ToolCallRequest"]
+__all__ = ["Model", "ModelReply", "ToolCallRequest", "arguments_text"]
 
 
 def _parse_arguments(arguments: Mapping[str, Any] | str) -> Mapping[str, Any] | str:
@@ -116,54 +112,3 @@ class Model(Protocol):
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> ModelReply: ...
-
-
-ScriptStep: TypeAlias = (
-    ModelReply
-    | BaseException
-    | Callable[[list[dict[str, Any]]], ModelReply | Awaitable[ModelReply]]
-)
-
-
-class ScriptedModel:
-    """A deterministic model: answers each request with the next step of its script.
-
-    A step is a ``ModelReply``; an exception instance (raised, to test a failing
-    provider); or a callable ``(messages) -> ModelReply`` (sync or async) for replies
-    that depend on the request or that wait. ``requests`` records a deep copy of
-    every message list sent, ``tool_schemas`` the tools offered. Running out of
-    script raises ``ScriptExhaustedError``, which ends the turn with reason
-    ``error`` instead of hanging.
-    """
-
-    def __init__(self, replies: Sequence[ScriptStep]) -> None:
-        self._script = list(replies)
-        self.requests: list[list[dict[str, Any]]] = []
-        self.tool_schemas: list[list[dict[str, Any]]] = []
-
-    @property
-    def remaining(self) -> int:
-        return len(self._script) - len(self.requests)
-
-    async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-    ) -> ModelReply:
-        index = len(self.requests)
-        self.requests.append(copy.deepcopy(messages))
-        self.tool_schemas.append(copy.deepcopy(tools))
-        if index >= len(self._script):
-            raise ScriptExhaustedError(
-                f"ScriptedModel has no reply for request {index + 1}: "
-                f"its script holds {len(self._script)}"
-            )
-        step = self._script[index]
-        if isinstance(step, BaseException):
-            raise step
-        if isinstance(step, ModelReply):
-            return step
-        reply = step(messages)
-        if inspect.isawaitable(reply):
-            reply = await reply
-        if not isinstance(reply, ModelReply):
-            raise TypeError(f"script step {index + 1} returned {reply!r}, not a ModelReply")
-        return reply

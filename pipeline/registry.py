@@ -24,20 +24,15 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from contextlib import AbstractAsyncContextManager
-from contextvars import ContextVar
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Any, Final, Literal, Protocol, TypeAlias
 
 import anyio.to_thread
 import attrs
 
-from pipeline.errors import DuplicateToolError, GuardstackError
-from pipeline.onion import Pipeline, Registration
-from pipeline.values import (
-    INVALID_ARGUMENTS,
-    TOOL_DENIED,
-    TOOL_FAILED,
-    UNKNOWN_TOOL,
+from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
+from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
+from guardstack.pipeline.onion import Pipeline, Registration
+from guardstack.pipeline.values import (
     Accept,
     Allow,
     Block,
@@ -49,77 +44,84 @@ from pipeline.values import (
     ToolError,
     ToolOutcome,
     ToolResult,
+    denied_result,
+    failed_result,
+    failure_from_exception,
+    invalid_arguments_result,
+    unknown_tool_result,
 )
 
-__all__ = ["Execute", "ToolRegistry"]
+__all__ = ["Phase", "PhaseOrder", "ToolRegistry"]
 
 logger = logging.getLogger("guardstack")
 
-Execute: TypeAlias = Callable[[ToolCall], Awaitable[ToolOutcome]]
-PreNext: TypeAlias = Callable[[ToolCall], Awaitable[PreDecision]]
-DispatchNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]
-PostNext: TypeAlias = Callable[[ToolCall, ToolResult], Awaitable[PostDecision]]
-
 _MAX_ARGUMENT_DEPTH = 64
+#: Python refuses to print an int with more than 4,300 digits; JSON cannot hold it then.
+_MAX_INT_BITS = 14_000
+
+Phase: TypeAlias = Literal["pre_execute", "dispatch", "post_execute"]
 
 
-class CallGate(Protocol):
-    """How an agent loop orders the phases of calls that run in parallel.
+class PhaseOrder(Protocol):
+    """How an agent loop orders the phases of one call among a parallel step's calls.
 
-    Prepare (pre-execute) and finalize (post-execute) phases run one call at a time
-    in model order; dispatch overlaps, bounded by the loop's parallelism.
+    The loop owns it and passes it to ``registry.execute(call, order=…)``; the
+    registry brackets each phase with ``enter`` and ``leave``. Pre-execute and
+    post-execute take turns in model order; dispatch overlaps, bounded by the loop's
+    parallelism. ``leave`` is called for every ``enter`` that returned.
     """
 
-    def prepare(self) -> AbstractAsyncContextManager[None]: ...
-    def dispatch(self) -> AbstractAsyncContextManager[None]: ...
-    def finalize(self) -> AbstractAsyncContextManager[None]: ...
+    async def enter(self, phase: Phase) -> None: ...
+    def leave(self, phase: Phase) -> None: ...
 
 
-#: Set by the agent loop, per call task, when a step's calls overlap.
-CALL_GATE: ContextVar[CallGate | None] = ContextVar("guardstack_call_gate", default=None)
-
-
-def _check_arguments(arguments: object) -> _Early | None:
+def _check_arguments(arguments: object) -> ToolResult | None:
     """An ``INVALID_ARGUMENTS`` result for arguments that are not a JSON object."""
     if type(arguments) is dict and _json_problem(arguments, 0) is None:
         return None  # the usual case, without the ABC isinstance
     problem = _json_object_problem(arguments)
-    if problem is None:
-        return None
-    failure = ToolResult.failure(problem, name="InvalidArgumentsError", code=INVALID_ARGUMENTS)
-    return _Early(failure)
+    return None if problem is None else invalid_arguments_result(problem)
 
 
 def _json_object_problem(arguments: object) -> str | None:
-    """Why ``arguments`` is not a JSON object, or ``None``."""
+    """Why ``arguments`` is not a JSON object, or ``None``. Never raises."""
     if isinstance(arguments, str):
         preview = arguments if len(arguments) <= 80 else arguments[:80] + "…"
         return f"tool call arguments must be a JSON object, got the text {preview!r}"
     if not isinstance(arguments, Mapping):
         return f"tool call arguments must be a JSON object, got {type(arguments).__name__}"
-    problem = _json_problem(arguments, 0)
+    try:
+        problem = _json_problem(arguments, 0)
+    except Exception as error:  # a hostile mapping: iteration or lookup raised
+        problem = f"reading them raised {type(error).__name__}"
     return None if problem is None else f"tool call arguments must be JSON-serialisable: {problem}"
 
 
-_SCALARS: Final = frozenset({str, int, bool, type(None)})
+_SCALARS: Final = frozenset({str, bool, type(None)})
 
 
 def _json_problem(value: object, depth: int) -> str | None:
     kind = type(value)
     if kind in _SCALARS:
         return None
-    if kind is float:
-        return None if math.isfinite(value) else f"{value!r} is not a JSON number"  # type: ignore[arg-type]
+    if isinstance(value, int):  # bool, IntEnum and other int subclasses too
+        if value.bit_length() > _MAX_INT_BITS:
+            return "an integer too large for JSON"
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
+    if isinstance(value, str):  # StrEnum and other str subclasses
+        return None
     if depth > _MAX_ARGUMENT_DEPTH:
         return f"nested deeper than {_MAX_ARGUMENT_DEPTH} levels (or circular)"
     items: Iterable[object]
-    if kind is dict or isinstance(value, Mapping):
-        for key in value:  # type: ignore[attr-defined]
-            if type(key) is not str:
-                return f"key {key!r} is not a string"
-        items = value.values()  # type: ignore[attr-defined]
-    elif kind is list or kind is tuple:
-        items = value  # type: ignore[assignment]
+    if isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str):
+                return f"key {_short_repr(key)} is not a string"
+        items = value.values()
+    elif isinstance(value, list | tuple):
+        items = value
     else:
         return f"a {kind.__name__} value is not JSON"
     for item in items:
@@ -131,19 +133,12 @@ def _json_problem(value: object, depth: int) -> str | None:
     return None
 
 
-def _message_of(error: BaseException) -> str:
+def _short_repr(value: object) -> str:
     try:
-        message = str(error)
+        text = repr(value)
     except Exception:
-        return f"<unprintable {type(error).__name__}>"
-    return message or type(error).__name__
-
-
-def failure_from_exception(error: BaseException, *, prefix: str = "") -> ToolResult:
-    """``TOOL_FAILED`` with the exception's message and class name."""
-    return ToolResult.failure(
-        prefix + _message_of(error), name=type(error).__name__, code=TOOL_FAILED
-    )
+        return f"<unprintable {type(value).__name__}>"
+    return text if len(text) <= 80 else text[:80] + "…"
 
 
 _ALLOW: Final = Allow()
@@ -175,9 +170,7 @@ async def _run_tool(call: ToolCall) -> ToolResult:
     """The innermost dispatch step: run the tool, normalise whatever happens into a result."""
     tool = call.tool
     if tool is None:
-        return ToolResult.failure(
-            f'unknown tool "{call.name}"', name="ToolNotFoundError", code=UNKNOWN_TOOL
-        )
+        return unknown_tool_result(call.name)
     try:
         if tool.is_async:
             value = await tool.execute(call.arguments, call)  # type: ignore[arg-type,misc]
@@ -186,20 +179,18 @@ async def _run_tool(call: ToolCall) -> ToolResult:
     except Exception as error:
         logger.debug("tool %r raised", call.name, exc_info=True)
         return failure_from_exception(error)
-    if isinstance(value, ToolResult):
-        if type(value.content) is not str:
-            return ToolResult.failure(
-                f"tool {tool.name!r} returned a ToolResult whose content is not text: "
-                f"{type(value.content).__name__}",
-                name="TypeError",
-                code=TOOL_FAILED,
-            )
-        return value
     if type(value) is str:
         return ToolResult(value, False, None, value)
+    if isinstance(value, ToolResult):
+        problem = value.problem()
+        if problem is None:
+            return value
+        return failed_result(
+            f"tool {tool.name!r} returned a ToolResult whose {problem}", "TypeError"
+        )
     try:
         return ToolResult.of(value)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
         return failure_from_exception(
             error, prefix=f"tool {tool.name!r} returned a value that is not JSON-serialisable: "
         )
@@ -216,7 +207,7 @@ class _Early:
 
 def _checked(result: object) -> ToolResult:
     if type(result) is not ToolResult and not isinstance(result, ToolResult):
-        raise TypeError(f"dispatch returned {result!r}; expected a ToolResult")
+        raise TypeError(f"dispatch returned {_short_repr(result)}; expected a ToolResult")
     return result
 
 
@@ -266,19 +257,18 @@ class ToolRegistry:
     def instrument(self, hook: Callable[[Execute], Execute]) -> Registration:
         """Wrap every whole ``execute`` (pre, dispatch and post) with ``hook``."""
         self._operation_hooks.append(hook)
-        self._compose_operation()
+        self._operation = self._wrapped(self._run)
 
         def remove() -> None:
             self._operation_hooks.remove(hook)
-            self._compose_operation()
+            self._operation = self._wrapped(self._run)
 
         return Registration(remove)
 
-    def _compose_operation(self) -> None:
-        operation: Execute = self._run
+    def _wrapped(self, operation: Execute) -> Execute:
         for hook in reversed(self._operation_hooks):
             operation = hook(operation)
-        self._operation = operation
+        return operation
 
     def describe(self) -> str:
         """Every stage's layers, outermost first."""
@@ -289,78 +279,74 @@ class ToolRegistry:
 
     # -- execution ---------------------------------------------------------------------
 
-    def execute(self, call: ToolCall) -> Awaitable[ToolOutcome]:
-        """Run ``call`` through pre-execute, dispatch and post-execute."""
-        return self._operation(call)
+    def execute(self, call: ToolCall, *, order: PhaseOrder | None = None) -> Awaitable[ToolOutcome]:
+        """Run ``call`` through pre-execute, dispatch and post-execute.
 
-    async def _run(self, call: ToolCall) -> ToolOutcome:
+        ``order`` is for agent loops running a step's calls in parallel: it decides
+        when each phase of this call may start (see ``PhaseOrder``).
+        """
+        if order is None:
+            return self._operation(call)
+        return self._wrapped(lambda ordered: self._run(ordered, order))(call)
+
+    async def _run(self, call: ToolCall, order: PhaseOrder | None = None) -> ToolOutcome:
         tool = self._tools.get(call.name)
         if call.tool is not tool:
-            call = ToolCall(call.name, call.arguments, call.call_id, call.agent, tool, call.attempt)
-        gate = CALL_GATE.get()
-        if gate is not None:
-            return await self._run_gated(call, gate)
+            call = call.resolved(tool)
         # Stages without layers are skipped outright: zero cost when unused.
-        early = _check_arguments(call.arguments)
-        if early is None and self.pre_execute.layered:
-            early = await self._pre_execute(call)
-        if early is None:
-            try:
-                result = _checked(await self.dispatch.chain(call))
-            except Exception as error:
-                return ToolOutcome(self._final_failure(self.dispatch, error).result)
-            if not self.post_execute.layered:
-                return ToolOutcome(result)
-            return await self._post_execute(call, result, False)
-        return await self._finalize(call, early)
-
-    async def _run_gated(self, call: ToolCall, gate: CallGate) -> ToolOutcome:
-        # The gate orders this call among its step's calls; tool calls made *from*
-        # inside it (a subagent's, say) belong to no step of ours.
-        token = CALL_GATE.set(None)
+        if order is not None:
+            await order.enter("pre_execute")
         try:
-            async with gate.prepare():
-                early = _check_arguments(call.arguments)
-                if early is None and self.pre_execute.layered:
-                    early = await self._pre_execute(call)
-            if early is None:
-                async with gate.dispatch():
-                    try:
-                        early = _Early(_checked(await self.dispatch.chain(call)))
-                    except Exception as error:
-                        early = self._final_failure(self.dispatch, error)
-            async with gate.finalize():
-                return await self._finalize(call, early)
+            early = _check_arguments(call.arguments)
+            decided = None if early is None else _Early(early)
+            if decided is None and self.pre_execute.layered:
+                decided = await self._pre_execute(call)
         finally:
-            CALL_GATE.reset(token)
+            if order is not None:
+                order.leave("pre_execute")
+        if decided is None:
+            if order is not None:
+                await order.enter("dispatch")
+            try:
+                result = _checked(await self.dispatch._chain(call))
+            except Exception as error:
+                decided = self._final_failure(self.dispatch, error)
+            else:
+                if order is None and not self.post_execute.layered:
+                    return ToolOutcome(result)
+                decided = _Early(result)
+            finally:
+                if order is not None:
+                    order.leave("dispatch")
+        if order is not None:
+            await order.enter("post_execute")
+        try:
+            return await self._finalize(call, decided)
+        finally:
+            if order is not None:
+                order.leave("post_execute")
 
     async def _pre_execute(self, call: ToolCall) -> _Early | None:
         """``None`` to dispatch; else a denial, or a final failure of a broken layer."""
         try:
-            decision = await self.pre_execute.chain(call)
+            decision = await self.pre_execute._chain(call)
             if isinstance(decision, Deny):
-                denied = ToolResult.failure(decision.reason, code=TOOL_DENIED)
-                return _Early(denied, ends_turn=decision.end_turn)
+                return _Early(denied_result(decision.reason), ends_turn=decision.end_turn)
             if not isinstance(decision, Allow):
                 raise TypeError(  # noqa: TRY301 - reported like any pre-execute bug
-                    f"pre-execute returned {decision!r}; expected Allow() or Deny(reason)"
+                    f"pre-execute returned {_short_repr(decision)}; "
+                    "expected Allow() or Deny(reason)"
                 )
         except Exception as error:
             return self._final_failure(self.pre_execute, error)
         return None
 
     async def _finalize(self, call: ToolCall, early: _Early) -> ToolOutcome:
-        if early.final:
-            return ToolOutcome(early.result)
-        if not self.post_execute.layered:
+        if early.final or not self.post_execute.layered:
             return ToolOutcome(early.result, (), early.ends_turn)
-        return await self._post_execute(call, early.result, early.ends_turn)
-
-    async def _post_execute(
-        self, call: ToolCall, result: ToolResult, ends_turn: bool
-    ) -> ToolOutcome:
+        result, ends_turn = early.result, early.ends_turn
         try:
-            decision = await self.post_execute.chain(call, result)
+            decision = await self.post_execute._chain(call, result)
             if isinstance(decision, Block):
                 message = decision.feedback or "tool result blocked by post-execute policy"
                 blocked = ToolResult(decision.feedback, is_error=True, error=ToolError(message))
@@ -369,7 +355,8 @@ class ToolRegistry:
                 )
             if not isinstance(decision, Accept):
                 raise TypeError(  # noqa: TRY301 - reported like any post-execute bug
-                    f"post-execute returned {decision!r}; expected Accept(...) or Block(feedback)"
+                    f"post-execute returned {_short_repr(decision)}; "
+                    "expected Accept(...) or Block(feedback)"
                 )
             if decision.value is not None:
                 if result.is_error:
@@ -378,7 +365,10 @@ class ToolRegistry:
                     )
                 result = ToolResult.of(decision.value)
         except Exception as error:
-            return ToolOutcome(self._final_failure(self.post_execute, error).result)
+            # The call still ends the turn when a cap said so: a broken layer must not
+            # let a looping agent through.
+            failure = self._final_failure(self.post_execute, error).result
+            return ToolOutcome(failure, (), ends_turn)
         return ToolOutcome(result, decision.additional_contexts, ends_turn)
 
     def _final_failure(self, stage: Pipeline[Any], error: Exception) -> _Early:

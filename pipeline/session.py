@@ -22,9 +22,9 @@ from typing import Any, ClassVar, Literal, TypeAlias, overload
 
 import attrs
 
-from pipeline.errors import SessionCorruptError, SessionTailWarning
-from pipeline.model import ToolCallRequest
-from pipeline.values import MessageSource, ToolResult
+from guardstack.pipeline.errors import SessionCorruptError, SessionTailWarning
+from guardstack.pipeline.model import ToolCallRequest
+from guardstack.pipeline.values import MessageSource, ToolResult
 
 __all__ = [
     "AssistantMessage",

@@ -5,27 +5,35 @@
 * ``ScriptedTool`` — a tool that follows a script per call (reply, raise, hang, reply
   late while ignoring cancellation) and records every run with its virtual start
   and end times.
-* ``ScriptedModel`` lives in ``pipeline`` itself; ``wrappers.no_backoff()`` turns
-  retry waits off in a scope.
+* ``ScriptedModel`` — a deterministic model that answers each request with the next
+  step of its script.
+
+``guardstack.wrappers.no_backoff()`` turns retry waits off in a scope.
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import anyio
 import attrs
 
-from pipeline.onion import Registration
-from pipeline.values import ToolCall, ToolDefinition
+from guardstack.pipeline.errors import ScriptExhaustedError
+from guardstack.pipeline.model import ModelReply
+from guardstack.pipeline.onion import Registration
+from guardstack.pipeline.values import ToolCall, ToolDefinition
 
 __all__ = [
     "Hang",
     "Raise",
     "RecordingLayer",
     "Reply",
+    "ScriptStep",
+    "ScriptedModel",
     "ScriptedTool",
     "ToolRun",
     "ToolStep",
@@ -145,3 +153,54 @@ class RecordingLayer:
 
     def __repr__(self) -> str:
         return f"RecordingLayer({self.name!r})"
+
+
+ScriptStep: TypeAlias = (
+    ModelReply
+    | BaseException
+    | Callable[[list[dict[str, Any]]], ModelReply | Awaitable[ModelReply]]
+)
+
+
+class ScriptedModel:
+    """A deterministic model: answers each request with the next step of its script.
+
+    A step is a ``ModelReply``; an exception instance (raised, to test a failing
+    provider); or a callable ``(messages) -> ModelReply`` (sync or async) for replies
+    that depend on the request or that wait. ``requests`` records a deep copy of
+    every message list sent, ``tool_schemas`` the tools offered. Running out of
+    script raises ``ScriptExhaustedError``, which ends the turn with reason
+    ``error`` instead of hanging.
+    """
+
+    def __init__(self, replies: Sequence[ScriptStep]) -> None:
+        self._script = list(replies)
+        self.requests: list[list[dict[str, Any]]] = []
+        self.tool_schemas: list[list[dict[str, Any]]] = []
+
+    @property
+    def remaining(self) -> int:
+        return len(self._script) - len(self.requests)
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelReply:
+        index = len(self.requests)
+        self.requests.append(copy.deepcopy(messages))
+        self.tool_schemas.append(copy.deepcopy(tools))
+        if index >= len(self._script):
+            raise ScriptExhaustedError(
+                f"ScriptedModel has no reply for request {index + 1}: "
+                f"its script holds {len(self._script)}"
+            )
+        step = self._script[index]
+        if isinstance(step, BaseException):
+            raise step
+        if isinstance(step, ModelReply):
+            return step
+        reply = step(messages)
+        if inspect.isawaitable(reply):
+            reply = await reply
+        if not isinstance(reply, ModelReply):
+            raise TypeError(f"script step {index + 1} returned {reply!r}, not a ModelReply")
+        return reply

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import attrs
 
-from pipeline.errors import ConfigError
+from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.validate import invalid
 
 if TYPE_CHECKING:
-    from pipeline.loop import Agent
+    from guardstack.pipeline.loop import Agent
 
 __all__ = [
     "INVALID_ARGUMENTS",
@@ -40,8 +41,15 @@ __all__ = [
     "ToolError",
     "ToolOutcome",
     "ToolResult",
+    "aborted_result",
+    "denied_result",
+    "failed_result",
+    "failure_from_exception",
+    "invalid_arguments_result",
+    "message_of",
     "render_value",
     "timeout_result",
+    "unknown_tool_result",
 ]
 
 TOOL_TIMEOUT: Final = "TOOL_TIMEOUT"
@@ -62,11 +70,8 @@ _SOURCE_KINDS: Final = ("user", "plugin", "model", "tool")
 def validate_timeout_ms(owner: str, key: str, value: object) -> int:
     """A budget in whole milliseconds, or ``ConfigError`` naming owner, key and value."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TIMEOUT_MS:
-        raise ConfigError(
-            f"{owner}: `{key}` must be a whole number of milliseconds from 1 to "
-            f"{MAX_TIMEOUT_MS}, got {value!r}",
-            key=key,
-            value=value,
+        raise invalid(
+            owner, key, value, f"a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}"
         )
     return value
 
@@ -145,6 +150,30 @@ class ToolResult:
         """The error code, or ``None`` for a success or an error without one."""
         return self.error.code if self.error is not None else None
 
+    def problem(self) -> str | None:
+        """Why this result cannot be logged or sent as it is, or ``None`` when it can.
+
+        Frozen classes do not check field types, so a tool may build a result whose
+        content is not text, or an error that is not a ``ToolError``; the registry
+        checks results it did not build itself at the boundary.
+        """
+        if type(self.content) is not str and not isinstance(self.content, str):
+            return f"content is not text: {type(self.content).__name__}"
+        if not isinstance(self.is_error, bool):
+            return f"is_error is not a bool: {type(self.is_error).__name__}"
+        error = self.error
+        if error is None:
+            return None
+        if not isinstance(error, ToolError):
+            return f"error is not a ToolError: {type(error).__name__}"
+        if not isinstance(error.message, str):
+            return f"error message is not text: {type(error.message).__name__}"
+        for key in ("name", "code"):
+            part = getattr(error, key)
+            if part is not None and not isinstance(part, str):
+                return f"error {key} is not text: {type(part).__name__}"
+        return None
+
     @classmethod
     def of(cls, value: object) -> ToolResult:
         """A success result carrying ``value`` and its rendered content."""
@@ -175,11 +204,59 @@ class ToolResult:
         )
 
 
-def timeout_result(ms: int, code: str) -> ToolResult:
+# -- the seed's error results, built in one place -----------------------------------------
+
+
+def timeout_result(ms: int, code: str = TOOL_TIMEOUT) -> ToolResult:
     """The seed's structured timeout error, with the code of the layer whose timer fired."""
     return ToolResult.failure(
         f"tool call timed out after {ms}ms", name="ToolTimeoutError", code=code
     )
+
+
+def aborted_result(before_dispatch: bool) -> ToolResult:
+    """What a call gets when its turn is cancelled (the seed's two abort results)."""
+    if before_dispatch:
+        return ToolResult.failure(
+            "tool call aborted before dispatch",
+            name="AbortError",
+            code=TOOL_ABORTED_BEFORE_DISPATCH,
+        )
+    return ToolResult.failure("tool call aborted", name="AbortError", code=TOOL_ABORTED)
+
+
+def denied_result(reason: str) -> ToolResult:
+    """A call a pre-execute layer denied: the model reads ``Error: <reason>``."""
+    return ToolResult.failure(reason, code=TOOL_DENIED)
+
+
+def unknown_tool_result(name: str) -> ToolResult:
+    """A call to a tool no registry holds."""
+    return ToolResult.failure(f'unknown tool "{name}"', name="ToolNotFoundError", code=UNKNOWN_TOOL)
+
+
+def invalid_arguments_result(problem: str) -> ToolResult:
+    """A call whose arguments are not a JSON object: the tool is not run."""
+    return ToolResult.failure(problem, name="InvalidArgumentsError", code=INVALID_ARGUMENTS)
+
+
+def failed_result(message: str, name: str | None = None) -> ToolResult:
+    """A tool (or a layer) that failed: ``name`` is the exception's class name."""
+    return ToolResult.failure(message, name=name, code=TOOL_FAILED)
+
+
+def message_of(error: BaseException) -> str:
+    """``str(error)``, or a stand-in when that raises or is empty: never raises."""
+    try:
+        message = str(error)
+    except Exception:
+        return f"<unprintable {type(error).__name__}>"
+    return message or type(error).__name__
+
+
+def failure_from_exception(error: BaseException, *, prefix: str = "") -> ToolResult:
+    """``TOOL_FAILED`` with the exception's message and class name."""
+    return failed_result(prefix + message_of(error), type(error).__name__)
 
 
 ToolExecute: TypeAlias = Callable[[Mapping[str, Any], "ToolCall"], Awaitable[object] | object]
@@ -270,6 +347,10 @@ class ToolCall:
     agent: Agent | None = None
     tool: ToolDefinition | None = None
     attempt: int = 1
+
+    def resolved(self, tool: ToolDefinition | None) -> ToolCall:
+        """The same call with ``tool`` set (cheaper than ``attrs.evolve`` on the hot path)."""
+        return ToolCall(self.name, self.arguments, self.call_id, self.agent, tool, self.attempt)
 
 
 def _contexts(contexts: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline import ModelReply, ToolCall, ToolCallRequest, ToolRegistry
-from pipeline.testing import ScriptedTool
+from guardstack.pipeline import ModelReply, ToolCall, ToolCallRequest, ToolRegistry
+from guardstack.pipeline.testing import ScriptedTool
 
 
 def call(

@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from pipeline.demo import run_demo
+from guardstack.cli.demo import run_demo
 
 
 class Receiver(ThreadingHTTPServer):

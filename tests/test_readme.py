@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
-from pipeline import Harness
+from guardstack.pipeline import Harness
 
 ROOT = Path(__file__).parents[1]
 BLOCKS = re.findall(

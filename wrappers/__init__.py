@@ -1,9 +1,9 @@
 """Generic onion layers: timeout, retry, metrics, and tracing instrumentation."""
 
-from wrappers.metrics import CALLS_METRIC, DURATION_METRIC, Metrics
-from wrappers.retry import Retry, RetryBudget, no_backoff
-from wrappers.timeout import Timeout, within_budget
-from wrappers.tracing import CONTEXT_EVENT, Tracing
+from guardstack.wrappers.metrics import CALLS_METRIC, DURATION_METRIC, Metrics
+from guardstack.wrappers.retry import Retry, RetryBudget, no_backoff
+from guardstack.wrappers.timeout import Timeout
+from guardstack.wrappers.tracing import CONTEXT_EVENT, Tracing
 
 __all__ = [
     "CALLS_METRIC",
@@ -15,5 +15,4 @@ __all__ = [
     "Timeout",
     "Tracing",
     "no_backoff",
-    "within_budget",
 ]

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
 import anyio
 
-from pipeline.values import ToolResult
+from guardstack.pipeline.values import ToolResult
+
+try:
+    #: The instrumentation scope's version: the installed distribution's.
+    VERSION = version("guardstack")
+except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    VERSION = "0+unknown"
 
 #: ``error.type`` for an error result without a code (the semantic conventions' fallback).
 OTHER = "_OTHER"

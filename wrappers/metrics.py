@@ -20,24 +20,21 @@ Cancellation always propagates; the point is recorded on the way out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import anyio
 from opentelemetry import metrics
 from opentelemetry.metrics import MeterProvider
 
-from pipeline.values import ToolCall, ToolResult
-from wrappers._otel import exception_error_type, result_error_type
-
-if TYPE_CHECKING:
-    from pipeline.harness import Scope
-    from pipeline.registry import DispatchNext
+from guardstack.pipeline.contract import DispatchNext, Scope
+from guardstack.pipeline.validate import invalid
+from guardstack.pipeline.values import ToolCall, ToolResult
+from guardstack.wrappers._otel import VERSION, exception_error_type, result_error_type
 
 __all__ = ["CALLS_METRIC", "DURATION_METRIC", "Metrics"]
 
 DURATION_METRIC = "gen_ai.execute_tool.duration"
 CALLS_METRIC = "guardstack.tool.calls"
-_VERSION = "0.1.0"
 
 
 class Metrics:
@@ -46,8 +43,12 @@ class Metrics:
     name: ClassVar[str] = "metrics"
 
     def __init__(self, meter_provider: MeterProvider | None = None) -> None:
+        if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+            raise invalid(
+                "metrics", "meter_provider", meter_provider, "an OpenTelemetry MeterProvider"
+            )
         self.meter_provider = meter_provider
-        meter = (meter_provider or metrics.get_meter_provider()).get_meter("guardstack", _VERSION)
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter("guardstack", VERSION)
         self._duration = meter.create_histogram(
             DURATION_METRIC, unit="s", description="Duration of tool executions"
         )
@@ -73,6 +74,7 @@ class Metrics:
         self._calls.add(1, attributes)
 
     def apply(self, scope: Scope) -> None:
+        """Register as a dispatch layer."""
         scope.use(scope.tools.dispatch, self)
 
     def __repr__(self) -> str:

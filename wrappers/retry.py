@@ -27,24 +27,22 @@ a global), for tests.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar
 
 import anyio
 import anyio.lowlevel
 import attrs
 
-from pipeline.errors import ConfigError
-from pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
-
-if TYPE_CHECKING:
-    from pipeline.harness import Scope
-    from pipeline.registry import DispatchNext
+from guardstack.pipeline.contract import DispatchNext, Scope
+from guardstack.pipeline.validate import boolean, cut, integer, invalid, number
+from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 
 __all__ = ["Retry", "RetryBudget", "no_backoff"]
 
+PLUGIN = "retry"
 _BACKOFF_ENABLED: ContextVar[bool] = ContextVar("guardstack_backoff_enabled", default=True)
 
 
@@ -70,26 +68,12 @@ class RetryBudget:
     def __init__(
         self, ratio: float = 0.2, min_retries_per_second: float = 1.0, capacity: float = 10.0
     ) -> None:
-        for key, value in (
-            ("ratio", ratio),
-            ("min_retries_per_second", min_retries_per_second),
-            ("capacity", capacity),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(
-                    f"retry budget: `{key}` must be a number >= 0, got {value!r}",
-                    key=key,
-                    value=value,
-                )
-        if capacity < 1:
-            raise ConfigError(
-                f"retry budget: `capacity` must be >= 1, got {capacity!r}",
-                key="capacity",
-                value=capacity,
-            )
-        self.ratio = float(ratio)
-        self.min_retries_per_second = float(min_retries_per_second)
-        self.capacity = float(capacity)
+        owner = "retry budget"
+        self.ratio = number(owner, "ratio", ratio)
+        self.min_retries_per_second = number(
+            owner, "min_retries_per_second", min_retries_per_second
+        )
+        self.capacity = number(owner, "capacity", capacity, minimum=1)
         self._tokens = self.capacity
         self._updated: float | None = None
 
@@ -102,6 +86,7 @@ class RetryBudget:
 
     @property
     def tokens(self) -> float:
+        """Tokens left (without refilling)."""
         return self._tokens
 
     def deposit(self) -> None:
@@ -124,14 +109,9 @@ class RetryBudget:
         )
 
 
-def _check_positive_int(key: str, minimum: int) -> Callable[[object, object, object], None]:
+def _at_least(key: str, minimum: int) -> Callable[[object, object, object], None]:
     def check(_: object, __: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(
-                f"retry: `{key}` must be an integer >= {minimum}, got {value!r}",
-                key=key,
-                value=value,
-            )
+        integer(PLUGIN, key, value, minimum=minimum)
 
     return check
 
@@ -143,54 +123,51 @@ def _to_retry_on(value: object) -> Collection[str] | Callable[[ToolResult], bool
         return frozenset({value})
     if isinstance(value, Collection) and value and all(isinstance(code, str) for code in value):
         return frozenset(value)
-    raise ConfigError(
-        "retry: `retry_on` must be a non-empty list of error codes or a predicate on the "
-        f"result, got {value!r}",
-        key="retry_on",
-        value=value,
+    raise invalid(
+        PLUGIN, "retry_on", value, "a non-empty list of error codes or a predicate on the result"
     )
+
+
+def _check_jitter(_: object, __: object, value: Any) -> None:
+    boolean(PLUGIN, "jitter", value)
+
+
+def _check_budget(_: object, __: object, value: Any) -> None:
+    if value is not None and not isinstance(value, RetryBudget):
+        raise invalid(PLUGIN, "budget", value, "a RetryBudget")
 
 
 @attrs.frozen
 class Retry:
-    """Up to ``attempts`` attempts while the result matches ``retry_on``."""
+    """Up to ``attempts`` attempts while the result matches ``retry_on``.
 
-    name: ClassVar[str] = "retry"
+    The instance is configuration only. Applied as a plugin, each application gets
+    its own random generator (seeded with ``seed``); used directly as a layer
+    (``stage.use(Retry())``), the instance keeps one of its own.
+    """
 
-    attempts: int = attrs.field(default=3, validator=_check_positive_int("attempts", 1))
+    name: ClassVar[str] = PLUGIN
+
+    attempts: int = attrs.field(default=3, validator=_at_least("attempts", 1))
     retry_on: Collection[str] | Callable[[ToolResult], bool] = attrs.field(
         default=(TOOL_TIMEOUT,), converter=_to_retry_on
     )
-    backoff_ms: int = attrs.field(default=100, validator=_check_positive_int("backoff_ms", 0))
-    max_backoff_ms: int = attrs.field(
-        default=10_000, validator=_check_positive_int("max_backoff_ms", 0)
-    )
-    jitter: bool = True
-    budget: RetryBudget | None = None
+    backoff_ms: int = attrs.field(default=100, validator=_at_least("backoff_ms", 0))
+    max_backoff_ms: int = attrs.field(default=10_000, validator=_at_least("max_backoff_ms", 0))
+    jitter: bool = attrs.field(default=True, validator=_check_jitter)
+    budget: RetryBudget | None = attrs.field(default=None, validator=_check_budget)
     seed: int | None = None
-    _random: random.Random = attrs.field(init=False, repr=False, eq=False)
+    _direct: _RetryRun = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.jitter, bool):
-            raise ConfigError(
-                f"retry: `jitter` must be true or false, got {self.jitter!r}",
-                key="jitter",
-                value=self.jitter,
-            )
         if self.max_backoff_ms < self.backoff_ms:
-            raise ConfigError(
-                f"retry: `max_backoff_ms` ({self.max_backoff_ms}) must be >= `backoff_ms` "
-                f"({self.backoff_ms})",
-                key="max_backoff_ms",
-                value=self.max_backoff_ms,
+            raise invalid(
+                PLUGIN,
+                "max_backoff_ms",
+                self.max_backoff_ms,
+                f">= `backoff_ms` ({self.backoff_ms})",
             )
-        if self.budget is not None and not isinstance(self.budget, RetryBudget):
-            raise ConfigError(
-                f"retry: `budget` must be a RetryBudget, got {self.budget!r}",
-                key="budget",
-                value=self.budget,
-            )
-        object.__setattr__(self, "_random", random.Random(self.seed))
+        object.__setattr__(self, "_direct", _RetryRun(self))
 
     def should_retry(self, result: ToolResult) -> bool:
         """Whether ``result`` is a failure this policy retries."""
@@ -200,28 +177,72 @@ class Retry:
             return bool(self.retry_on(result))
         return result.code in self.retry_on
 
+    def ceiling_s(self, attempt: int) -> float:
+        """The longest wait after failed attempt number ``attempt`` (1-based)."""
+        return float(min(self.max_backoff_ms, self.backoff_ms * 2 ** (attempt - 1))) / 1000
+
     def delay_s(self, attempt: int) -> float:
-        """How long to wait after failed attempt number ``attempt`` (1-based)."""
-        ceiling = min(self.max_backoff_ms, self.backoff_ms * 2 ** (attempt - 1)) / 1000
-        return self._random.uniform(0, ceiling) if self.jitter else ceiling
+        """The wait after failed attempt ``attempt``, drawn from this instance's generator."""
+        return self._direct.delay_s(attempt)
+
+    def __call__(self, call: ToolCall, call_next: DispatchNext) -> Awaitable[ToolResult]:
+        return self._direct(call, call_next)
+
+    def apply(self, scope: Scope) -> None:
+        """Register a fresh run of this policy (its own random draws) as a dispatch layer."""
+        scope.use(scope.tools.dispatch, _RetryRun(self), name=PLUGIN)
+
+    def __repr__(self) -> str:
+        retry_on = self.retry_on if callable(self.retry_on) else sorted(self.retry_on)
+        return (
+            f"Retry(attempts={self.attempts}, retry_on={cut(retry_on)}, "
+            f"backoff_ms={self.backoff_ms}, max_backoff_ms={self.max_backoff_ms}, "
+            f"jitter={self.jitter}, budget={self.budget!r}, seed={self.seed!r})"
+        )
+
+
+async def _before_attempt() -> None:
+    """Never start an attempt once cancelled — nor once an enclosing deadline has passed.
+
+    When the event loop runs late (a neighbour blocked it), the backoff sleep can
+    return after the caller's deadline without its cancellation delivered yet: one
+    checkpoint lets that overdue cancellation arrive before the attempt starts.
+    """
+    if anyio.current_time() >= anyio.current_effective_deadline():
+        await anyio.lowlevel.checkpoint()
+    await anyio.lowlevel.checkpoint_if_cancelled()
+
+
+class _RetryRun:
+    """The mechanism: one application of a ``Retry`` policy, with its own random draws."""
+
+    __slots__ = ("policy", "random")
+
+    def __init__(self, policy: Retry) -> None:
+        self.policy = policy
+        self.random = random.Random(policy.seed)
+
+    def delay_s(self, attempt: int) -> float:
+        ceiling = self.policy.ceiling_s(attempt)
+        return float(self.random.uniform(0, ceiling)) if self.policy.jitter else ceiling
 
     async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
-        budget = self.budget
+        policy = self.policy
+        budget = policy.budget
         if budget is not None:
             budget.deposit()
         attempt = 1
         while True:
             attempt_call = call if call.attempt == attempt else attrs.evolve(call, attempt=attempt)
             result = await call_next(attempt_call)
-            if attempt >= self.attempts or not self.should_retry(result):
+            if attempt >= policy.attempts or not policy.should_retry(result):
                 return result
             if budget is not None and not budget.try_withdraw():
                 return result
             if _BACKOFF_ENABLED.get():
                 await anyio.sleep(self.delay_s(attempt))
-            else:
-                await anyio.lowlevel.checkpoint()  # never start an attempt once cancelled
+            await _before_attempt()
             attempt += 1
 
-    def apply(self, scope: Scope) -> None:
-        scope.use(scope.tools.dispatch, self)
+    def __repr__(self) -> str:
+        return repr(self.policy)

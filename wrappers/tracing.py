@@ -29,24 +29,19 @@ OpenTelemetry API is used; pass your SDK ``TracerProvider`` or set the global on
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from opentelemetry import context, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
-from pipeline.errors import ConfigError
-from pipeline.onion import Layer, LayerInfo
-from pipeline.values import ToolCall, ToolOutcome, ToolResult
-from wrappers._otel import exception_error_type, result_error_type
-
-if TYPE_CHECKING:
-    from pipeline.harness import Scope
-    from pipeline.registry import DispatchNext, Execute
+from guardstack.pipeline.contract import DispatchNext, Execute, Layer, LayerInfo, Scope
+from guardstack.pipeline.validate import boolean, invalid
+from guardstack.pipeline.values import ToolCall, ToolOutcome, ToolResult, message_of
+from guardstack.wrappers._otel import VERSION, exception_error_type, result_error_type
 
 __all__ = ["CONTEXT_EVENT", "Tracing"]
 
 CONTEXT_EVENT = "guardstack.context"
-_VERSION = "0.1.0"
 
 
 def _end_with_result(span: Span, result: ToolResult) -> None:
@@ -61,7 +56,15 @@ def _end_with_exception(span: Span, error: BaseException) -> None:
     span.set_attribute("error.type", error_type)
     span.set_status(Status(StatusCode.ERROR, error_type))
     if isinstance(error, Exception):
-        span.record_exception(error)
+        # Telemetry never changes an outcome: an exception whose __str__ raises must not
+        # replace the one being recorded.
+        try:
+            span.record_exception(error)
+        except Exception:
+            span.add_event(
+                "exception",
+                {"exception.type": type(error).__name__, "exception.message": message_of(error)},
+            )
 
 
 class Tracing:
@@ -72,19 +75,21 @@ class Tracing:
     def __init__(
         self, tracer_provider: TracerProvider | None = None, layer_spans: bool = True
     ) -> None:
-        if not isinstance(layer_spans, bool):
-            raise ConfigError(
-                f"tracing: `layer_spans` must be true or false, got {layer_spans!r}",
-                key="layer_spans",
-                value=layer_spans,
+        boolean("tracing", "layer_spans", layer_spans)
+        if tracer_provider is not None and not callable(
+            getattr(tracer_provider, "get_tracer", None)
+        ):
+            raise invalid(
+                "tracing", "tracer_provider", tracer_provider, "an OpenTelemetry TracerProvider"
             )
         self.tracer_provider = tracer_provider
         self.layer_spans = layer_spans
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
-            "guardstack", _VERSION
+            "guardstack", VERSION
         )
 
     def apply(self, scope: Scope) -> None:
+        """Instrument the registry (a span per call) and, optionally, every dispatch layer."""
         scope.adopt(scope.tools.instrument(self.wrap_execute))
         if self.layer_spans:
             scope.adopt(scope.tools.dispatch.instrument(self.wrap_layer))

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guards import canonical_json
-from guards.canonical import js_number, utf16_length, utf16_prefix
+from guardstack.guards import canonical_json
+from guardstack.guards.canonical import js_number, utf16_length, utf16_prefix
 
 
 @pytest.mark.parametrize(

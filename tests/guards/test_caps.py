@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from guards import AgentLimit, ToolCallLimit
-from pipeline import (
+from guardstack.guards import AgentLimit, ToolCallLimit
+from guardstack.pipeline import (
     TOOL_DENIED,
     AgentLimitExceeded,
     ConfigError,
@@ -18,7 +18,7 @@ from pipeline import (
     ToolResultEvent,
     TurnEnd,
 )
-from pipeline.testing import Reply, ScriptedTool
+from guardstack.pipeline.testing import Reply, ScriptedTool
 from tests.helpers import calls
 
 

@@ -12,8 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guards import DETAILED_TEMPLATE, GENTLE_TEXT, RepeatToolReminder, ToolCallTimeoutPolicy
-from pipeline import (
+from guardstack.guards import (
+    DETAILED_TEMPLATE,
+    GENTLE_TEXT,
+    RepeatToolReminder,
+    ToolCallTimeoutPolicy,
+)
+from guardstack.pipeline import (
     Accept,
     Agent,
     Block,
@@ -31,7 +36,7 @@ from pipeline import (
     ToolResult,
     UserMessage,
 )
-from pipeline.testing import Hang, Raise, ScriptedTool
+from guardstack.pipeline.testing import Hang, Raise, ScriptedTool
 from tests.helpers import calls
 
 SOURCE = MessageSource("plugin", "repeat-tool-reminder")

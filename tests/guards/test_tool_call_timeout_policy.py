@@ -9,8 +9,8 @@ import anyio
 import anyio.from_thread
 import pytest
 
-from guards import ToolCallTimeoutPolicy
-from pipeline import (
+from guardstack.guards import ToolCallTimeoutPolicy
+from guardstack.pipeline import (
     TOOL_TIMEOUT,
     UNKNOWN_TOOL,
     AgentLoop,
@@ -23,9 +23,9 @@ from pipeline import (
     ToolResultEvent,
     timeout_result,
 )
-from pipeline.testing import Hang, Reply, ScriptedTool
+from guardstack.pipeline.testing import Hang, Reply, ScriptedTool
+from guardstack.wrappers import Timeout
 from tests.helpers import call, calls, registry_with
-from wrappers import Timeout
 
 SEED_TIMEOUT = {
     "isError": True,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.demo import run_demo
+from guardstack.cli.demo import run_demo
+from guardstack.cli.main import main
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from guards import RepeatToolReminder, ToolCallTimeoutPolicy
-from pipeline import ConfigError, Harness, Scope
-from pipeline.harness import resolve_plugin
-from pipeline.testing import RecordingLayer, ScriptedTool
+from guardstack.guards import RepeatToolReminder, ToolCallTimeoutPolicy
+from guardstack.pipeline import ConfigError, Harness, Scope
+from guardstack.pipeline.harness import resolve_plugin
+from guardstack.pipeline.testing import RecordingLayer, ScriptedTool
+from guardstack.wrappers import Retry, Timeout
 from tests.helpers import call
-from wrappers import Retry, Timeout
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
@@ -112,7 +112,8 @@ def test_snake_case_and_camel_case_keys_mean_the_same() -> None:
 
 def test_a_module_attribute_path_resolves() -> None:
     harness = Harness()
-    harness.load([{"id": "x", "name": "wrappers.timeout:Timeout", "config": {"ms": 5}}])
+    entry = {"id": "x", "name": "guardstack.wrappers.timeout:Timeout", "config": {"ms": 5}}
+    harness.load([entry], allow_imports=True)
     assert harness.plugins[0].plugin == Timeout(ms=5)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from pipeline import (
+from guardstack.pipeline import (
     INVALID_ARGUMENTS,
     TOOL_ABORTED,
     TOOL_ABORTED_BEFORE_DISPATCH,
@@ -32,8 +32,8 @@ from pipeline import (
     TurnInProgressError,
     UserMessage,
 )
-from pipeline.session import Session
-from pipeline.testing import Hang, Reply, ScriptedTool
+from guardstack.pipeline.session import Session
+from guardstack.pipeline.testing import Hang, Reply, ScriptedTool
 from tests.helpers import calls, registry_with
 
 NOTE = MessageSource("plugin", "note-taker")

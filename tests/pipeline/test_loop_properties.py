@@ -9,7 +9,7 @@ import anyio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import (
+from guardstack.pipeline import (
     Accept,
     AgentLoop,
     ContextMessage,
@@ -24,7 +24,7 @@ from pipeline import (
     ToolResultEvent,
     UserMessage,
 )
-from pipeline.testing import Hang, Raise, Reply, ScriptedTool
+from guardstack.pipeline.testing import Hang, Raise, Reply, ScriptedTool
 from tests.helpers import registry_with
 
 TOOLS = ("ok", "slow", "boom", "hang", "unknown")

@@ -8,7 +8,7 @@ import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import (
+from guardstack.pipeline import (
     TOOL_FAILED,
     LayerInfo,
     Pipeline,
@@ -17,7 +17,7 @@ from pipeline import (
     ToolRegistry,
     ToolResult,
 )
-from pipeline.testing import RecordingLayer
+from guardstack.pipeline.testing import RecordingLayer
 from tests.helpers import call
 
 

@@ -9,7 +9,7 @@ import anyio
 import anyio.from_thread
 import pytest
 
-from pipeline import (
+from guardstack.pipeline import (
     INVALID_ARGUMENTS,
     TOOL_DENIED,
     TOOL_FAILED,
@@ -26,7 +26,7 @@ from pipeline import (
     ToolRegistry,
     ToolResult,
 )
-from pipeline.testing import Hang, RecordingLayer, ScriptedTool
+from guardstack.pipeline.testing import Hang, RecordingLayer, ScriptedTool
 from tests.helpers import call, registry_with
 
 PLUGIN = MessageSource("plugin", "test")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import (
+from guardstack.pipeline import (
     AgentLoop,
     MessageSource,
     ModelReply,
@@ -16,8 +16,8 @@ from pipeline import (
     SessionTailWarning,
     ToolCallRequest,
 )
-from pipeline.session import AssistantMessage, TurnStart, UserMessage
-from pipeline.testing import ScriptedTool
+from guardstack.pipeline.session import AssistantMessage, TurnStart, UserMessage
+from guardstack.pipeline.testing import ScriptedTool
 from tests.helpers import calls, registry_with
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pipeline import (
+from guardstack.pipeline import (
     MAX_TIMEOUT_MS,
     TOOL_TIMEOUT,
     ConfigError,

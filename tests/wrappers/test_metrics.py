@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import TOOL_TIMEOUT, ToolResult
-from pipeline.testing import Hang, Reply, ScriptedTool
+from guardstack.pipeline import TOOL_TIMEOUT, ToolResult
+from guardstack.pipeline.testing import Hang, Reply, ScriptedTool
+from guardstack.wrappers import CALLS_METRIC, DURATION_METRIC, Metrics, Retry, Timeout
 from tests.helpers import call, registry_with
 from tests.wrappers.otel import MetricRig
-from wrappers import CALLS_METRIC, DURATION_METRIC, Metrics, Retry, Timeout
 
 
 def failing_twice() -> ScriptedTool:

@@ -24,12 +24,12 @@ import attrs
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from guards import ToolCallTimeoutPolicy
-from pipeline import TOOL_FAILED, TOOL_TIMEOUT, Harness, ToolResult
-from pipeline.testing import Hang, Raise, Reply, ScriptedTool, ToolStep
+from guardstack.guards import ToolCallTimeoutPolicy
+from guardstack.pipeline import TOOL_FAILED, TOOL_TIMEOUT, Harness, ToolResult
+from guardstack.pipeline.testing import Hang, Raise, Reply, ScriptedTool, ToolStep
+from guardstack.wrappers import CALLS_METRIC, Metrics, Retry, Timeout, Tracing, no_backoff
 from tests.helpers import call
 from tests.wrappers.otel import MetricRig, SpanRig
-from wrappers import CALLS_METRIC, Metrics, Retry, Timeout, Tracing, no_backoff
 
 RETRY_ON = ("X", "Y", TOOL_TIMEOUT, TOOL_FAILED)
 EPSILON = 1e-9

@@ -7,10 +7,10 @@ from typing import Any
 import anyio
 import pytest
 
-from pipeline import TOOL_FAILED, TOOL_TIMEOUT, ConfigError, ToolCall, ToolResult
-from pipeline.testing import Hang, Raise, Reply, ScriptedTool
+from guardstack.pipeline import TOOL_FAILED, TOOL_TIMEOUT, ConfigError, ToolCall, ToolResult
+from guardstack.pipeline.testing import Hang, Raise, Reply, ScriptedTool
+from guardstack.wrappers import Retry, RetryBudget, Timeout, no_backoff
 from tests.helpers import call, registry_with
-from wrappers import Retry, RetryBudget, Timeout, no_backoff
 
 
 def flaky(fail_times: int, code: str = TOOL_TIMEOUT) -> ScriptedTool:

@@ -7,10 +7,10 @@ from typing import Any
 import anyio
 import pytest
 
-from pipeline import TOOL_TIMEOUT, ConfigError, ToolResult, timeout_result
-from pipeline.testing import Hang, Reply, ScriptedTool
+from guardstack.pipeline import TOOL_TIMEOUT, ConfigError, ToolResult, timeout_result
+from guardstack.pipeline.testing import Hang, Reply, ScriptedTool
+from guardstack.wrappers import Timeout
 from tests.helpers import call, registry_with
-from wrappers import Timeout
 
 
 async def test_a_fixed_budget_times_out_with_the_layers_code() -> None:

@@ -8,12 +8,19 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from guards import GENTLE_TEXT, RepeatToolReminder, ToolCallTimeoutPolicy
-from pipeline import TOOL_TIMEOUT, Harness, ModelReply, ScriptedModel, ToolCall, ToolDefinition
-from pipeline.testing import Hang, RecordingLayer, ScriptedTool
+from guardstack.guards import GENTLE_TEXT, RepeatToolReminder, ToolCallTimeoutPolicy
+from guardstack.pipeline import (
+    TOOL_TIMEOUT,
+    Harness,
+    ModelReply,
+    ScriptedModel,
+    ToolCall,
+    ToolDefinition,
+)
+from guardstack.pipeline.testing import Hang, RecordingLayer, ScriptedTool
+from guardstack.wrappers import CONTEXT_EVENT, Metrics, Retry, Timeout, Tracing
 from tests.helpers import call, calls
 from tests.wrappers.otel import SpanRig
-from wrappers import CONTEXT_EVENT, Metrics, Retry, Timeout, Tracing
 
 
 def by_name(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:

@@ -12,14 +12,14 @@ from typing import Any, TextIO
 
 import anyio
 
-from guards import ToolCallLimit, ToolCallTimeoutPolicy
-from pipeline.errors import GuardstackError
-from pipeline.harness import Harness
-from pipeline.model import ModelReply, ScriptedModel, ToolCallRequest
-from pipeline.session import ToolCallEvent, ToolResultEvent, TurnEnd, UserMessage
-from pipeline.testing import Hang, Reply, ScriptedTool
-from pipeline.values import ToolCall
-from wrappers import Retry, Timeout, Tracing
+from guardstack.guards import ToolCallLimit, ToolCallTimeoutPolicy
+from guardstack.pipeline.errors import GuardstackError
+from guardstack.pipeline.harness import Harness
+from guardstack.pipeline.model import ModelReply, ToolCallRequest
+from guardstack.pipeline.session import ToolCallEvent, ToolResultEvent, TurnEnd, UserMessage
+from guardstack.pipeline.testing import Hang, Reply, ScriptedModel, ScriptedTool
+from guardstack.pipeline.values import ToolCall
+from guardstack.wrappers import Retry, Timeout, Tracing
 
 __all__ = ["SEED_CONFIG", "DemoTelemetry", "order_stacks", "run_demo"]
 

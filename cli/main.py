@@ -10,9 +10,9 @@ from pathlib import Path
 
 import anyio
 
-from pipeline.errors import GuardstackError
-from pipeline.harness import Harness
-from pipeline.session import Session
+from guardstack.pipeline.errors import GuardstackError
+from guardstack.pipeline.harness import Harness
+from guardstack.pipeline.session import Session
 
 __all__ = ["main"]
 
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     try:
         if arguments.command == "demo":
-            from pipeline.demo import run_demo
+            from guardstack.cli.demo import run_demo
 
             endpoint = arguments.otlp
             if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):

@@ -1,0 +1,1 @@
+"""The application layer: the ``guardstack`` command and the demo's scenes. Nothing imports it."""

@@ -1,0 +1,98 @@
+"""Everything a plugin author needs, in one small module (as starlette's ``types``).
+
+A *plugin* is any object with ``apply(scope)``; it registers its layers through the
+``Scope`` it is given, and everything it registered goes when its handle is
+disposed. A *layer* is ``async (*args, call_next) -> result`` on one stage:
+
+=================  ==========================================================  ===========
+stage              layer                                                       returns
+=================  ==========================================================  ===========
+``pre_execute``    ``(call, call_next: PreNext)``                              ``Allow | Deny``
+``dispatch``       ``(call, call_next: DispatchNext)``                         ``ToolResult``
+``post_execute``   ``(call, result, call_next: PostNext)``                     ``Accept | Block``
+``prompt_submit``  ``(agent, text, call_next: PromptNext)``                    ``str``
+=================  ==========================================================  ===========
+
+Guards and wrappers import only this module, ``values`` and ``errors`` from the
+core (checked by the import contract in ``pyproject.toml``). The shared timeout
+mechanism, ``timed_dispatch`` / ``within_budget``, is here too: ``wrappers.Timeout`` and
+``guards.ToolCallTimeoutPolicy`` are two configurations of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+
+from guardstack.pipeline.deadline import timed_dispatch, within_budget
+from guardstack.pipeline.onion import Instrumentation, Layer, LayerInfo, Pipeline, Registration
+from guardstack.pipeline.values import PostDecision, PreDecision, ToolCall, ToolOutcome, ToolResult
+
+if TYPE_CHECKING:
+    from guardstack.pipeline.loop import Agent as Agent
+    from guardstack.pipeline.loop import AgentLoop
+    from guardstack.pipeline.registry import ToolRegistry
+
+__all__ = [
+    "DispatchNext",
+    "Execute",
+    "Instrumentation",
+    "Layer",
+    "LayerInfo",
+    "Pipeline",
+    "Plugin",
+    "PostNext",
+    "PreNext",
+    "PromptNext",
+    "Registration",
+    "Scope",
+    "timed_dispatch",
+    "within_budget",
+]
+
+#: A whole ``registry.execute``: what ``registry.instrument`` hooks wrap.
+Execute: TypeAlias = Callable[[ToolCall], Awaitable[ToolOutcome]]
+PreNext: TypeAlias = Callable[[ToolCall], Awaitable[PreDecision]]
+DispatchNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]
+PostNext: TypeAlias = Callable[[ToolCall, ToolResult], Awaitable[PostDecision]]
+PromptNext: TypeAlias = Callable[["Agent", str], Awaitable[str]]
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """Anything ``harness.plugin`` accepts: it registers what it needs through the scope.
+
+    A plugin's own fields are its frozen configuration; state that changes while it
+    works (counts, chains, random generators) is created in ``apply``, so one plugin
+    applied to two harnesses keeps two separate states.
+    """
+
+    def apply(self, scope: Scope) -> None: ...
+
+
+class Scope:
+    """What a plugin registers through; all of it goes when the plugin's handle is disposed."""
+
+    def __init__(self, tools: ToolRegistry, loop: AgentLoop, plugin_id: str) -> None:
+        self.tools = tools
+        self.loop = loop
+        self.plugin_id = plugin_id
+        self._registrations: list[Registration] = []
+
+    def use(self, stage: Pipeline[Any], layer: Layer, *, name: str | None = None) -> Registration:
+        """Add ``layer`` to ``stage`` (e.g. ``scope.tools.dispatch``) for this plugin."""
+        return self.adopt(stage.use(layer, name=name))
+
+    def adopt(self, registration: Registration) -> Registration:
+        """Dispose ``registration`` with this plugin."""
+        self._registrations.append(registration)
+        return registration
+
+    def on_dispose(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when this plugin is disposed."""
+        self.adopt(Registration(callback))
+
+    def dispose(self) -> None:
+        """Undo every registration, newest first."""
+        while self._registrations:
+            self._registrations.pop().dispose()

@@ -1,0 +1,85 @@
+"""The one timeout mechanism: run the rest of the chain under a deadline, and say whose fired.
+
+``wrappers.Timeout`` (a fixed budget or the tool's own) and
+``guards.ToolCallTimeoutPolicy`` (always the tool's own) are two configurations of
+``timed_dispatch``; nothing else decides what a timeout means.
+
+The rest of the chain runs in a fresh ``anyio.CancelScope(deadline=…)``. Whether
+*its* deadline fired is read from that scope (``cancel_called``) — never from the
+shape of the result — so whatever the tool did (raised, returned its own "aborted"
+value, returned ``None``, or finished late because it ignored the cancel) the
+verdict is the same. An outer deadline or the caller's cancel is not this scope's:
+it propagates untouched and is never relabelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+import anyio.lowlevel
+
+from guardstack.pipeline.values import ToolCall, ToolResult, timeout_result
+
+__all__ = ["OVERRUN_ATTRIBUTE", "budget_of", "timed_dispatch", "within_budget"]
+
+logger = logging.getLogger("guardstack")
+
+#: Span attribute (on the current span, if any) naming how long an uncancellable tool ran.
+OVERRUN_ATTRIBUTE = "guardstack.timeout.overrun_ms"
+_Next = Callable[[ToolCall], Awaitable[ToolResult]]
+
+
+def budget_of(call: ToolCall) -> int | None:
+    """The declared ``timeout_ms`` of the call's resolved tool, if any."""
+    tool = call.tool
+    return tool.timeout_ms if tool is not None else None
+
+
+def timed_dispatch(
+    call: ToolCall, call_next: _Next, ms: int | None, code: str
+) -> Awaitable[ToolResult]:
+    """``call_next(call)`` under ``ms`` (``None``: the tool's own budget, else untouched).
+
+    A plain function handing back the awaitable: no coroutine frame of its own, so a
+    call without a budget passes through at the cost of a few attribute reads.
+    """
+    if ms is None:
+        ms = budget_of(call)
+        if ms is None:
+            return call_next(call)
+    return within_budget(call, call_next, ms, code)
+
+
+async def within_budget(call: ToolCall, call_next: _Next, ms: int, code: str) -> ToolResult:
+    """Run ``call_next(call)`` with a deadline of ``ms``; if that deadline fired, time out."""
+    started = anyio.current_time()
+    with anyio.CancelScope(deadline=started + ms / 1000) as scope:
+        result = await call_next(call)
+    # Nobody else holds this scope, so a cancel on it is our deadline firing.
+    if not scope.cancel_called:
+        return result
+    # A tool that ignored our cancel may also have outlived the caller's: then the
+    # caller's cancellation wins and propagates; it is never turned into a result.
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    _report_overrun(call, ms, anyio.current_time() - started)
+    return timeout_result(ms, code)
+
+
+def _report_overrun(call: ToolCall, ms: int, elapsed_s: float) -> None:
+    """Tell the operator (never the model) when a tool could not be stopped at its budget."""
+    ran_ms = round(elapsed_s * 1000)
+    if ran_ms <= ms + max(10, ms // 10):
+        return  # stopped at the deadline, give or take scheduling
+    logger.warning(
+        "tool %r ignored cancellation: budget %dms, ran %dms before it returned",
+        call.name,
+        ms,
+        ran_ms,
+    )
+    from opentelemetry import trace  # the API only; a no-op without an SDK
+
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute(OVERRUN_ATTRIBUTE, ran_ms)
