@@ -80,7 +80,7 @@ async def _order_section(out: TextIO, telemetry: DemoTelemetry) -> None:
         started = anyio.current_time()
         outcome = await harness.tools.execute(ToolCall("search", {"q": "guards"}, "call-1"))
         elapsed_ms = (anyio.current_time() - started) * 1000
-        layers = " -> ".join(name for name, _ in harness.tools.dispatch)
+        layers = " -> ".join(harness.tools.dispatch.names())
         shown = outcome.result.content
         out.write(f"   {title}\n")
         out.write(f"     onion    {layers} -> tool\n")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
@@ -185,18 +185,15 @@ class Pipeline(Generic[NextT]):
         self.layered = bool(self._entries)
 
     def __call__(self, *args: Any) -> Awaitable[Any]:
+        """Run the chain: ``await stage(call)``. (The registry reads ``_chain`` directly.)"""
         return self._chain(*args)
-
-    @property
-    def chain(self) -> NextT:
-        """The composed chain, typed like the terminal it ends in."""
-        return self._chain  # type: ignore[return-value]
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterator[tuple[str, Layer]]:
-        return iter([(entry.name, entry.layer) for entry in self._entries])
+    def names(self) -> list[str]:
+        """The layers' names, outermost first."""
+        return [entry.name for entry in self._entries]
 
     def describe(self) -> str:
         """One line per layer, outermost first: ``<index>. <name>[: <repr>]``."""
@@ -212,20 +209,19 @@ class Pipeline(Generic[NextT]):
         """The name of the innermost layer of this pipeline that ``error`` passed through.
 
         Read from the traceback (a layer object is recognised by its ``self``), so it
-        costs nothing until something raises.
+        costs nothing until something raises. Frames run outermost first, as the
+        layers do, so each frame is matched to the next layer at or after the last
+        match: one function registered twice is blamed under the right name.
         """
-        owners: dict[types.CodeType, list[tuple[object, str]]] = {}
-        for entry in self._entries:
-            code, owner = _frame_owner(entry.layer)
-            if code is not None:
-                owners.setdefault(code, []).append((owner, entry.name))
-        blamed = None
+        entries = [(entry.name, *_frame_owner(entry.layer)) for entry in self._entries]
+        blamed, start = None, 0
         traceback = error.__traceback__
         while traceback is not None:
             frame = traceback.tb_frame
-            for owner, name in owners.get(frame.f_code, ()):
-                if owner is None or frame.f_locals.get("self") is owner:
-                    blamed = name
+            for index in range(start, len(entries)):
+                name, code, owner = entries[index]
+                if code is frame.f_code and (owner is None or frame.f_locals.get("self") is owner):
+                    blamed, start = name, index + 1
                     break
             traceback = traceback.tb_next
         return blamed

@@ -245,9 +245,6 @@ class ToolRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 
-    def definitions(self) -> list[ToolDefinition]:
-        return list(self._tools.values())
-
     def schemas(self) -> list[dict[str, Any]]:
         """OpenAI function-tool schemas for every registered tool, in registration order."""
         return [definition.schema() for definition in self._tools.values()]

@@ -47,12 +47,16 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 @attrs.frozen
 class TurnStart:
+    """A person's turn begins (``turn`` counts from 1 over the session)."""
+
     type: ClassVar[str] = "turn/start"
     turn: int
 
 
 @attrs.frozen
 class TurnEnd:
+    """A turn ended, and why; ``error`` names what failed for ``error`` and ``blocked``."""
+
     type: ClassVar[str] = "turn/end"
     turn: int
     reason: TurnEndReason
@@ -61,6 +65,8 @@ class TurnEnd:
 
 @attrs.frozen
 class StepStart:
+    """One model request (and the tool calls it asks for) begins."""
+
     type: ClassVar[str] = "step/start"
     turn: int
     step: int
@@ -68,6 +74,8 @@ class StepStart:
 
 @attrs.frozen
 class StepEnd:
+    """A step's results and contexts are all logged."""
+
     type: ClassVar[str] = "step/end"
     turn: int
     step: int
@@ -84,6 +92,8 @@ class UserMessage:
 
 @attrs.frozen
 class AssistantMessage:
+    """What the model answered: its text and the tool calls it asked for, in its order."""
+
     type: ClassVar[str] = "assistant/message"
     turn: int
     step: int
@@ -112,6 +122,8 @@ class ToolCallEvent:
 
 @attrs.frozen
 class ToolResultEvent:
+    """The one result of a logged ``tool/call``, as the model reads it."""
+
     type: ClassVar[str] = "tool/result"
     turn: int
     step: int

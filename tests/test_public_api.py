@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ["pipeline", "guards", "wrappers"]
+PACKAGES = ["guardstack.pipeline", "guardstack.guards", "guardstack.wrappers"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -28,12 +28,12 @@ def test_all_lists_exactly_what_the_package_exports(name: str) -> None:
     assert (Path(package.__file__).parent / "py.typed").is_file()  # type: ignore[arg-type]
 
 
-def test_importing_the_packages_does_not_import_the_opentelemetry_sdk() -> None:
+def test_importing_the_packages_does_not_import_the_opentelemetry_sdk(tmp_path: Path) -> None:
     code = (
-        "import sys, pipeline, guards, wrappers; "
+        "import sys, guardstack.pipeline, guardstack.guards, guardstack.wrappers; "
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk')))"
     )
     output = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
     ).stdout
     assert output.strip() == "[]"

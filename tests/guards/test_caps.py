@@ -168,3 +168,46 @@ def test_caps_load_from_configuration() -> None:
     harness.loop.create("only")
     with pytest.raises(AgentLimitExceeded):
         harness.loop.create("another")
+
+
+def test_one_agent_limit_applied_to_two_harnesses_limits_each_separately() -> None:
+    limit = AgentLimit(1)
+    first, second = Harness(model=ScriptedModel([])), Harness(model=ScriptedModel([]))
+    first.plugin(limit)
+    second.plugin(limit)
+    first.loop.create("a")
+    second.loop.create("b")  # its own count
+    with pytest.raises(AgentLimitExceeded):
+        first.loop.create("c")
+
+
+def test_a_disposed_then_reapplied_agent_limit_starts_fresh() -> None:
+    limit = AgentLimit(1)
+    harness = Harness(model=ScriptedModel([]))
+    handle = harness.plugin(limit)
+    harness.loop.create("a")
+    handle.dispose()
+    harness.plugin(limit)
+    harness.loop.create("b")
+    with pytest.raises(AgentLimitExceeded):
+        harness.loop.create("c")
+
+
+async def test_one_tool_call_limit_applied_to_two_harnesses_counts_each_separately() -> None:
+    limit = ToolCallLimit(per_turn=1)
+    denials = []
+    for _ in range(2):
+        model = ScriptedModel([calls(("echo", {}), ("echo", {"n": 2})), ModelReply("done")])
+        harness = Harness(model=model)
+        ScriptedTool("echo").register(harness.tools)
+        harness.plugin(limit)
+        agent = harness.loop.create("s")
+        await agent.prompt("go")
+        denials.append(
+            [
+                e.result.code
+                for e in agent.session.events
+                if isinstance(e, ToolResultEvent) and e.result.is_error
+            ]
+        )
+    assert denials == [[TOOL_DENIED], [TOOL_DENIED]]

@@ -203,3 +203,87 @@ def test_unreadable_and_unparseable_files_are_config_errors(tmp_path: Path) -> N
     empty = tmp_path / "empty.yaml"
     empty.write_text("", encoding="utf-8")
     assert Harness().load(empty) == []
+
+
+def test_a_config_error_names_the_plugin_by_id_and_only_once() -> None:
+    with pytest.raises(ConfigError) as raised:
+        Harness().load([{"id": "my-retry", "name": "retry", "config": {"attempts": 0}}])
+    error = raised.value
+    assert error.plugin == "my-retry"
+    assert error.key == "attempts"
+    assert error.value == 0
+    assert str(error) == (
+        "plugin 'my-retry' (retry): config key 'attempts' = 0: must be an integer >= 1"
+    )
+
+
+def test_a_config_file_cannot_run_a_callable_it_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "evil.yaml"
+    config.write_text(
+        "- id: x\n  name: 'os:system'\n  config: {command: 'touch pwned'}\n", encoding="utf-8"
+    )
+    with pytest.raises(ConfigError, match=r"module path.*--allow-imports"):
+        Harness().load(config)
+    with pytest.raises(ConfigError, match="is not a plugin class"):
+        Harness().load(config, allow_imports=True)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_rejected_module_path_is_never_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "side_effect_module.py").write_text(
+        "import pathlib\npathlib.Path('imported').touch()\n", encoding="utf-8"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError):
+        Harness().load([{"id": "x", "name": "side_effect_module:Thing"}])
+    assert not (tmp_path / "imported").exists()
+
+
+def test_with_imports_allowed_the_target_must_be_a_plugin_class() -> None:
+    with pytest.raises(ConfigError, match=r"'x'.*is not a plugin class") as raised:
+        Harness().load([{"id": "x", "name": "collections:OrderedDict"}], allow_imports=True)
+    assert raised.value.plugin == "x"
+
+
+def test_a_yaml_alias_bomb_is_refused_with_a_short_message(tmp_path: Path) -> None:
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 9):
+        levels.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 10) + "]")
+    bomb = "\n".join(levels) + "\nplugins:\n  - id: x\n    name: timeout\n    config: {ms: *a8}\n"
+    path = tmp_path / "bomb.yaml"
+    path.write_text(bomb, encoding="utf-8")
+    assert len(bomb) < 1000
+    with pytest.raises(ConfigError) as raised:
+        Harness().load(path)
+    assert len(str(raised.value)) < 500
+
+
+@pytest.mark.parametrize("config", [[], 0, "", False])
+def test_a_config_that_is_not_a_mapping_is_refused_even_when_falsy(config: Any) -> None:
+    with pytest.raises(ConfigError, match="'x' \\(timeout\\): `config` must be a mapping"):
+        Harness().load([{"id": "x", "name": "timeout", "config": config}])
+
+
+def test_a_wrong_typed_provider_is_a_config_error_with_nothing_applied() -> None:
+    harness = Harness()
+    entries = [
+        {"id": "kept", "name": "timeout", "config": {"ms": 10}},
+        {"id": "t", "name": "tracing", "config": {"tracerProvider": 1}},
+    ]
+    with pytest.raises(ConfigError) as raised:
+        harness.load(entries)
+    assert raised.value.plugin == "t"
+    assert "'tracerProvider' = 1" in str(raised.value)
+    assert harness.plugins == []
+
+
+def test_long_values_are_cut_in_messages() -> None:
+    with pytest.raises(ConfigError) as raised:
+        Harness().load([{"id": "x", "name": "retry", "config": {"attempts": "y" * 100_000}}])
+    assert len(str(raised.value)) < 400

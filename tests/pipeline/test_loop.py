@@ -427,3 +427,46 @@ async def test_harness_builds_a_working_loop() -> None:
     assistant = agent.session.events[3]
     assert isinstance(assistant, AssistantMessage)
     assert assistant.text == "hi there"
+
+
+def _answering_hook(execute: Any) -> Any:
+    async def answer(call: ToolCall) -> Any:
+        from guardstack.pipeline import ToolOutcome
+
+        return ToolOutcome(ToolResult(f"answered {call.call_id} by the hook"))
+
+    return answer
+
+
+def _twice_hook(execute: Any) -> Any:
+    async def twice(call: ToolCall) -> Any:
+        await execute(call)
+        return await execute(call)
+
+    return twice
+
+
+@pytest.mark.parametrize("hook", [_answering_hook, _twice_hook])
+@pytest.mark.parametrize("parallel", [1, 3])
+async def test_an_instrument_hook_behaves_the_same_in_parallel_and_sequential_steps(
+    hook: Any, parallel: int
+) -> None:
+    """A hook that answers itself or calls through twice: one call and one result each."""
+    tool = ScriptedTool("echo", [Reply("e", after_s=0.1)] * 6)
+    registry = registry_with(tool)
+    registry.instrument(hook)
+    script = [calls(("echo", {"n": 1}), ("echo", {"n": 2}), ("echo", {"n": 3})), ModelReply("ok")]
+    agent = AgentLoop(registry, ScriptedModel(script), max_parallel_tool_calls=parallel).create("s")
+    with anyio.fail_after(5):
+        turn = await agent.prompt("go")
+    assert turn.reason == "completed"
+    assert_every_call_answered_once(agent.session)
+    events = [e for e in agent.session.events if isinstance(e, ToolCallEvent | ToolResultEvent)]
+    ids = [(e.type, e.call_id) for e in events]
+    for index, (kind, call_id) in enumerate(ids):
+        if kind == "tool/result":  # never a result before its call
+            assert ("tool/call", call_id) in ids[:index]
+    results = [e.call_id for e in events if isinstance(e, ToolResultEvent)]
+    assert results == sorted(results)  # the model's order
+    expected_runs = 0 if hook is _answering_hook else 6
+    assert len(tool.runs) == expected_runs

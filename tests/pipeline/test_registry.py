@@ -23,6 +23,7 @@ from guardstack.pipeline import (
     MessageSource,
     ToolCall,
     ToolDefinition,
+    ToolError,
     ToolRegistry,
     ToolResult,
 )
@@ -359,3 +360,109 @@ def test_describe_lists_every_stage() -> None:
         "post_execute:",
         "  (no layers)",
     ]
+
+
+async def test_str_and_int_subclass_arguments_are_json_and_reach_the_tool() -> None:
+    import enum
+
+    class Colour(enum.StrEnum):
+        RED = "red"
+
+    class Size(enum.IntEnum):
+        BIG = 3
+
+    class Items(list[Any]):
+        pass
+
+    class Options(dict[str, Any]):
+        pass
+
+    tool = ScriptedTool("paint", ["painted"])
+    registry = registry_with(tool)
+    arguments = Options(colour=Colour.RED, size=Size.BIG, items=Items([Colour.RED]))
+    outcome = await registry.execute(call("paint", arguments))
+    assert outcome.result.content == "painted"
+    assert tool.runs[0].call.arguments == arguments
+
+
+async def test_one_function_registered_twice_is_blamed_under_the_inner_name() -> None:
+    seen: list[int] = []
+
+    async def flaky(tool_call: ToolCall, call_next: Any) -> ToolResult:
+        seen.append(1)
+        if len(seen) == 2:
+            raise RuntimeError("inner copy broke")
+        result: ToolResult = await call_next(tool_call)
+        return result
+
+    registry = registry_with(ScriptedTool("echo"))
+    registry.dispatch.use(flaky, name="outer")
+    registry.dispatch.use(flaky, name="inner")
+    outcome = await registry.execute(call("echo"))
+    assert outcome.result.code == TOOL_FAILED
+    assert 'dispatch layer "inner" failed: inner copy broke' in outcome.result.content
+
+
+async def test_a_raising_post_execute_layer_keeps_a_caps_end_of_turn() -> None:
+    async def end_turn(tool_call: ToolCall, call_next: Any) -> Any:
+        return Deny("over the cap", end_turn=True)
+
+    async def broken(tool_call: ToolCall, result: ToolResult, call_next: Any) -> Any:
+        raise RuntimeError("post layer bug")
+
+    registry = registry_with(ScriptedTool("echo"))
+    registry.pre_execute.use(end_turn)
+    registry.post_execute.use(broken)
+    outcome = await registry.execute(call("echo"))
+    assert outcome.result.code == TOOL_FAILED
+    assert outcome.ends_turn
+
+
+async def test_arguments_whose_iteration_raises_are_invalid_not_a_crash() -> None:
+    from collections.abc import Iterator, Mapping
+
+    class Hostile(Mapping[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            raise KeyError(key)
+
+        def __iter__(self) -> Iterator[str]:
+            raise RuntimeError("no iterating me")
+
+        def __len__(self) -> int:
+            return 1
+
+    tool = ScriptedTool("echo")
+    outcome = await registry_with(tool).execute(call("echo", Hostile()))
+    assert outcome.result.code == INVALID_ARGUMENTS
+    assert "RuntimeError" in outcome.result.content
+    assert tool.runs == []
+
+
+async def test_an_integer_too_large_for_json_is_invalid_arguments() -> None:
+    tool = ScriptedTool("echo")
+    outcome = await registry_with(tool).execute(call("echo", {"n": 10**5000}))
+    assert outcome.result.code == INVALID_ARGUMENTS
+    assert tool.runs == []
+
+
+@pytest.mark.parametrize(
+    ("result", "problem"),
+    [
+        (ToolResult("x", True, "boom"), "error is not a ToolError: str"),  # type: ignore[arg-type]
+        (ToolResult("x", True, ToolError(123)), "error message is not text: int"),  # type: ignore[arg-type]
+        (ToolResult("x", "yes"), "is_error is not a bool: str"),  # type: ignore[arg-type]
+    ],
+)
+async def test_a_malformed_tool_result_is_failed_at_the_boundary(
+    result: ToolResult, problem: str, tmp_path: Any
+) -> None:
+    """So that it never reaches the log, where saving would raise."""
+
+    async def odd(arguments: Any, tool_call: ToolCall) -> ToolResult:
+        return result
+
+    registry = ToolRegistry()
+    registry.register(ToolDefinition("odd", odd))
+    outcome = await registry.execute(call("odd"))
+    assert outcome.result.code == TOOL_FAILED
+    assert problem in outcome.result.content
