@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ import anyio
 from guardstack.pipeline.errors import GuardstackError
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.session import Session
+from guardstack.pipeline.values import message_of
 
 __all__ = ["main"]
 
@@ -32,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     describe = commands.add_parser("describe", help="load a plugin config and print the onion")
     describe.add_argument("config", type=Path, help="a YAML, TOML or JSON plugin list")
+    describe.add_argument(
+        "--allow-imports",
+        action="store_true",
+        help="also accept module:attribute plugin names (runs that module's code: "
+        "only for files you trust)",
+    )
     transcript = commands.add_parser(
         "transcript", help="print the model request a saved session rebuilds"
     )
@@ -40,26 +48,44 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; bad input is a one-line error and exit code 2, never a traceback."""
     arguments = _parser().parse_args(argv)
     try:
-        if arguments.command == "demo":
-            from guardstack.cli.demo import run_demo
-
-            endpoint = arguments.otlp
-            if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
-                endpoint = endpoint.rstrip("/") + "/v1/traces"
-            anyio.run(lambda: run_demo(sys.stdout, save_to=arguments.save, otlp_endpoint=endpoint))
-        elif arguments.command == "describe":
-            harness = Harness()
-            harness.load(arguments.config)
-            print(harness.describe())
-        else:
-            session = Session.load(arguments.session)
-            print(json.dumps(session.messages(), ensure_ascii=False, indent=2))
-    except (GuardstackError, OSError) as error:
-        print(f"guardstack: {error}", file=sys.stderr)
+        return _run(arguments)
+    except BrokenPipeError:
+        # The reader went away (``guardstack transcript s.jsonl | head``): not an error.
+        # Point stdout at devnull so the interpreter's final flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except (GuardstackError, OSError, UnicodeError) as error:
+        print(f"guardstack: {message_of(error)}", file=sys.stderr)
         return 2
+
+
+def _run(arguments: argparse.Namespace) -> int:
+    if arguments.command == "demo":
+        from guardstack.cli.demo import run_demo
+
+        endpoint = arguments.otlp
+        if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
+            endpoint = endpoint.rstrip("/") + "/v1/traces"
+        anyio.run(lambda: run_demo(sys.stdout, save_to=arguments.save, otlp_endpoint=endpoint))
+    elif arguments.command == "describe":
+        harness = Harness()
+        harness.load(arguments.config, allow_imports=arguments.allow_imports)
+        _print(harness.describe())
+    else:
+        session = Session.load(arguments.session)
+        _print(json.dumps(session.messages(), ensure_ascii=False, indent=2))
+    sys.stdout.flush()
     return 0
+
+
+def _print(text: str) -> None:
+    """Print ``text``; characters the terminal cannot encode (half a surrogate pair) escaped."""
+    encoding = sys.stdout.encoding or "utf-8"
+    sys.stdout.write(text.encode(encoding, "backslashreplace").decode(encoding) + "\n")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,10 @@ def _string(text: str) -> str:
 def js_number(number: float | int) -> str:
     """A number as JavaScript's ``JSON.stringify`` writes it."""
     if isinstance(number, int):
-        return str(number)
+        try:
+            return str(number)
+        except ValueError:  # beyond Python's digit limit; in JavaScript, Infinity: null
+            return "null"
     if not math.isfinite(number):
         return "null"
     if number == 0:

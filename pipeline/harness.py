@@ -78,9 +78,14 @@ class Harness:
     """A tool registry and an agent loop, assembled from plugins."""
 
     def __init__(
-        self, model: Model | None = None, max_steps: int = 50, max_parallel_tool_calls: int = 1
+        self,
+        model: Model | None = None,
+        max_steps: int = 50,
+        max_parallel_tool_calls: int = 1,
+        *,
+        thread_limit: int = 40,
     ) -> None:
-        self.tools = ToolRegistry()
+        self.tools = ToolRegistry(thread_limit=thread_limit)
         self.loop = AgentLoop(self.tools, model, max_steps, max_parallel_tool_calls)
         self.plugins: list[PluginHandle] = []
 

@@ -55,6 +55,7 @@ from guardstack.pipeline.values import (
     ToolCall,
     ToolOutcome,
     aborted_result,
+    message_of,
 )
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ class Agent:
         self.session = session
         self.model = model
         self._scope: anyio.CancelScope | None = None
+        session.close_open_turn()  # a resumed mid-turn snapshot: answer what it left open
         self._turn = sum(isinstance(event, TurnStart) for event in session.events)
 
     @property
@@ -188,7 +190,7 @@ class Agent:
                         )
                 except Exception as error:
                     log(StepEnd(turn, step))
-                    message = f"{type(error).__name__}: {error}"
+                    message = f"{type(error).__name__}: {message_of(error)}"
                     log(TurnEnd(turn, "error", message))
                     return TurnResult("error", last_text, message, step)
                 requests = tuple(
@@ -214,12 +216,16 @@ class Agent:
                     return TurnResult("blocked", last_text, steps=step)
             log(TurnEnd(turn, "max-steps"))
             return TurnResult("max-steps", last_text, steps=step)
-        except anyio.get_cancelled_exc_class():
+        except BaseException as error:
+            # Cancellation, or a KeyboardInterrupt / SystemExit from a tool: the log is
+            # repaired on the way out — every call answered, the turn ended — so a
+            # session saved in a ``finally:`` still rebuilds a valid request.
             if step_calls is not None:
                 self._answer_unanswered(turn, step, step_calls)
             if step:
                 log(StepEnd(turn, step))
-            log(TurnEnd(turn, "aborted"))
+            cancelled = isinstance(error, anyio.get_cancelled_exc_class())
+            log(TurnEnd(turn, "aborted", None if cancelled else type(error).__name__))
             raise
 
     def _answer_unanswered(self, turn: int, step: int, calls: _StepCalls) -> None:

@@ -25,7 +25,7 @@ def _parse_arguments(arguments: Mapping[str, Any] | str) -> Mapping[str, Any] | 
         return {}
     try:
         parsed = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return arguments
     return parsed if isinstance(parsed, dict) else arguments
 
@@ -46,6 +46,8 @@ def arguments_text(arguments: Mapping[str, Any] | str) -> str:
 
 
 def _json_safe(value: object, depth: int) -> object:
+    if isinstance(value, int) and value.bit_length() > 14_000:
+        return f"<integer with {value.bit_length()} bits>"  # beyond what JSON text can hold
     if isinstance(value, str | bool | int | type(None)):
         return value
     if isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")):

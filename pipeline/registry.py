@@ -26,12 +26,15 @@ import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
+import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import attrs
 
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.onion import Pipeline, Registration
+from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     Accept,
     Allow,
@@ -153,8 +156,10 @@ async def _accept(call: ToolCall, result: ToolResult) -> PostDecision:
     return _ACCEPT
 
 
-def _call_in_thread(tool: ToolDefinition, arguments: Mapping[str, Any], call: ToolCall) -> object:
-    value = tool.execute(arguments, call)
+def _call_in_thread(
+    tool: ToolDefinition, arguments: Mapping[str, Any] | str, call: ToolCall
+) -> object:
+    value = tool.execute(arguments, call)  # type: ignore[arg-type]  # checked: a mapping
     if inspect.isawaitable(value):
         close = getattr(value, "close", None)
         if close is not None:
@@ -164,36 +169,6 @@ def _call_in_thread(tool: ToolDefinition, arguments: Mapping[str, Any], call: To
             "declare it `async def`"
         )
     return value
-
-
-async def _run_tool(call: ToolCall) -> ToolResult:
-    """The innermost dispatch step: run the tool, normalise whatever happens into a result."""
-    tool = call.tool
-    if tool is None:
-        return unknown_tool_result(call.name)
-    try:
-        if tool.is_async:
-            value = await tool.execute(call.arguments, call)  # type: ignore[arg-type,misc]
-        else:
-            value = await anyio.to_thread.run_sync(_call_in_thread, tool, call.arguments, call)  # type: ignore[arg-type]
-    except Exception as error:
-        logger.debug("tool %r raised", call.name, exc_info=True)
-        return failure_from_exception(error)
-    if type(value) is str:
-        return ToolResult(value, False, None, value)
-    if isinstance(value, ToolResult):
-        problem = value.problem()
-        if problem is None:
-            return value
-        return failed_result(
-            f"tool {tool.name!r} returned a ToolResult whose {problem}", "TypeError"
-        )
-    try:
-        return ToolResult.of(value)
-    except (TypeError, ValueError, RecursionError) as error:
-        return failure_from_exception(
-            error, prefix=f"tool {tool.name!r} returned a value that is not JSON-serialisable: "
-        )
 
 
 @attrs.frozen
@@ -214,10 +189,15 @@ def _checked(result: object) -> ToolResult:
 class ToolRegistry:
     """Tools by name, and the three stages every call goes through."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, thread_limit: int = 40) -> None:
         self._tools: dict[str, ToolDefinition] = {}
+        #: How many plain-function tools of this registry may run in threads at once.
+        #: Their own limiter, not anyio's process-wide one: 40 hung sync tools elsewhere
+        #: cannot starve this registry's tools of threads (and eat their budgets).
+        self.thread_limit = integer("ToolRegistry", "thread_limit", thread_limit)
+        self._limiters: dict[str, anyio.CapacityLimiter] = {}  # one per anyio backend
         self.pre_execute: Pipeline[PreNext] = Pipeline(_allow, stage="pre_execute")
-        self.dispatch: Pipeline[DispatchNext] = Pipeline(_run_tool, stage="dispatch")
+        self.dispatch: Pipeline[DispatchNext] = Pipeline(self._run_tool, stage="dispatch")
         self.post_execute: Pipeline[PostNext] = Pipeline(_accept, stage="post_execute")
         self._operation_hooks: list[Callable[[Execute], Execute]] = []
         self._operation: Execute = self._run
@@ -248,6 +228,48 @@ class ToolRegistry:
     def schemas(self) -> list[dict[str, Any]]:
         """OpenAI function-tool schemas for every registered tool, in registration order."""
         return [definition.schema() for definition in self._tools.values()]
+
+    def _thread_limiter(self) -> anyio.CapacityLimiter:
+        backend = anyio.lowlevel.current_token().backend_class.__name__
+        limiter = self._limiters.get(backend)
+        if limiter is None:
+            limiter = self._limiters[backend] = anyio.CapacityLimiter(self.thread_limit)
+        return limiter
+
+    async def _run_tool(self, call: ToolCall) -> ToolResult:
+        """The innermost dispatch step: run the tool, normalise whatever happens into a result."""
+        tool = call.tool
+        if tool is None:
+            return unknown_tool_result(call.name)
+        try:
+            if tool.is_async:
+                value = await tool.execute(call.arguments, call)  # type: ignore[arg-type,misc]
+            else:
+                value = await anyio.to_thread.run_sync(
+                    _call_in_thread,
+                    tool,
+                    call.arguments,
+                    call,
+                    limiter=self._thread_limiter(),
+                )
+        except Exception as error:
+            logger.debug("tool %r raised", call.name, exc_info=True)
+            return failure_from_exception(error)
+        if type(value) is str:
+            return ToolResult(value, False, None, value)
+        if isinstance(value, ToolResult):
+            problem = value.problem()
+            if problem is None:
+                return value
+            return failed_result(
+                f"tool {tool.name!r} returned a ToolResult whose {problem}", "TypeError"
+            )
+        try:
+            return ToolResult.of(value)
+        except (TypeError, ValueError, RecursionError) as error:
+            return failure_from_exception(
+                error, prefix=f"tool {tool.name!r} returned a value that is not JSON-serialisable: "
+            )
 
     # -- instrumentation ---------------------------------------------------------------
 

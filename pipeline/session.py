@@ -13,9 +13,11 @@ raises ``SessionCorruptError`` naming the line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias, overload
@@ -24,7 +26,7 @@ import attrs
 
 from guardstack.pipeline.errors import SessionCorruptError, SessionTailWarning
 from guardstack.pipeline.model import ToolCallRequest
-from guardstack.pipeline.values import MessageSource, ToolResult
+from guardstack.pipeline.values import MessageSource, ToolError, ToolResult, aborted_result
 
 __all__ = [
     "AssistantMessage",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 TurnEndReason: TypeAlias = Literal["completed", "max-steps", "aborted", "error", "blocked"]
+_TURN_END_REASONS = frozenset(("completed", "max-steps", "aborted", "error", "blocked"))
 _FORMAT = 1
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -179,28 +182,97 @@ def _event_to_wire(event: Event) -> dict[str, Any]:
     return wire
 
 
+class _Schema(ValueError):
+    """A log line that parses as JSON but is not an event of this format."""
+
+
+def _field(wire: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in wire:
+        raise _Schema(f"missing field {key!r}")
+    value = wire[key]
+    if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
+        raise _Schema(f"field {key!r} is {type(value).__name__}, not the expected type")
+    return value
+
+
+def _count(wire: Mapping[str, Any], key: str) -> int:
+    value: int = _field(wire, key, int)
+    if value < 1:
+        raise _Schema(f"field {key!r} must be >= 1, got {value}")
+    return value
+
+
+def _optional_text(wire: Mapping[str, Any], key: str) -> str | None:
+    value = wire.get(key)
+    if value is not None and not isinstance(value, str):
+        raise _Schema(f"field {key!r} is {type(value).__name__}, not text")
+    return value
+
+
+def _result_from_wire(wire: Mapping[str, Any]) -> ToolResult:
+    result = _field(wire, "result", dict)
+    content: str = _field(result, "content", str)
+    is_error: bool = _field(result, "isError", bool)
+    error = None
+    if result.get("error") is not None:
+        wire_error = _field(result, "error", dict)
+        info = wire_error.get("info", {})
+        if not isinstance(info, dict):
+            raise _Schema(f"field 'info' is {type(info).__name__}, not an object")
+        error = ToolError(
+            _field(wire_error, "message", str),
+            _optional_text(info, "name"),
+            _optional_text(info, "code"),
+        )
+    return ToolResult(content, is_error, error)
+
+
+def _request_from_wire(wire: object) -> ToolCallRequest:
+    if not isinstance(wire, dict):
+        raise _Schema("a tool call is not an object")
+    return ToolCallRequest(
+        _field(wire, "name", str), _field(wire, "arguments", str), _field(wire, "call_id", str)
+    )
+
+
 def _event_from_wire(wire: Mapping[str, Any]) -> Event:
+    """One event from its wire form; a line that breaks the schema raises ``_Schema``."""
     kind = wire["type"]
-    fields = {key: value for key, value in wire.items() if key != "type"}
     if kind == UserMessage.type:
-        return UserMessage(fields["text"], MessageSource(**fields["source"]))
+        source = _field(wire, "source", dict)
+        source_kind = _field(source, "kind", str)
+        if source_kind not in ("user", "plugin", "model", "tool"):
+            raise _Schema(f"unknown message source {source_kind!r}")
+        message_source = MessageSource(source_kind, _optional_text(source, "plugin"))
+        return UserMessage(_field(wire, "text", str), message_source)
     if kind == AssistantMessage.type:
-        calls = tuple(ToolCallRequest(**call) for call in fields.pop("tool_calls"))
-        return AssistantMessage(**fields, tool_calls=calls)
+        calls = tuple(_request_from_wire(call) for call in _field(wire, "tool_calls", list))
+        return AssistantMessage(
+            _count(wire, "turn"), _count(wire, "step"), _field(wire, "text", str), calls
+        )
     if kind == ToolResultEvent.type:
         return ToolResultEvent(
-            fields["turn"],
-            fields["step"],
-            fields["call_id"],
-            ToolResult.from_dict(fields["result"]),
+            _count(wire, "turn"),
+            _count(wire, "step"),
+            _field(wire, "call_id", str),
+            _result_from_wire(wire),
         )
     if kind == ToolCallEvent.type:
-        request = ToolCallRequest(fields["name"], fields["arguments"], fields["call_id"])
-        return ToolCallEvent.of(fields["turn"], fields["step"], request)
-    for event_class in (TurnStart, TurnEnd, StepStart, StepEnd):
-        if kind == event_class.type:
-            return event_class(**fields)
-    raise ValueError(f"unknown event type {kind!r}")
+        request = _request_from_wire(
+            {key: wire.get(key) for key in ("name", "arguments", "call_id")}
+        )
+        return ToolCallEvent.of(_count(wire, "turn"), _count(wire, "step"), request)
+    if kind == TurnEnd.type:
+        reason = _field(wire, "reason", str)
+        if reason not in _TURN_END_REASONS:
+            raise _Schema(f"unknown turn end reason {reason!r}")
+        return TurnEnd(_count(wire, "turn"), reason, _optional_text(wire, "error"))
+    if kind == TurnStart.type:
+        return TurnStart(_count(wire, "turn"))
+    if kind in (StepStart.type, StepEnd.type):
+        step_class = StepStart if kind == StepStart.type else StepEnd
+        return step_class(_count(wire, "turn"), _count(wire, "step"))
+    raise _Schema(f"unknown event type {kind!r}")
 
 
 def _json_line(wire: Mapping[str, Any]) -> str:
@@ -250,7 +322,51 @@ class Session:
         return _EventView(self._events)
 
     def append(self, event: Event) -> None:
+        """Add ``event`` at the end; the log is never rewritten."""
         self._events.append(event)
+
+    def close_open_turn(self) -> bool:
+        """End a turn the log left open (a crash or a mid-turn snapshot); say if it did.
+
+        Every call the model asked for in the open step is answered — ``ABORTED`` if it
+        was logged as started, ``ABORTED_BEFORE_DISPATCH`` (with its ``tool/call``) if
+        not — then the step and the turn end (reason ``aborted``), so the next request
+        rebuilt from the log is one a provider accepts. Nothing is removed.
+        """
+        turn_start = next(
+            (
+                i
+                for i in range(len(self._events) - 1, -1, -1)
+                if isinstance(self._events[i], TurnStart)
+            ),
+            None,
+        )
+        if turn_start is None:
+            return False
+        open_turn = self._events[turn_start:]
+        if any(isinstance(event, TurnEnd) for event in open_turn):
+            return False
+        turn = open_turn[0].turn  # type: ignore[union-attr]
+        called = {e.call_id for e in open_turn if isinstance(e, ToolCallEvent)}
+        answered = {e.call_id for e in open_turn if isinstance(e, ToolResultEvent)}
+        step = 0
+        for event in open_turn:
+            if isinstance(event, StepStart):
+                step = event.step
+            elif isinstance(event, AssistantMessage):
+                for request in event.tool_calls:
+                    if request.call_id in answered:
+                        continue
+                    started = request.call_id in called
+                    if not started:
+                        self.append(ToolCallEvent.of(turn, event.step, request))
+                    result = aborted_result(before_dispatch=not started)
+                    self.append(ToolResultEvent(turn, event.step, request.call_id, result))
+                    answered.add(request.call_id)
+        if step and not isinstance(self._events[-1], StepEnd):
+            self.append(StepEnd(turn, step))
+        self.append(TurnEnd(turn, "aborted", "the turn was interrupted; closed on resume"))
+        return True
 
     def messages(self) -> list[dict[str, Any]]:
         """The model request this log implies, in OpenAI chat format."""
@@ -284,18 +400,31 @@ class Session:
         return "".join(_json_line(line) for line in lines)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the log as JSON Lines, atomically (a crash leaves the old file whole)."""
-        temporary = f"{os.fspath(path)}.tmp"
-        with open(temporary, "w", encoding="utf-8") as file:
-            file.write(self.to_jsonl())
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
+        """Write the log as JSON Lines, atomically (a crash leaves the old file whole).
+
+        Each save writes its own temporary file in the same directory, so concurrent
+        saves to one path never mix: the file is always one whole session.
+        """
+        target = os.fspath(path)
+        directory, name = os.path.split(os.path.abspath(target))
+        handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                file.write(self.to_jsonl())
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
 
     @classmethod
-    def from_jsonl(cls, text: str, *, origin: str = "<session>") -> Session:
-        lines = text.split("\n")
-        cut_off = lines[-1] != ""  # a complete file ends with a newline
+    def from_jsonl(cls, text: str | bytes, *, origin: str = "<session>") -> Session:
+        """Read a log written by ``to_jsonl``; a damaged line raises, a cut-off last line warns."""
+        raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+        lines = raw.split(b"\n")
+        cut_off = lines[-1] != b""  # a complete file ends with a newline
         if not cut_off:
             lines.pop()
         events: list[Event] = []
@@ -303,20 +432,22 @@ class Session:
         damaged_tail = None
         for number, line in enumerate(lines, start=1):
             try:
-                wire = json.loads(line)
+                wire = json.loads(line.decode("utf-8"))
                 if not isinstance(wire, dict) or "type" not in wire:
-                    raise ValueError("not an event object")  # noqa: TRY301
+                    raise _Schema("not an event object")
                 if number == 1:
                     if wire["type"] != "session":
-                        raise ValueError("the first line is not a session header")  # noqa: TRY301
-                    session_id = str(wire["session_id"])
+                        raise _Schema("the first line is not a session header")
+                    session_id = _field(wire, "session_id", str)
                 else:
                     events.append(_event_from_wire(wire))
-            except (ValueError, TypeError, KeyError) as error:
+            except (ValueError, TypeError, KeyError, RecursionError) as error:
+                # UnicodeDecodeError is a ValueError: a line cut inside a character.
                 if cut_off and number == len(lines) and number > 1:
-                    damaged_tail = line
+                    damaged_tail = line.decode("utf-8", "replace")
                     break
-                raise SessionCorruptError(f"{origin}: line {number}: {error}") from error
+                reason = "nested too deeply" if isinstance(error, RecursionError) else error
+                raise SessionCorruptError(f"{origin}: line {number}: {reason}") from error
         if session_id is None:
             raise SessionCorruptError(f"{origin}: empty file, no session header")
         session = cls(session_id, events)
@@ -333,5 +464,5 @@ class Session:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Session:
         """Read a log written by ``save``. Guard state is never part of it."""
-        with open(path, encoding="utf-8") as file:
+        with open(path, "rb") as file:
             return cls.from_jsonl(file.read(), origin=os.fspath(path))
