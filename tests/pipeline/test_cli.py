@@ -70,3 +70,49 @@ def test_bad_config_is_a_clear_error_and_exit_code_2(
     path.write_text("- id: x\n  name: timeout\n  config: {ms: 0}\n", encoding="utf-8")
     assert main(["describe", str(path)]) == 2
     assert "plugin 'x' (timeout): config key 'ms' = 0" in capsys.readouterr().err
+
+
+def test_transcript_of_half_a_surrogate_pair_prints_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from guardstack.pipeline import Session, UserMessage
+    from guardstack.pipeline.values import USER_SOURCE
+
+    session = Session("s")
+    session.append(UserMessage("half \ud83d pair", USER_SOURCE))
+    session.save(tmp_path / "s.jsonl")
+    assert main(["transcript", str(tmp_path / "s.jsonl")]) == 0
+    assert "half \\ud83d pair" in capsys.readouterr().out
+
+
+def test_transcript_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from guardstack.pipeline import Session, UserMessage
+    from guardstack.pipeline.values import USER_SOURCE
+
+    session = Session("s")
+    for number in range(5000):
+        session.append(UserMessage(f"line {number}", USER_SOURCE))
+    session.save(tmp_path / "s.jsonl")
+    command = f"{sys.executable} -m guardstack.cli.main transcript s.jsonl | head -n 1"
+    finished = subprocess.run(
+        command, shell=True, cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert finished.stdout == "[\n"
+    assert finished.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe not utf-8", b'{"type": "session"}\n{"type": "turn/start", "turn": "x"}\n'],
+)
+def test_a_bad_session_file_is_one_line_and_exit_2(
+    content: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "s.jsonl").write_bytes(content)
+    assert main(["transcript", str(tmp_path / "s.jsonl")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("guardstack: ")
+    assert error.count("\n") == 1

@@ -6,8 +6,16 @@ from typing import Any
 
 import anyio
 import pytest
+import sniffio
 
-from guardstack.pipeline import TOOL_FAILED, TOOL_TIMEOUT, ConfigError, ToolCall, ToolResult
+from guardstack.pipeline import (
+    TOOL_FAILED,
+    TOOL_TIMEOUT,
+    ConfigError,
+    ToolCall,
+    ToolResult,
+    timeout_result,
+)
 from guardstack.pipeline.testing import Hang, Raise, Reply, ScriptedTool
 from guardstack.wrappers import Retry, RetryBudget, Timeout, no_backoff
 from tests.helpers import call, registry_with
@@ -172,3 +180,34 @@ def test_bad_budgets_fail_loud(key: str, value: Any) -> None:
     with pytest.raises(ConfigError) as raised:
         RetryBudget(**{key: value})
     assert raised.value.key == key
+
+
+def _block_the_event_loop_for(seconds: float) -> None:
+    """What a neighbour that blocks the loop does to time: it jumps, no timer fires meanwhile."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        trio.lowlevel.current_clock().jump(seconds)  # type: ignore[attr-defined]
+    else:
+        import asyncio
+
+        asyncio.get_running_loop()._virtual_now += seconds  # type: ignore[attr-defined]
+
+
+async def test_no_attempt_starts_once_the_enclosing_deadline_has_passed() -> None:
+    """The loop runs late: the backoff ends after the outer deadline, before its cancel."""
+    tool = ScriptedTool("flaky", [Reply(timeout_result(100), after_s=0.5)] * 5)
+    registry = registry_with(tool)
+    registry.dispatch.use(Timeout(ms=1000, code="TOTAL"))
+    registry.dispatch.use(Retry(attempts=5, backoff_ms=400, max_backoff_ms=400, jitter=False))
+
+    async def neighbour() -> None:
+        await anyio.sleep(0.85)
+        _block_the_event_loop_for(0.25)  # backoff ends at 0.9, the deadline at 1.0
+
+    started = anyio.current_time()
+    async with anyio.create_task_group() as group:
+        group.start_soon(neighbour)
+        outcome = await registry.execute(call("flaky"))
+    assert outcome.result.code == "TOTAL"
+    assert [run.started - started for run in tool.runs] == [0.0]

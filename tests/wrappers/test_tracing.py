@@ -176,3 +176,26 @@ async def test_layer_spans_can_be_turned_off_keeping_the_call_span() -> None:
     [span] = rig.spans
     assert span.name == "execute_tool hang"
     assert (span.attributes or {})["error.type"] == TOOL_TIMEOUT
+
+
+async def test_an_exception_whose_str_raises_is_blamed_on_its_own_layer_not_tracing() -> None:
+    """Telemetry never changes an outcome."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("cannot print me")
+
+    async def broken(tool_call: ToolCall, call_next: Any) -> Any:
+        raise Unprintable
+
+    rig = SpanRig()
+    harness = Harness()
+    ScriptedTool("grep").register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    harness.tools.dispatch.use(broken, name="broken")
+    outcome = await harness.tools.execute(call("grep"))
+    assert outcome.result.content == (
+        'Error: dispatch layer "broken" failed: <unprintable Unprintable>'
+    )
+    [layer_span] = by_name(rig.spans, "broken")
+    assert dict(layer_span.attributes or {})["error.type"] == "Unprintable"
