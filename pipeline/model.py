@@ -73,14 +73,17 @@ class ToolCallRequest:
     arguments: Mapping[str, Any] | str = attrs.field(factory=dict)
     call_id: str = ""
     raw_arguments: str | None = attrs.field(init=False, repr=False)
+    _json: str = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         parsed = _parse_arguments(self.arguments)
         raw = self.arguments if isinstance(self.arguments, str) else None
-        if raw is not None and not isinstance(parsed, str) and raw == arguments_text(parsed):
+        text = arguments_text(parsed)  # once: every later request reuses it
+        if raw is not None and not isinstance(parsed, str) and raw == text:
             raw = None  # the text says nothing the mapping does not: equal either way
         object.__setattr__(self, "raw_arguments", raw)
         object.__setattr__(self, "arguments", parsed)
+        object.__setattr__(self, "_json", raw if raw is not None else text)
 
     def with_call_id(self, call_id: str) -> ToolCallRequest:
         """The same request under another id, raw text kept."""
@@ -90,9 +93,7 @@ class ToolCallRequest:
     @property
     def arguments_json(self) -> str:
         """The arguments as the model wrote them (or as JSON, if given as a mapping)."""
-        if self.raw_arguments is not None:
-            return self.raw_arguments
-        return arguments_text(self.arguments)
+        return self._json
 
 
 def _requests(requests: Iterable[ToolCallRequest]) -> tuple[ToolCallRequest, ...]:

@@ -284,6 +284,27 @@ def _json_line(wire: Mapping[str, Any]) -> str:
     return text + "\n"
 
 
+def _message_of(event: Event) -> dict[str, Any] | None:
+    """The chat message one event contributes to the request, if any."""
+    if isinstance(event, UserMessage):
+        return {"role": "user", "content": event.text}
+    if isinstance(event, ToolResultEvent):
+        return {"role": "tool", "tool_call_id": event.call_id, "content": event.result.content}
+    if isinstance(event, AssistantMessage) and (event.text or event.tool_calls):
+        message: dict[str, Any] = {"role": "assistant", "content": event.text or None}
+        if event.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_json},
+                }
+                for call in event.tool_calls
+            ]
+        return message
+    return None
+
+
 class _EventView(Sequence[Event]):
     """A read-only view of the log: the loop appends, nobody rewrites."""
 
@@ -314,8 +335,11 @@ class Session:
 
     def __init__(self, session_id: str, events: Sequence[Event] = ()) -> None:
         self.session_id = session_id
-        self._events: list[Event] = list(events)
+        self._events: list[Event] = []
+        self._messages: list[dict[str, Any]] = []
         self.damaged_tail: str | None = None
+        for event in events:
+            self.append(event)
 
     @property
     def events(self) -> Sequence[Event]:
@@ -324,6 +348,9 @@ class Session:
     def append(self, event: Event) -> None:
         """Add ``event`` at the end; the log is never rewritten."""
         self._events.append(event)
+        message = _message_of(event)
+        if message is not None:
+            self._messages.append(message)
 
     def close_open_turn(self) -> bool:
         """End a turn the log left open (a crash or a mid-turn snapshot); say if it did.
@@ -369,26 +396,20 @@ class Session:
         return True
 
     def messages(self) -> list[dict[str, Any]]:
-        """The model request this log implies, in OpenAI chat format."""
+        """The model request this log implies, in OpenAI chat format.
+
+        Built incrementally as events are appended, so a step costs the same at
+        step 5,000 as at step 5; the result is a fresh list (append to it freely),
+        but its message dicts are the log's own and must not be mutated.
+        """
+        return list(self._messages)
+
+    def rebuild_messages(self) -> list[dict[str, Any]]:
+        """``messages()`` computed from scratch from the events (the same list, always)."""
         messages: list[dict[str, Any]] = []
         for event in self._events:
-            if isinstance(event, UserMessage):
-                messages.append({"role": "user", "content": event.text})
-            elif isinstance(event, ToolResultEvent):
-                messages.append(
-                    {"role": "tool", "tool_call_id": event.call_id, "content": event.result.content}
-                )
-            elif isinstance(event, AssistantMessage) and (event.text or event.tool_calls):
-                message: dict[str, Any] = {"role": "assistant", "content": event.text or None}
-                if event.tool_calls:
-                    message["tool_calls"] = [
-                        {
-                            "id": call.call_id,
-                            "type": "function",
-                            "function": {"name": call.name, "arguments": call.arguments_json},
-                        }
-                        for call in event.tool_calls
-                    ]
+            message = _message_of(event)
+            if message is not None:
                 messages.append(message)
         return messages
 

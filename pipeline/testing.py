@@ -17,7 +17,7 @@ import copy
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, overload
 
 import anyio
 import attrs
@@ -30,6 +30,7 @@ from guardstack.pipeline.values import ToolCall, ToolDefinition
 __all__ = [
     "Hang",
     "Raise",
+    "RecordedRequests",
     "RecordingLayer",
     "Reply",
     "ScriptStep",
@@ -162,20 +163,73 @@ ScriptStep: TypeAlias = (
 )
 
 
+class RecordedRequests(Sequence[list[dict[str, Any]]]):
+    """Every message list a model was sent, without copying the shared history each time.
+
+    An agent's requests grow by appending (each is the log rebuilt), so a request
+    that extends the previous one is kept as a length into one shared list: memory
+    and time stay linear in the conversation, not quadratic. A request that does not
+    extend it (another agent sharing the model) is kept as its own copy.
+    """
+
+    def __init__(self) -> None:
+        self._shared: list[dict[str, Any]] = []  # copies, safe from later mutation
+        self._last: object = None  # the caller's object behind the last shared message
+        self._records: list[int | list[dict[str, Any]]] = []
+
+    def record(self, messages: list[dict[str, Any]]) -> None:
+        """Keep a copy of what this request held (copying only what is new)."""
+        shared = self._shared
+        known = len(shared)
+        if len(messages) >= known and (known == 0 or messages[known - 1] is self._last):
+            shared.extend(copy.deepcopy(messages[known:]))
+            if messages:
+                self._last = messages[-1]
+            self._records.append(len(messages))
+        else:
+            self._records.append(copy.deepcopy(messages))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordedRequests):
+            return list(self) == list(other)
+        return isinstance(other, list) and list(self) == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @overload
+    def __getitem__(self, index: int) -> list[dict[str, Any]]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[list[dict[str, Any]]]: ...
+    def __getitem__(self, index: int | slice) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
+        if isinstance(index, slice):
+            return [self._request(record) for record in self._records[index]]
+        return self._request(self._records[index])
+
+    def _request(self, record: int | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self._shared[:record] if isinstance(record, int) else record
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __repr__(self) -> str:
+        return f"<{len(self._records)} recorded requests>"
+
+
 class ScriptedModel:
     """A deterministic model: answers each request with the next step of its script.
 
     A step is a ``ModelReply``; an exception instance (raised, to test a failing
     provider); or a callable ``(messages) -> ModelReply`` (sync or async) for replies
-    that depend on the request or that wait. ``requests`` records a deep copy of
-    every message list sent, ``tool_schemas`` the tools offered. Running out of
+    that depend on the request or that wait. ``requests`` records a copy of
+    every message list sent (sharing the common history, see ``RecordedRequests``),
+    ``tool_schemas`` the tools offered. Running out of
     script raises ``ScriptExhaustedError``, which ends the turn with reason
     ``error`` instead of hanging.
     """
 
     def __init__(self, replies: Sequence[ScriptStep]) -> None:
         self._script = list(replies)
-        self.requests: list[list[dict[str, Any]]] = []
+        self.requests = RecordedRequests()
         self.tool_schemas: list[list[dict[str, Any]]] = []
 
     @property
@@ -186,8 +240,8 @@ class ScriptedModel:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> ModelReply:
         index = len(self.requests)
-        self.requests.append(copy.deepcopy(messages))
-        self.tool_schemas.append(copy.deepcopy(tools))
+        self.requests.record(messages)
+        self.tool_schemas.append(list(tools))
         if index >= len(self._script):
             raise ScriptExhaustedError(
                 f"ScriptedModel has no reply for request {index + 1}: "

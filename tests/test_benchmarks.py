@@ -17,3 +17,12 @@ async def test_the_ordering_simulation_shows_what_each_order_means() -> None:
     assert stats["1.2 s total -> retry -> policy"]["max"] <= 1.2 + 1e-9
     assert stats["no timeout"]["max"] == 30.0
     assert stats["policy"]["max"] <= 0.5 + 1e-9
+
+
+async def test_the_loop_benchmarks_turns_are_the_same_conversation() -> None:
+    """guardstack's turn and the hand-written peer do the same work: N tool calls, one answer."""
+    from benchmarks.loop import guardstack_turn, hand_written_turn
+
+    ours, by_hand = await guardstack_turn(20), await hand_written_turn(20)
+    assert ours == by_hand
+    assert sum(message["role"] == "tool" for message in ours) == 20

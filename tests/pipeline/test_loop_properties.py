@@ -88,7 +88,7 @@ async def test_requests_are_the_log_and_the_log_stays_whole(
 
     def step(reply: ModelReply) -> Any:
         def answer(messages: list[dict[str, Any]]) -> ModelReply:
-            snapshots.append(agent_box[0].session.messages())
+            snapshots.append(agent_box[0].session.rebuild_messages())
             return reply
 
         return answer
@@ -117,6 +117,8 @@ async def test_requests_are_the_log_and_the_log_stays_whole(
         assert agent.session.events[-1].reason == "completed"  # type: ignore[union-attr]
 
     assert model.requests == snapshots
+    # the incrementally built request is the log rebuilt from scratch
+    assert agent.session.messages() == agent.session.rebuild_messages()
     assert_log_is_whole(agent.session)
     assert agent.session.events[-1].type == "turn/end"
     restored = Session.from_jsonl(agent.session.to_jsonl())
