@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.lowlevel
+from opentelemetry import trace  # the API only: a no-op without an SDK
 
 from guardstack.pipeline.values import ToolCall, ToolResult, timeout_result
 
@@ -78,8 +79,6 @@ def _report_overrun(call: ToolCall, ms: int, elapsed_s: float) -> None:
         ms,
         ran_ms,
     )
-    from opentelemetry import trace  # the API only; a no-op without an SDK
-
     span = trace.get_current_span()
     if span.is_recording():
         span.set_attribute(OVERRUN_ATTRIBUTE, ran_ms)
