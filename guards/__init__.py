@@ -2,6 +2,7 @@
 
 from guardstack.guards.agent_limit import AgentLimit
 from guardstack.guards.canonical import canonical_json
+from guardstack.guards.model_call_limit import ModelCallLimit
 from guardstack.guards.repeat_tool_reminder import (
     DETAILED_TEMPLATE,
     GENTLE_TEXT,
@@ -9,13 +10,16 @@ from guardstack.guards.repeat_tool_reminder import (
 )
 from guardstack.guards.tool_call_limit import ToolCallLimit
 from guardstack.guards.tool_call_timeout_policy import ToolCallTimeoutPolicy
+from guardstack.guards.usage_limit import UsageLimit
 
 __all__ = [
     "DETAILED_TEMPLATE",
     "GENTLE_TEXT",
     "AgentLimit",
+    "ModelCallLimit",
     "RepeatToolReminder",
     "ToolCallLimit",
     "ToolCallTimeoutPolicy",
+    "UsageLimit",
     "canonical_json",
 ]

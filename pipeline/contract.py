@@ -11,7 +11,11 @@ stage              layer                                                       r
 ``dispatch``       ``(call, call_next: DispatchNext)``                         ``ToolResult``
 ``post_execute``   ``(call, result, call_next: PostNext)``                     ``Accept | Block``
 ``prompt_submit``  ``(agent, text, call_next: PromptNext)``                    ``str``
+``model_call``     ``(request, call_next: ModelNext)``                         ``ModelReply``
 =================  ==========================================================  ===========
+
+A ``model_call`` layer that fails raises (a ``ModelError`` with a ``MODEL_*`` code);
+one that must end the turn as ``blocked`` raises ``TurnBlocked`` naming the limit.
 
 Guards and wrappers import only this module, ``values`` and ``errors`` from the
 core (checked by the import contract in ``pyproject.toml``). The shared timeout
@@ -24,7 +28,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
-from guardstack.pipeline.deadline import timed_dispatch, within_budget
+from guardstack.pipeline.deadline import model_within_budget, timed_dispatch, within_budget
+from guardstack.pipeline.model import (
+    MODEL_FAILED,
+    MODEL_RATE_LIMITED,
+    MODEL_REJECTED,
+    MODEL_TIMEOUT,
+    MODEL_UNAVAILABLE,
+    ModelError,
+    ModelReply,
+    ModelRequest,
+    Usage,
+    model_error_code,
+)
 from guardstack.pipeline.onion import Instrumentation, Layer, LayerInfo, Pipeline, Registration
 from guardstack.pipeline.values import PostDecision, PreDecision, ToolCall, ToolOutcome, ToolResult
 
@@ -34,11 +50,20 @@ if TYPE_CHECKING:
     from guardstack.pipeline.registry import ToolRegistry
 
 __all__ = [
+    "MODEL_FAILED",
+    "MODEL_RATE_LIMITED",
+    "MODEL_REJECTED",
+    "MODEL_TIMEOUT",
+    "MODEL_UNAVAILABLE",
     "DispatchNext",
     "Execute",
     "Instrumentation",
     "Layer",
     "LayerInfo",
+    "ModelError",
+    "ModelNext",
+    "ModelReply",
+    "ModelRequest",
     "Pipeline",
     "Plugin",
     "PostNext",
@@ -46,6 +71,9 @@ __all__ = [
     "PromptNext",
     "Registration",
     "Scope",
+    "Usage",
+    "model_error_code",
+    "model_within_budget",
     "timed_dispatch",
     "within_budget",
 ]
@@ -56,6 +84,7 @@ PreNext: TypeAlias = Callable[[ToolCall], Awaitable[PreDecision]]
 DispatchNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]
 PostNext: TypeAlias = Callable[[ToolCall, ToolResult], Awaitable[PostDecision]]
 PromptNext: TypeAlias = Callable[["Agent", str], Awaitable[str]]
+ModelNext: TypeAlias = Callable[[ModelRequest], Awaitable[ModelReply]]
 
 
 @runtime_checkable

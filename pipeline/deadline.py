@@ -21,9 +21,16 @@ import anyio
 import anyio.lowlevel
 from opentelemetry import trace  # the API only: a no-op without an SDK
 
+from guardstack.pipeline.model import ModelError, ModelReply, ModelRequest
 from guardstack.pipeline.values import ToolCall, ToolResult, timeout_result
 
-__all__ = ["OVERRUN_ATTRIBUTE", "budget_of", "timed_dispatch", "within_budget"]
+__all__ = [
+    "OVERRUN_ATTRIBUTE",
+    "budget_of",
+    "model_within_budget",
+    "timed_dispatch",
+    "within_budget",
+]
 
 logger = logging.getLogger("guardstack")
 
@@ -68,14 +75,37 @@ async def within_budget(call: ToolCall, call_next: _Next, ms: int, code: str) ->
     return timeout_result(ms, code)
 
 
-def _report_overrun(call: ToolCall, ms: int, elapsed_s: float) -> None:
-    """Tell the operator (never the model) when a tool could not be stopped at its budget."""
+async def model_within_budget(
+    request: ModelRequest,
+    call_next: Callable[[ModelRequest], Awaitable[ModelReply]],
+    ms: int,
+    code: str,
+) -> ModelReply:
+    """The model stage's timeout: ``call_next(request)`` under ``ms``, else ``ModelError(code)``.
+
+    The same rule as for tools: whose deadline fired is read from this scope; an
+    outer deadline or the caller's cancel propagates; a reply that arrives after our
+    deadline (a model that ignored the cancel) is still a timeout.
+    """
+    started = anyio.current_time()
+    with anyio.CancelScope(deadline=started + ms / 1000) as scope:
+        reply = await call_next(request)
+    if not scope.cancel_called:
+        return reply
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    _report_overrun("model call", ms, anyio.current_time() - started)
+    raise ModelError(f"model call timed out after {ms}ms", code)
+
+
+def _report_overrun(call: ToolCall | str, ms: int, elapsed_s: float) -> None:
+    """Tell the operator (never the model) when a call could not be stopped at its budget."""
     ran_ms = round(elapsed_s * 1000)
     if ran_ms <= ms + max(10, ms // 10):
         return  # stopped at the deadline, give or take scheduling
+    what = call if isinstance(call, str) else f"tool {call.name!r}"
     logger.warning(
-        "tool %r ignored cancellation: budget %dms, ran %dms before it returned",
-        call.name,
+        "%s ignored cancellation: budget %dms, ran %dms before it returned",
+        what,
         ms,
         ran_ms,
     )

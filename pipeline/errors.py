@@ -14,9 +14,11 @@ __all__ = [
     "ConfigError",
     "DuplicateToolError",
     "GuardstackError",
+    "GuardstackWarning",
     "ScriptExhaustedError",
     "SessionCorruptError",
     "SessionTailWarning",
+    "TurnBlocked",
     "TurnInProgressError",
 ]
 
@@ -72,3 +74,17 @@ class AgentLimitExceeded(GuardstackError, RuntimeError):
 
 class SessionTailWarning(UserWarning):
     """A saved session's last line was cut off mid-write; the complete events loaded."""
+
+
+class TurnBlocked(GuardstackError):
+    """Raised by a ``model_call`` layer (a cap) to end the turn with reason ``blocked``.
+
+    The loop logs the turn's end with ``error`` = this message, which names the
+    limit; no further model request is sent. It is a signal, not a failure: a
+    model-stage ``Retry`` never retries it.
+    """
+
+
+class GuardstackWarning(UserWarning):
+    """Something is probably wrong but nothing fails: a guard that cannot tell
+    conversations apart, a stack whose order probably does not mean what you want."""

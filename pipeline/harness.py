@@ -84,9 +84,10 @@ class Harness:
         max_parallel_tool_calls: int = 1,
         *,
         thread_limit: int = 40,
+        system: str | None = None,
     ) -> None:
         self.tools = ToolRegistry(thread_limit=thread_limit)
-        self.loop = AgentLoop(self.tools, model, max_steps, max_parallel_tool_calls)
+        self.loop = AgentLoop(self.tools, model, max_steps, max_parallel_tool_calls, system=system)
         self.plugins: list[PluginHandle] = []
 
     def plugin(self, plugin: Plugin, *, id: str | None = None) -> PluginHandle:
@@ -137,9 +138,11 @@ class Harness:
     def describe(self) -> str:
         """The plugins in order, then every stage's layers, outermost first."""
         plugins = ", ".join(handle.id for handle in self.plugins) or "(none)"
-        prompt = self.loop.prompt_submit.describe()
-        prompt_lines = "\n".join(f"  {line}" for line in prompt.splitlines())
-        return f"plugins: {plugins}\n{self.tools.describe()}\nprompt_submit:\n{prompt_lines}"
+        loop_stages = "".join(
+            f"\n{stage.stage}:\n" + "\n".join(f"  {line}" for line in stage.describe().splitlines())
+            for stage in (self.loop.prompt_submit, self.loop.model_call)
+        )
+        return f"plugins: {plugins}\n{self.tools.describe()}{loop_stages}"
 
 
 # -- configuration ---------------------------------------------------------------------

@@ -4,14 +4,24 @@ One turn of ``agent.prompt(text)``:
 
 1. the ``prompt_submit`` stage sees the person's text (guards reset per-turn state
    here), then ``turn/start`` and the person's ``user/message`` are logged;
-2. each step logs ``step/start``, asks the model with ``session.messages()``, logs
-   the ``assistant/message``, runs every tool call through ``tools.execute`` with
-   ``call.agent`` set, logs ``tool/call`` / ``tool/result`` in the model's order, then
-   the step's additional contexts as plugin-sourced ``user/message`` events — after
-   all of the step's results, never between two — and ``step/end``;
+2. each step logs ``step/start``, asks the model through the ``model_call`` stage
+   (a ``ModelRequest`` holding ``session.messages()``), logs the
+   ``assistant/message`` with the reply's usage and reasoning, runs every tool
+   call through ``tools.execute`` with ``call.agent`` set, logs ``tool/call`` /
+   ``tool/result`` in the model's order, then the step's additional contexts as
+   plugin-sourced ``user/message`` events — after all of the step's results, never
+   between two — and ``step/end``;
 3. the turn ends when the model answers without tool calls (``completed``), at
-   ``max_steps`` (``max-steps``), when a cap says so (``blocked``), when the model
-   raises (``error``) or when it is cancelled (``aborted``).
+   ``max_steps`` (``max-steps``), when a cap says so (``blocked``: a tool-stage cap
+   through ``Deny(end_turn=True)``, a model-stage one by raising ``TurnBlocked``),
+   when the model call fails (``error``) or when it is cancelled (``aborted``).
+
+The ``model_call`` stage is an onion like the tool stages: a layer is
+``async (request, call_next) -> ModelReply`` and the innermost calls
+``agent.model.complete(request.messages, request.tools)``; model-stage ``Timeout``,
+``Retry`` and ``Metrics`` sit there, in the order registered. A system prompt is
+logged once, as the session's first event, so the log still rebuilds every
+request. ``TurnResult.usage`` is the turn's tokens, ``agent.usage`` the session's.
 
 With ``max_parallel_tool_calls > 1`` the dispatch of a step's calls overlaps, while
 pre-execute, post-execute and the logged results keep the model's order, so guards
@@ -32,9 +42,9 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from guardstack.pipeline.contract import PromptNext
-from guardstack.pipeline.errors import ConfigError, TurnInProgressError
-from guardstack.pipeline.model import Model, ModelReply, ToolCallRequest
+from guardstack.pipeline.contract import ModelNext, PromptNext
+from guardstack.pipeline.errors import ConfigError, TurnBlocked, TurnInProgressError
+from guardstack.pipeline.model import Model, ModelReply, ModelRequest, ToolCallRequest, Usage
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.registry import Phase
 from guardstack.pipeline.session import (
@@ -42,6 +52,7 @@ from guardstack.pipeline.session import (
     Session,
     StepEnd,
     StepStart,
+    SystemMessage,
     ToolCallEvent,
     ToolResultEvent,
     TurnEnd,
@@ -66,16 +77,43 @@ __all__ = ["Agent", "AgentLoop", "TurnResult"]
 
 @attrs.frozen
 class TurnResult:
-    """How a turn ended: its reason, the model's last text, and the error if any."""
+    """How a turn ended: its reason, the model's last text, the error if any, and its usage.
+
+    ``error`` names what failed (``error``: the exception and, for a ``ModelError``,
+    its code) or which limit stopped the turn (``blocked``).
+    """
 
     reason: TurnEndReason
     text: str = ""
     error: str | None = None
     steps: int = 0
+    usage: Usage = attrs.Factory(Usage)
 
 
 async def _submit(agent: Agent, text: str) -> str:
     return text
+
+
+async def _complete(request: ModelRequest) -> ModelReply:
+    """The innermost ``model_call`` layer: the agent's model itself."""
+    return await request.agent.model.complete(request.messages, request.tools)
+
+
+def _checked(reply: object) -> ModelReply:
+    """The reply, if the loop can log it; a ``TypeError`` naming what is wrong if not."""
+    if not isinstance(reply, ModelReply):
+        raise TypeError(f"the model returned {reply!r}, not a ModelReply")
+    if not isinstance(reply.text, str):
+        raise TypeError(f"the model's reply text is {type(reply.text).__name__}, not str")
+    if reply.usage is not None and not isinstance(reply.usage, Usage):
+        raise TypeError(f"the model's reply usage is {reply.usage!r}, not a Usage")
+    for name in ("reasoning", "model"):
+        value = getattr(reply, name)
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"the model's reply {name} is {type(value).__name__}, not str")
+    if not all(isinstance(request, ToolCallRequest) for request in reply.tool_calls):
+        raise TypeError("the model's reply tool_calls are not all ToolCallRequest")
+    return reply
 
 
 class AgentLoop:
@@ -87,6 +125,8 @@ class AgentLoop:
         model: Model | None = None,
         max_steps: int = 50,
         max_parallel_tool_calls: int = 1,
+        *,
+        system: str | None = None,
     ) -> None:
         self.tools = tools
         self.model = model
@@ -94,8 +134,11 @@ class AgentLoop:
         self.max_parallel_tool_calls = integer(
             "AgentLoop", "max_parallel_tool_calls", max_parallel_tool_calls
         )
+        self.system = _system_prompt(system)
         #: ``async (agent, text, call_next) -> text``: sees every new person's prompt.
         self.prompt_submit: Pipeline[PromptNext] = Pipeline(_submit, stage="prompt_submit")
+        #: ``async (request, call_next) -> ModelReply``: every model call of every agent.
+        self.model_call: Pipeline[ModelNext] = Pipeline(_complete, stage="model_call")
         self._create_hooks: list[Callable[[Agent], None]] = []
 
     def on_create(self, hook: Callable[[Agent], None]) -> Registration:
@@ -104,9 +147,18 @@ class AgentLoop:
         return Registration(lambda: self._create_hooks.remove(hook))
 
     def create(
-        self, session_id: str, model: Model | None = None, *, session: Session | None = None
+        self,
+        session_id: str,
+        model: Model | None = None,
+        *,
+        session: Session | None = None,
+        system: str | None = None,
     ) -> Agent:
-        """A new agent. ``session`` resumes a loaded log; guard state starts fresh."""
+        """A new agent. ``session`` resumes a loaded log; guard state starts fresh.
+
+        ``system`` (else the loop's) is logged as a new session's first event; a
+        resumed session keeps its own, and naming a different one raises.
+        """
         chosen = model if model is not None else self.model
         if chosen is None:
             raise ConfigError(
@@ -114,10 +166,39 @@ class AgentLoop:
                 key="model",
                 value=None,
             )
-        agent = Agent(self, session if session is not None else Session(session_id), chosen)
+        log = session if session is not None else Session(session_id)
+        _start_with_system(log, _system_prompt(system) or self.system)
+        agent = Agent(self, log, chosen)
         for hook in list(self._create_hooks):
             hook(agent)
         return agent
+
+
+def _system_prompt(system: object) -> str | None:
+    if system is not None and not isinstance(system, str):
+        raise ConfigError(
+            f"AgentLoop: `system` must be text, got {type(system).__name__}",
+            key="system",
+            value=system,
+        )
+    return system or None
+
+
+def _start_with_system(session: Session, system: str | None) -> None:
+    """Log ``system`` as the first event of a new session; check it against a resumed one."""
+    if system is None:
+        return
+    if not session.events:
+        session.append(SystemMessage(system))
+        return
+    if session.system != system:
+        had = "a different system prompt" if session.system else "no system prompt"
+        raise ConfigError(
+            f"session {session.session_id!r} started with {had}; a log is never rewritten, "
+            "so resume it with the system prompt it has (system=None keeps it)",
+            key="system",
+            value=system,
+        )
 
 
 @attrs.define(eq=False)
@@ -143,6 +224,12 @@ class Agent:
         self._scope: anyio.CancelScope | None = None
         session.close_open_turn()  # a resumed mid-turn snapshot: answer what it left open
         self._turn = sum(isinstance(event, TurnStart) for event in session.events)
+        #: Tokens every model reply of this session used (rebuilt from the log on resume).
+        self.usage = session.usage()
+        #: Tokens the current (or last) turn's model replies used.
+        self.turn_usage = Usage()
+        #: Model calls the current (or last) turn made.
+        self.turn_model_calls = 0
 
     @property
     def session_id(self) -> str:
@@ -167,10 +254,11 @@ class Agent:
                 return await self._turn_body(text)
             finally:
                 self._scope = None
-        return TurnResult("aborted", error="cancelled by agent.cancel()")
+        return TurnResult("aborted", error="cancelled by agent.cancel()", usage=self.turn_usage)
 
     async def _turn_body(self, text: str) -> TurnResult:
         self._turn += 1
+        self.turn_usage, self.turn_model_calls = Usage(), 0
         turn, log = self._turn, self.session.append
         log(TurnStart(turn))
         log(UserMessage(text, USER_SOURCE))
@@ -180,19 +268,22 @@ class Agent:
                 step += 1
                 step_calls = None
                 log(StepStart(turn, step))
+                request = ModelRequest(self, self.session.messages(), self.loop.tools.schemas())
                 try:
-                    reply = await self.model.complete(
-                        self.session.messages(), self.loop.tools.schemas()
-                    )
-                    if not isinstance(reply, ModelReply):
-                        raise TypeError(  # noqa: TRY301 - ends the turn like any model failure
-                            f"the model returned {reply!r}, not a ModelReply"
-                        )
+                    reply = _checked(await self.loop.model_call._chain(request))
+                except TurnBlocked as blocked:
+                    log(StepEnd(turn, step))
+                    log(TurnEnd(turn, "blocked", message_of(blocked)))
+                    return self._result("blocked", last_text, message_of(blocked), step)
                 except Exception as error:
                     log(StepEnd(turn, step))
                     message = f"{type(error).__name__}: {message_of(error)}"
                     log(TurnEnd(turn, "error", message))
-                    return TurnResult("error", last_text, message, step)
+                    return self._result("error", last_text, message, step)
+                self.turn_model_calls += 1
+                if reply.usage is not None:
+                    self.usage += reply.usage
+                    self.turn_usage += reply.usage
                 requests = tuple(
                     request
                     if request.call_id
@@ -200,11 +291,15 @@ class Agent:
                     for index, request in enumerate(reply.tool_calls)
                 )
                 last_text = reply.text
-                log(AssistantMessage(turn, step, reply.text, requests))
+                log(
+                    AssistantMessage(
+                        turn, step, reply.text, requests, reply.usage, reply.reasoning, reply.model
+                    )
+                )
                 if not requests:
                     log(StepEnd(turn, step))
                     log(TurnEnd(turn, "completed"))
-                    return TurnResult("completed", last_text, steps=step)
+                    return self._result("completed", last_text, None, step)
                 step_calls = _StepCalls(requests)
                 outcomes = await self._run_calls(turn, step, step_calls)
                 for outcome in outcomes:
@@ -213,9 +308,9 @@ class Agent:
                 log(StepEnd(turn, step))
                 if any(outcome.ends_turn for outcome in outcomes):
                     log(TurnEnd(turn, "blocked"))
-                    return TurnResult("blocked", last_text, steps=step)
+                    return self._result("blocked", last_text, None, step)
             log(TurnEnd(turn, "max-steps"))
-            return TurnResult("max-steps", last_text, steps=step)
+            return self._result("max-steps", last_text, None, step)
         except BaseException as error:
             # Cancellation, or a KeyboardInterrupt / SystemExit from a tool: the log is
             # repaired on the way out — every call answered, the turn ended — so a
@@ -227,6 +322,11 @@ class Agent:
             cancelled = isinstance(error, anyio.get_cancelled_exc_class())
             log(TurnEnd(turn, "aborted", None if cancelled else type(error).__name__))
             raise
+
+    def _result(
+        self, reason: TurnEndReason, text: str, error: str | None, steps: int
+    ) -> TurnResult:
+        return TurnResult(reason, text, error, steps, self.turn_usage)
 
     def _answer_unanswered(self, turn: int, step: int, calls: _StepCalls) -> None:
         for index, request in enumerate(calls.requests):

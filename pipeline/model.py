@@ -1,20 +1,113 @@
-"""The model seam: what a model is given, and what it answers.
+"""The model seam: what a model is given, what it answers, and how it fails.
 
 A model is any object with ``async complete(messages, tools) -> ModelReply``:
 ``messages`` in OpenAI chat format (rebuilt from the session log for every
-request) and ``tools`` as OpenAI function schemas. Real providers implement it in a
-few lines. ``ScriptedModel``, the test double, is in ``pipeline.testing``.
+request) and ``tools`` as OpenAI function schemas. ``integrations.openai`` adapts
+any OpenAI-compatible API; ``ScriptedModel``, the test double, is in
+``pipeline.testing``.
+
+Every model call goes through the loop's ``model_call`` stage as a
+``ModelRequest``. A failed call is an exception: ``ModelError`` with one of the
+``MODEL_*`` codes tells the wrappers (a model-stage ``Retry``, ``Timeout``,
+``Metrics``) what kind of failure it was; anything else is ``MODEL_FAILED``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 import attrs
 
-__all__ = ["Model", "ModelReply", "ToolCallRequest", "arguments_text"]
+if TYPE_CHECKING:
+    from guardstack.pipeline.loop import Agent
+
+__all__ = [
+    "MODEL_FAILED",
+    "MODEL_RATE_LIMITED",
+    "MODEL_REJECTED",
+    "MODEL_TIMEOUT",
+    "MODEL_UNAVAILABLE",
+    "Model",
+    "ModelError",
+    "ModelReply",
+    "ModelRequest",
+    "ToolCallRequest",
+    "Usage",
+    "arguments_text",
+    "model_error_code",
+]
+
+#: The provider refused for now: too many requests (HTTP 429). Worth retrying later.
+MODEL_RATE_LIMITED: Final = "MODEL_RATE_LIMITED"
+#: The provider could not answer: a 5xx, a dropped connection. Worth retrying.
+MODEL_UNAVAILABLE: Final = "MODEL_UNAVAILABLE"
+#: The call took longer than a model-stage ``Timeout`` (or the client's own timeout).
+MODEL_TIMEOUT: Final = "MODEL_TIMEOUT"
+#: The request was refused: bad request, authentication, context length. Not retried.
+MODEL_REJECTED: Final = "MODEL_REJECTED"
+#: Anything else: a reply that could not be used, an unexpected exception.
+MODEL_FAILED: Final = "MODEL_FAILED"
+
+
+class ModelError(Exception):
+    """A model call failed; ``code`` says how, ``retry_after_s`` when the provider said."""
+
+    def __init__(self, message: str, code: str = MODEL_FAILED, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"ModelError({self.message!r}, {self.code!r}, retry_after_s={self.retry_after_s!r})"
+
+
+def model_error_code(error: BaseException) -> str:
+    """The ``MODEL_*`` code of a failure: a ``ModelError``'s own, else ``MODEL_FAILED``."""
+    return error.code if isinstance(error, ModelError) else MODEL_FAILED
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"a token count must be a whole number >= 0, got {value!r}")
+    return value
+
+
+@attrs.frozen
+class Usage:
+    """Tokens one model call (or a sum of them) used; ``+`` adds two.
+
+    ``input_tokens`` includes ``cached_input_tokens``; ``output_tokens`` includes
+    ``reasoning_tokens`` (the providers' own convention).
+    """
+
+    input_tokens: int = attrs.field(default=0, converter=_count)
+    output_tokens: int = attrs.field(default=0, converter=_count)
+    cached_input_tokens: int = attrs.field(default=0, converter=_count)
+    reasoning_tokens: int = attrs.field(default=0, converter=_count)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        """The non-zero counts (the log's form)."""
+        return {key: value for key, value in attrs.asdict(self).items() if value}
 
 
 def _parse_arguments(arguments: Mapping[str, Any] | str) -> Mapping[str, Any] | str:
@@ -102,10 +195,34 @@ def _requests(requests: Iterable[ToolCallRequest]) -> tuple[ToolCallRequest, ...
 
 @attrs.frozen
 class ModelReply:
-    """A model's answer: text, and the tool calls it wants run (in its order)."""
+    """A model's answer: text, and the tool calls it wants run (in its order).
+
+    ``usage`` is what the call cost, ``reasoning`` the model's thinking text (sent
+    back to the provider on later requests, as DeepSeek requires), ``model`` the
+    model that answered and ``finish_reason`` why it stopped — all optional.
+    """
 
     text: str = ""
     tool_calls: tuple[ToolCallRequest, ...] = attrs.field(default=(), converter=_requests)
+    usage: Usage | None = None
+    reasoning: str | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+
+
+@attrs.frozen(eq=False)
+class ModelRequest:
+    """One model call on its way through the ``model_call`` stage.
+
+    ``messages`` is the session's rebuilt request (read-only: pass a changed copy
+    inward with ``attrs.evolve``); ``attempt`` is set by a model-stage ``Retry``
+    for the layers inside it.
+    """
+
+    agent: Agent
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    attempt: int = 1
 
 
 @runtime_checkable

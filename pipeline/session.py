@@ -5,6 +5,17 @@ What the model saw, the log can rebuild: every request the loop sends is
 conversation. Injected reminders are ordinary ``user/message`` events whose
 ``source`` names the plugin; there is no special event type for them.
 
+The first event may be a ``system/message`` (the system prompt, logged once when the
+session starts), so the rebuilt request starts with it. ``assistant/message``
+events carry the reply's usage, reasoning and model; ``messages()`` sends the
+reasoning back as ``reasoning_content`` (DeepSeek's wire form, which it requires on
+later requests of a thinking-mode conversation).
+
+``session.subscribe(fn)`` calls ``fn(event)`` for every event as it is appended;
+``session.record(path)`` writes the log to a JSONL file as it grows, each event
+appended and flushed when it happens, so a crash loses at most the line being
+written (and ``load`` reports such a cut-off tail).
+
 ``save``/``load`` use JSON Lines, one event a line after a header line. A file whose
 last line was cut off mid-write loads every complete event and reports the broken
 tail (``damaged_tail`` and a ``SessionTailWarning``); a damaged line anywhere else
@@ -15,17 +26,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Literal, TypeAlias, overload
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, ClassVar, Literal, TypeAlias, overload
 
 import attrs
 
 from guardstack.pipeline.errors import SessionCorruptError, SessionTailWarning
-from guardstack.pipeline.model import ToolCallRequest
+from guardstack.pipeline.model import ToolCallRequest, Usage
+from guardstack.pipeline.onion import Registration
 from guardstack.pipeline.values import MessageSource, ToolError, ToolResult, aborted_result
 
 __all__ = [
@@ -34,6 +47,7 @@ __all__ = [
     "Session",
     "StepEnd",
     "StepStart",
+    "SystemMessage",
     "ToolCallEvent",
     "ToolResultEvent",
     "TurnEnd",
@@ -46,6 +60,15 @@ TurnEndReason: TypeAlias = Literal["completed", "max-steps", "aborted", "error",
 _TURN_END_REASONS = frozenset(("completed", "max-steps", "aborted", "error", "blocked"))
 _FORMAT = 1
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+logger = logging.getLogger("guardstack")
+
+
+@attrs.frozen
+class SystemMessage:
+    """The system prompt: logged once, as the session's first event."""
+
+    type: ClassVar[str] = "system/message"
+    text: str
 
 
 @attrs.frozen
@@ -95,13 +118,19 @@ class UserMessage:
 
 @attrs.frozen
 class AssistantMessage:
-    """What the model answered: its text and the tool calls it asked for, in its order."""
+    """What the model answered: its text and the tool calls it asked for, in its order.
+
+    ``usage``, ``reasoning`` and ``model`` are the reply's, when the model gave them.
+    """
 
     type: ClassVar[str] = "assistant/message"
     turn: int
     step: int
     text: str
     tool_calls: tuple[ToolCallRequest, ...] = ()
+    usage: Usage | None = None
+    reasoning: str | None = None
+    model: str | None = None
 
 
 @attrs.frozen
@@ -135,7 +164,8 @@ class ToolResultEvent:
 
 
 Event: TypeAlias = (
-    TurnStart
+    SystemMessage
+    | TurnStart
     | TurnEnd
     | StepStart
     | StepEnd
@@ -162,6 +192,13 @@ def _event_to_wire(event: Event) -> dict[str, Any]:
                 "text": event.text,
                 "tool_calls": [_request_to_wire(call) for call in event.tool_calls],
             }
+            # Optional keys, written only when set: older logs (without them) still load.
+            if event.usage is not None:
+                wire["usage"] = event.usage.to_dict()
+            if event.reasoning is not None:
+                wire["reasoning"] = event.reasoning
+            if event.model is not None:
+                wire["model"] = event.model
         case ToolCallEvent():
             wire |= {
                 "turn": event.turn,
@@ -227,6 +264,22 @@ def _result_from_wire(wire: Mapping[str, Any]) -> ToolResult:
     return ToolResult(content, is_error, error)
 
 
+def _usage_from_wire(wire: Mapping[str, Any]) -> Usage | None:
+    usage = wire.get("usage")
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        raise _Schema(f"field 'usage' is {type(usage).__name__}, not an object")
+    known = {field.name for field in attrs.fields(Usage)}
+    unknown = sorted(set(usage) - known)
+    if unknown:
+        raise _Schema(f"unknown usage fields {unknown}")
+    try:
+        return Usage(**usage)
+    except (TypeError, ValueError) as error:
+        raise _Schema(f"field 'usage': {error}") from error
+
+
 def _request_from_wire(wire: object) -> ToolCallRequest:
     if not isinstance(wire, dict):
         raise _Schema("a tool call is not an object")
@@ -248,8 +301,16 @@ def _event_from_wire(wire: Mapping[str, Any]) -> Event:
     if kind == AssistantMessage.type:
         calls = tuple(_request_from_wire(call) for call in _field(wire, "tool_calls", list))
         return AssistantMessage(
-            _count(wire, "turn"), _count(wire, "step"), _field(wire, "text", str), calls
+            _count(wire, "turn"),
+            _count(wire, "step"),
+            _field(wire, "text", str),
+            calls,
+            _usage_from_wire(wire),
+            _optional_text(wire, "reasoning"),
+            _optional_text(wire, "model"),
         )
+    if kind == SystemMessage.type:
+        return SystemMessage(_field(wire, "text", str))
     if kind == ToolResultEvent.type:
         return ToolResultEvent(
             _count(wire, "turn"),
@@ -292,6 +353,8 @@ def _message_of(event: Event) -> dict[str, Any] | None:
         return {"role": "tool", "tool_call_id": event.call_id, "content": event.result.content}
     if isinstance(event, AssistantMessage) and (event.text or event.tool_calls):
         message: dict[str, Any] = {"role": "assistant", "content": event.text or None}
+        if event.reasoning is not None:
+            message["reasoning_content"] = event.reasoning
         if event.tool_calls:
             message["tool_calls"] = [
                 {
@@ -302,6 +365,8 @@ def _message_of(event: Event) -> dict[str, Any] | None:
                 for call in event.tool_calls
             ]
         return message
+    if isinstance(event, SystemMessage):
+        return {"role": "system", "content": event.text}
     return None
 
 
@@ -337,6 +402,7 @@ class Session:
         self.session_id = session_id
         self._events: list[Event] = []
         self._messages: list[dict[str, Any]] = []
+        self._subscribers: list[Callable[[Event], object]] = []
         self.damaged_tail: str | None = None
         for event in events:
             self.append(event)
@@ -346,11 +412,79 @@ class Session:
         return _EventView(self._events)
 
     def append(self, event: Event) -> None:
-        """Add ``event`` at the end; the log is never rewritten."""
+        """Add ``event`` at the end (the log is never rewritten) and tell the subscribers."""
         self._events.append(event)
         message = _message_of(event)
         if message is not None:
             self._messages.append(message)
+        if self._subscribers:
+            self._notify(event)
+
+    def _notify(self, event: Event) -> None:
+        for subscriber in tuple(self._subscribers):
+            try:
+                subscriber(event)
+            except Exception:
+                # A display or a writer that fails never breaks the turn or the log.
+                logger.exception(
+                    "session %r: subscriber %r failed on %s",
+                    self.session_id,
+                    subscriber,
+                    event.type,
+                )
+
+    def subscribe(self, subscriber: Callable[[Event], object]) -> Registration:
+        """Call ``subscriber(event)`` for every event appended from now on, in order.
+
+        It runs inside ``append``, in the loop's task: keep it quick (a progress
+        display, a line written to a file). An exception it raises is logged on the
+        ``guardstack`` logger and the turn goes on. ``dispose()`` the returned
+        registration to stop.
+        """
+        self._subscribers.append(subscriber)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(subscriber)
+
+        return Registration(remove)
+
+    def record(self, path: str | os.PathLike[str]) -> Registration:
+        """Keep ``path`` an up-to-date JSONL copy of this log as it grows.
+
+        The events so far are saved at once (atomically, as ``save`` does); every
+        later event is appended as one line and flushed when it happens, so a crash
+        loses at most the line being written. Resume with ``Session.load(path)``.
+        ``dispose()`` the returned registration to stop and close the file.
+        """
+        self.save(path)
+        file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by dispose
+
+        def write(event: Event) -> None:
+            file.write(_json_line(_event_to_wire(event)))
+            file.flush()
+
+        subscription = self.subscribe(write)
+
+        def stop() -> None:
+            subscription.dispose()
+            file.close()
+
+        return Registration(stop)
+
+    @property
+    def system(self) -> str | None:
+        """The system prompt this session started with, if any."""
+        first = self._events[0] if self._events else None
+        return first.text if isinstance(first, SystemMessage) else None
+
+    def usage(self) -> Usage:
+        """The tokens every logged model reply used, summed."""
+        total = Usage()
+        for event in self._events:
+            if isinstance(event, AssistantMessage) and event.usage is not None:
+                total += event.usage
+        return total
 
     def close_open_turn(self) -> bool:
         """End a turn the log left open (a crash or a mid-turn snapshot); say if it did.

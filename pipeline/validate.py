@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeAlias
 
 from guardstack.pipeline.errors import ConfigError
 
@@ -22,9 +23,14 @@ __all__ = [
     "invalid",
     "non_empty_text",
     "number",
+    "optional_integer",
     "patterns",
     "rejected",
+    "stage",
 ]
+
+#: Where a wrapper sits: around each tool call, or around each model call.
+StageName: TypeAlias = Literal["dispatch", "model"]
 
 #: Values longer than this are cut in messages (a YAML alias bomb must not make an 8 MB error).
 MAX_VALUE_CHARS = 120
@@ -135,3 +141,22 @@ def compile_patterns(names: tuple[str, ...]) -> re.Pattern[str] | None:
         for name in names
     )
     return re.compile("|".join(f"(?:{alternative})" for alternative in alternatives), re.DOTALL)
+
+
+def stage(owner: str, value: object) -> StageName:
+    """``"dispatch"`` (around each tool call) or ``"model"`` (around each model call)."""
+    if value == "dispatch":
+        return "dispatch"
+    if value == "model":
+        return "model"
+    raise invalid(owner, "stage", value, "'dispatch' (tool calls) or 'model' (model calls)")
+
+
+def optional_integer(owner: str, key: str) -> Callable[[Any, Any, Any], None]:
+    """An attrs validator: ``None`` (off), or an ``int`` of at least 1."""
+
+    def check(_: Any, __: Any, value: Any) -> None:
+        if value is not None:
+            integer(owner, key, value)
+
+    return check

@@ -6,6 +6,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import anyio
 
+from guardstack.pipeline.contract import ModelRequest
 from guardstack.pipeline.values import ToolResult
 
 try:
@@ -32,3 +33,9 @@ def exception_error_type(error: BaseException) -> str:
     if isinstance(error, anyio.get_cancelled_exc_class()):
         return CANCELLED
     return type(error).__name__
+
+
+def request_model(request: ModelRequest) -> str | None:
+    """The model name a request goes to: the agent's model's ``model`` attribute, if text."""
+    name = getattr(request.agent.model, "model", None)
+    return name if isinstance(name, str) and name else None

@@ -18,6 +18,14 @@ The *policy* (what to retry, how long to wait) is kept apart from the *mechanism
 * how many: at most ``attempts``, and, with a shared ``RetryBudget``, only while the
   budget has tokens, so a fleet of agents cannot start a retry storm.
 
+On the model stage (``stage="model"``) a failure is an exception: it retries a
+``ModelError`` whose code is in ``retry_on`` (default ``MODEL_RATE_LIMITED``,
+``MODEL_UNAVAILABLE``, ``MODEL_TIMEOUT``; any other exception counts as
+``MODEL_FAILED``), waits at least the provider's ``retry_after_s`` when it gave one
+(still capped by ``max_backoff_ms``), sets ``request.attempt`` for the layers
+inside, and re-raises the last attempt's error. A cap's ``TurnBlocked`` and
+guardstack's own errors are never retried.
+
 Cancellation: the backoff wait is interrupted by it, and no attempt starts once the
 call is cancelled; cancellation always propagates. The last attempt's result is
 returned. ``no_backoff()`` turns the waits off in a scope (a context variable, not
@@ -36,8 +44,20 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from guardstack.pipeline.contract import DispatchNext, Scope
-from guardstack.pipeline.validate import boolean, cut, integer, invalid, number
+from guardstack.pipeline.contract import (
+    MODEL_RATE_LIMITED,
+    MODEL_TIMEOUT,
+    MODEL_UNAVAILABLE,
+    DispatchNext,
+    ModelError,
+    ModelNext,
+    ModelReply,
+    ModelRequest,
+    Scope,
+    model_error_code,
+)
+from guardstack.pipeline.errors import GuardstackError
+from guardstack.pipeline.validate import StageName, boolean, cut, integer, invalid, number, stage
 from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 
 __all__ = ["Retry", "RetryBudget", "no_backoff"]
@@ -116,7 +136,17 @@ def _at_least(key: str, minimum: int) -> Callable[[object, object, object], None
     return check
 
 
-def _to_retry_on(value: object) -> Collection[str] | Callable[[ToolResult], bool]:
+def _stage(value: object) -> StageName:
+    return stage(PLUGIN, value)
+
+
+def _default_retry_on(self: Retry) -> tuple[str, ...]:
+    if self.stage == "model":
+        return (MODEL_RATE_LIMITED, MODEL_UNAVAILABLE, MODEL_TIMEOUT)
+    return (TOOL_TIMEOUT,)
+
+
+def _to_retry_on(value: object) -> Collection[str] | Callable[[Any], bool]:
     if callable(value):
         return value
     if isinstance(value, str):
@@ -148,9 +178,12 @@ class Retry:
 
     name: ClassVar[str] = PLUGIN
 
+    # Declared first (keyword-only) so the default of ``retry_on`` can depend on it.
+    stage: StageName = attrs.field(default="dispatch", converter=_stage, kw_only=True)
     attempts: int = attrs.field(default=3, validator=_at_least("attempts", 1))
-    retry_on: Collection[str] | Callable[[ToolResult], bool] = attrs.field(
-        default=(TOOL_TIMEOUT,), converter=_to_retry_on
+    #: Error codes, or a predicate on the result (dispatch) or the exception (model).
+    retry_on: Collection[str] | Callable[[Any], bool] = attrs.field(
+        default=attrs.Factory(_default_retry_on, takes_self=True), converter=_to_retry_on
     )
     backoff_ms: int = attrs.field(default=100, validator=_at_least("backoff_ms", 0))
     max_backoff_ms: int = attrs.field(default=10_000, validator=_at_least("max_backoff_ms", 0))
@@ -177,6 +210,14 @@ class Retry:
             return bool(self.retry_on(result))
         return result.code in self.retry_on
 
+    def should_retry_error(self, error: Exception) -> bool:
+        """Whether a failed model call is one this policy retries (model stage)."""
+        if isinstance(error, GuardstackError):
+            return False  # a cap's TurnBlocked, a configuration mistake: never again
+        if callable(self.retry_on):
+            return bool(self.retry_on(error))
+        return model_error_code(error) in self.retry_on
+
     def ceiling_s(self, attempt: int) -> float:
         """The longest wait after failed attempt number ``attempt`` (1-based)."""
         return float(min(self.max_backoff_ms, self.backoff_ms * 2 ** (attempt - 1))) / 1000
@@ -189,13 +230,18 @@ class Retry:
         return self._direct(call, call_next)
 
     def apply(self, scope: Scope) -> None:
-        """Register a fresh run of this policy (its own random draws) as a dispatch layer."""
-        scope.use(scope.tools.dispatch, _RetryRun(self), name=PLUGIN)
+        """Register a fresh run of this policy (its own random draws) on its stage."""
+        run = _RetryRun(self)
+        if self.stage == "model":
+            scope.use(scope.loop.model_call, run.model_layer, name=PLUGIN)
+        else:
+            scope.use(scope.tools.dispatch, run, name=PLUGIN)
 
     def __repr__(self) -> str:
         retry_on = self.retry_on if callable(self.retry_on) else sorted(self.retry_on)
+        where = ", stage='model'" if self.stage == "model" else ""
         return (
-            f"Retry(attempts={self.attempts}, retry_on={cut(retry_on)}, "
+            f"Retry(attempts={self.attempts}{where}, retry_on={cut(retry_on)}, "
             f"backoff_ms={self.backoff_ms}, max_backoff_ms={self.max_backoff_ms}, "
             f"jitter={self.jitter}, budget={self.budget!r}, seed={self.seed!r})"
         )
@@ -243,6 +289,37 @@ class _RetryRun:
                 await anyio.sleep(self.delay_s(attempt))
             await _before_attempt()
             attempt += 1
+
+    async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
+        """The same loop on the model stage, where a failure is an exception."""
+        policy = self.policy
+        budget = policy.budget
+        if budget is not None:
+            budget.deposit()
+        attempt = 1
+        while True:
+            attempt_request = (
+                request if request.attempt == attempt else attrs.evolve(request, attempt=attempt)
+            )
+            try:
+                return await call_next(attempt_request)
+            except Exception as error:
+                if attempt >= policy.attempts or not policy.should_retry_error(error):
+                    raise
+                if budget is not None and not budget.try_withdraw():
+                    raise
+                retry_after = error.retry_after_s if isinstance(error, ModelError) else None
+            if _BACKOFF_ENABLED.get():
+                await anyio.sleep(self._model_delay_s(attempt, retry_after))
+            await _before_attempt()
+            attempt += 1
+
+    def _model_delay_s(self, attempt: int, retry_after_s: float | None) -> float:
+        delay = self.delay_s(attempt)
+        if retry_after_s is not None and retry_after_s > delay:
+            # The provider said when to come back; never sooner, never past our ceiling.
+            delay = min(retry_after_s, self.policy.max_backoff_ms / 1000)
+        return delay
 
     def __repr__(self) -> str:
         return repr(self.policy)

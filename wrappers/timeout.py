@@ -1,6 +1,7 @@
 """Timeout: end a call at a budget and tell the model so, in a small structured error.
 
-Where it belongs: a dispatch layer. **Its position is its meaning.** Registered
+Where it belongs: a dispatch layer (``stage="dispatch"``, the default) or a model
+call layer (``stage="model"``). **Its position is its meaning.** Registered
 outside a ``Retry`` it bounds the whole retried operation (one budget, however many
 attempts); inside it, it bounds each attempt. Two timeouts with different ``code``
 values can be stacked, and the result names the code of the layer that fired::
@@ -12,6 +13,10 @@ values can be stacked, and the result names the code of the layer that fired::
 With ``ms=None`` the budget is the tool's own declared ``timeout_ms`` (what
 ``guards.ToolCallTimeoutPolicy`` does); a tool without one passes through untouched,
 at the cost of one attribute read.
+
+On the model stage ``ms`` is required, the code defaults to ``MODEL_TIMEOUT``, and a
+call that runs out raises ``ModelError(code)`` — the failure a model-stage
+``Retry`` outside it sees and may retry, or that ends the turn with ``error``.
 
 How it decides (``pipeline.deadline``, shared with the policy): the rest of the
 chain runs in the layer's own ``anyio.CancelScope(deadline=…)``. Whether *its*
@@ -32,8 +37,17 @@ from typing import ClassVar
 
 import attrs
 
-from guardstack.pipeline.contract import DispatchNext, Scope, timed_dispatch
-from guardstack.pipeline.validate import non_empty_text
+from guardstack.pipeline.contract import (
+    MODEL_TIMEOUT,
+    DispatchNext,
+    ModelNext,
+    ModelReply,
+    ModelRequest,
+    Scope,
+    model_within_budget,
+    timed_dispatch,
+)
+from guardstack.pipeline.validate import StageName, invalid, non_empty_text, stage
 from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult, validate_timeout_ms
 
 __all__ = ["Timeout"]
@@ -50,18 +64,42 @@ def _check_code(_: object, __: attrs.Attribute[str], value: object) -> None:
     non_empty_text(PLUGIN, "code", value)
 
 
+def _stage(value: object) -> StageName:
+    return stage(PLUGIN, value)
+
+
+def _default_code(self: Timeout) -> str:
+    return MODEL_TIMEOUT if self.stage == "model" else TOOL_TIMEOUT
+
+
 @attrs.frozen
 class Timeout:
     """A deadline of ``ms`` (or the tool's declared budget) whose result carries ``code``."""
 
     name: ClassVar[str] = PLUGIN
 
+    # Declared first (keyword-only) so the code's default can depend on it.
+    stage: StageName = attrs.field(default="dispatch", converter=_stage, kw_only=True)
     ms: int | None = attrs.field(default=None, validator=_check_ms)
-    code: str = attrs.field(default=TOOL_TIMEOUT, validator=_check_code)
+    code: str = attrs.field(
+        default=attrs.Factory(_default_code, takes_self=True), validator=_check_code
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.stage == "model" and self.ms is None:
+            raise invalid(PLUGIN, "ms", None, "set on the model stage (a model declares no budget)")
 
     def __call__(self, call: ToolCall, call_next: DispatchNext) -> Awaitable[ToolResult]:
         return timed_dispatch(call, call_next, self.ms, self.code)
 
+    def model_layer(self, request: ModelRequest, call_next: ModelNext) -> Awaitable[ModelReply]:
+        """The model-stage layer: ``ModelError(code)`` when ``ms`` runs out."""
+        assert self.ms is not None  # checked at construction for the model stage
+        return model_within_budget(request, call_next, self.ms, self.code)
+
     def apply(self, scope: Scope) -> None:
-        """Register as a dispatch layer."""
-        scope.use(scope.tools.dispatch, self)
+        """Register on the stage it names."""
+        if self.stage == "model":
+            scope.use(scope.loop.model_call, self.model_layer, name=PLUGIN)
+        else:
+            scope.use(scope.tools.dispatch, self)

@@ -1,0 +1,172 @@
+"""Caps on model calls and usage: the turn ends ``blocked``, naming the limit, log whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from guardstack.guards import ModelCallLimit, UsageLimit
+from guardstack.pipeline import (
+    MODEL_UNAVAILABLE,
+    ConfigError,
+    Harness,
+    ModelError,
+    ModelReply,
+    ScriptedModel,
+    Session,
+    ToolCallRequest,
+    Usage,
+)
+from guardstack.pipeline.testing import ScriptedTool
+from guardstack.wrappers import Retry, no_backoff
+
+
+def looping(count: int, tokens: Usage | None = None, model: str | None = None) -> list[ModelReply]:
+    """``count`` replies that each call the ``look`` tool."""
+    return [
+        ModelReply(tool_calls=(ToolCallRequest("look", {"n": index}),), usage=tokens, model=model)
+        for index in range(count)
+    ]
+
+
+def harness_with(model: ScriptedModel, *plugins: object) -> Harness:
+    harness = Harness(model)
+    ScriptedTool("look", ["seen"]).register(harness.tools)
+    for plugin in plugins:
+        harness.plugin(plugin)  # type: ignore[arg-type]
+    return harness
+
+
+async def test_model_call_limit_per_turn_ends_the_turn_blocked_before_the_next_request() -> None:
+    model = ScriptedModel(looping(10))
+    harness = harness_with(model, ModelCallLimit(per_turn=3))
+    agent = harness.loop.create("s")
+    result = await agent.prompt("go")
+    assert result.reason == "blocked"
+    assert result.error == (
+        "model-call-limit: this turn made 3 model calls and the limit is 3 per turn"
+    )
+    assert len(model.requests) == 3
+    assert result.steps == 4
+    events = [event.type for event in agent.session.events]
+    assert events[-2:] == ["step/end", "turn/end"]
+    assert events.count("tool/call") == events.count("tool/result") == 3
+    assert agent.session.events[-1].reason == "blocked"  # type: ignore[union-attr]
+    # a new person's prompt starts a new turn's count
+    model2 = ScriptedModel([ModelReply("fine")])
+    agent.model = model2
+    assert (await agent.prompt("again")).reason == "completed"
+
+
+async def test_model_call_limit_per_session_counts_a_resumed_log(tmp_path: Path) -> None:
+    harness = harness_with(
+        ScriptedModel([ModelReply("a"), ModelReply("b")]), ModelCallLimit(per_session=3)
+    )
+    agent = harness.loop.create("s")
+    await agent.prompt("one")
+    await agent.prompt("two")
+    agent.session.save(tmp_path / "s.jsonl")
+    resumed = harness.loop.create(
+        "s", session=Session.load(tmp_path / "s.jsonl"), model=ScriptedModel(looping(5))
+    )
+    result = await resumed.prompt("three")
+    assert result.reason == "blocked"
+    assert result.error == (
+        "model-call-limit: this session made 3 model calls and the limit is 3 per session"
+    )
+
+
+async def test_model_call_limit_inside_a_retry_counts_attempts() -> None:
+    failing = ModelError("down", MODEL_UNAVAILABLE)
+    model = ScriptedModel([failing, failing, ModelReply("ok")])
+    harness = harness_with(model, Retry(stage="model", attempts=3), ModelCallLimit(per_turn=2))
+    with no_backoff():
+        result = await harness.loop.create("s").prompt("go")
+    assert result.reason == "blocked"  # the third attempt was refused, and not retried
+    assert len(model.requests) == 2
+    outside = ScriptedModel([failing, failing, ModelReply("ok")])
+    harness = harness_with(outside, ModelCallLimit(per_turn=2), Retry(stage="model", attempts=3))
+    with no_backoff():
+        assert (await harness.loop.create("s").prompt("go")).reason == "completed"
+
+
+async def test_usage_limit_tokens_per_turn() -> None:
+    model = ScriptedModel(looping(10, Usage(400, 100)))
+    harness = harness_with(model, UsageLimit(tokens_per_turn=1_200))
+    result = await harness.loop.create("s").prompt("go")
+    assert result.reason == "blocked"
+    assert result.error == "usage-limit: this turn used 1500 tokens and the limit is 1200 per turn"
+    assert result.usage == Usage(1_200, 300)
+    assert len(model.requests) == 3
+
+
+async def test_usage_limit_tokens_per_session_spans_turns() -> None:
+    model = ScriptedModel([ModelReply("a", usage=Usage(600, 0)), *looping(3, Usage(500, 0))])
+    harness = harness_with(model, UsageLimit(tokens_per_session=1_000))
+    agent = harness.loop.create("s")
+    assert (await agent.prompt("one")).reason == "completed"
+    result = await agent.prompt("two")
+    assert result.reason == "blocked"
+    assert result.error == (
+        "usage-limit: this session used 1100 tokens and the limit is 1000 per session"
+    )
+
+
+async def test_usage_limit_dollars_per_session_from_a_price_table(tmp_path: Path) -> None:
+    prices = {"deepseek-chat": (0.27, 1.10)}
+    tokens = Usage(1_000_000, 100_000)  # $0.27 + $0.11 = $0.38 a call
+    model = ScriptedModel(looping(5, tokens, "deepseek-chat"))
+    harness = harness_with(model, UsageLimit(usd_per_session=1.0, prices=prices))
+    agent = harness.loop.create("s")
+    result = await agent.prompt("go")
+    assert result.reason == "blocked"
+    assert (
+        result.error
+        == "usage-limit: this session cost $1.1400 and the limit is $1.0000 per session"
+    )
+    assert len(model.requests) == 3
+    # a resumed session is priced from its log
+    agent.session.save(tmp_path / "s.jsonl")
+    resumed = harness.loop.create(
+        "s", session=Session.load(tmp_path / "s.jsonl"), model=ScriptedModel(looping(1))
+    )
+    assert (await resumed.prompt("more")).reason == "blocked"
+
+
+async def test_a_cost_limit_never_guesses_a_price() -> None:
+    model = ScriptedModel(looping(2, Usage(10, 10), "mystery-model"))
+    harness = harness_with(model, UsageLimit(usd_per_session=1.0, prices={"known": (1, 2)}))
+    result = await harness.loop.create("s").prompt("go")
+    assert result.reason == "error"
+    assert result.error == (
+        "ConfigError: usage-limit: no price for model 'mystery-model' (known: known); a cost "
+        "limit never guesses, so add it to `prices`"
+    )
+
+
+def test_caps_load_from_config_and_refuse_bad_values() -> None:
+    harness = Harness(ScriptedModel([]))
+    harness.load(
+        [
+            {"name": "model-call-limit", "config": {"perTurn": 20}},
+            {
+                "name": "usage-limit",
+                "config": {"usd_per_session": 5, "prices": {"gpt-x": [2.5, 10]}},
+            },
+        ]
+    )
+    assert harness.loop.model_call.names() == ["model-call-limit", "usage-limit"]
+    with pytest.raises(ConfigError) as raised:
+        Harness().load([{"id": "cap", "name": "model-call-limit", "config": {"per_turn": 0}}])
+    assert str(raised.value) == (
+        "plugin 'cap' (model-call-limit): config key 'per_turn' = 0: must be an integer >= 1"
+    )
+    with pytest.raises(ConfigError, match="`prices` must be given with `usd_per_session`"):
+        UsageLimit(usd_per_session=1.0)
+    with pytest.raises(ConfigError, match=r"prices\.m"):
+        UsageLimit(usd_per_session=1.0, prices={"m": [1]})
+    with pytest.raises(ConfigError, match="caps nothing"):
+        ModelCallLimit()
+    with pytest.raises(ConfigError, match="caps nothing"):
+        UsageLimit()
