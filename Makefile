@@ -25,7 +25,7 @@ check: $(STAMP)  ## lint, format, strict type checks and the import contract
 	$(BIN)/ruff format --check .
 	@# mypy cannot follow the editable install's import hook: give it guardstack/ as links
 	mkdir -p $(TYPECHECK)
-	for package in pipeline guards wrappers cli; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
+	for package in pipeline guards wrappers integrations cli; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

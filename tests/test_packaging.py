@@ -35,7 +35,7 @@ def test_the_wheels_only_top_level_name_is_guardstack(wheel: Path) -> None:
     }
     assert top_level == {"guardstack"}
     assert "guardstack/__init__.py" not in names  # a namespace package
-    for package in ("pipeline", "guards", "wrappers", "cli"):
+    for package in ("pipeline", "guards", "wrappers", "integrations", "cli"):
         assert f"guardstack/{package}/__init__.py" in names
         assert f"guardstack/{package}/py.typed" in names
 
@@ -60,7 +60,7 @@ def test_the_installed_wheel_imports_under_guardstack_only(wheel: Path, tmp_path
     code = (
         "import guardstack.pipeline, guardstack.guards, guardstack.wrappers, importlib.util;"
         "print(guardstack.pipeline.__file__);"
-        "print([n for n in ('pipeline', 'guards', 'wrappers', 'cli')"
+        "print([n for n in ('pipeline', 'guards', 'wrappers', 'integrations', 'cli')"
         " if importlib.util.find_spec(n)])"
     )
     # -S: no site-packages (so not the editable install); the dependencies come from

@@ -1,0 +1,302 @@
+"""A ``Model`` over any OpenAI-compatible chat-completions API, through the official client.
+
+OpenAI, DeepSeek, vLLM, Ollama, llama.cpp's server and friends speak the same wire
+protocol; ``OpenAIChatModel`` turns it into guardstack's model seam::
+
+    from openai import AsyncOpenAI
+    from guardstack.integrations.openai import OpenAIChatModel
+
+    client = AsyncOpenAI(base_url="https://api.deepseek.com", api_key=key, max_retries=0)
+    model = OpenAIChatModel(client, "deepseek-chat")
+
+Build the client with ``max_retries=0`` when a model-stage ``Retry`` owns retries:
+otherwise the client retries inside one guardstack attempt, out of sight of your
+stack's timeouts, metrics and budgets.
+
+What it does:
+
+* sends ``session.messages()`` and the tool schemas as they are (an empty tool list
+  is left out), plus any ``request_params`` (``temperature=…``, ``extra_body=…``);
+* maps failures to ``ModelError`` codes: 429 → ``MODEL_RATE_LIMITED`` with
+  ``retry_after_s`` from the response's ``retry-after-ms`` / ``retry-after``
+  headers; 5xx, 409 and connection errors → ``MODEL_UNAVAILABLE``; the client's
+  own timeout and 408 → ``MODEL_TIMEOUT``; other 4xx → ``MODEL_REJECTED``; a reply
+  it cannot use (no choices, not a chat completion) → ``MODEL_FAILED``;
+* returns usage (cached and reasoning tokens included), the model that answered,
+  the finish reason, and the reasoning text (``reasoning_content``, DeepSeek's and
+  vLLM's field), which the session log keeps and sends back on later requests;
+* tool-call arguments stay the model's raw text: malformed JSON is answered with
+  ``INVALID_ARGUMENTS`` by the registry, as for any model;
+* with ``stream=True`` reads server-sent events, reports each piece of text to
+  ``on_delta(text)`` (a plain or async callable) as it arrives, and reassembles
+  streamed tool calls (requesting usage with ``stream_options`` unless you set it).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from guardstack.integrations._extras import require
+from guardstack.pipeline import (
+    MODEL_FAILED,
+    MODEL_RATE_LIMITED,
+    MODEL_REJECTED,
+    MODEL_TIMEOUT,
+    MODEL_UNAVAILABLE,
+    ModelError,
+    ModelReply,
+    ToolCallRequest,
+    Usage,
+)
+from guardstack.pipeline.validate import cut
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+__all__ = ["OpenAIChatModel", "model_error"]
+
+EXTRA = "openai"
+OnDelta = Callable[[str], object] | Callable[[str], Awaitable[object]]
+
+
+class OpenAIChatModel:
+    """A guardstack ``Model`` over ``client.chat.completions.create``."""
+
+    #: ``gen_ai.provider.name`` for telemetry.
+    provider = "openai"
+
+    def __init__(
+        self,
+        client: AsyncOpenAI,
+        model: str,
+        *,
+        stream: bool = False,
+        on_delta: OnDelta | None = None,
+        **request_params: Any,
+    ) -> None:
+        self._openai = require("openai", EXTRA)
+        completions = getattr(getattr(client, "chat", None), "completions", None)
+        if not callable(getattr(completions, "create", None)):
+            raise TypeError(
+                f"client must be an openai.AsyncOpenAI (or compatible), got {cut(client)}"
+            )
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a model name, got {cut(model)}")
+        if on_delta is not None and not callable(on_delta):
+            raise TypeError(f"on_delta must be callable, got {cut(on_delta)}")
+        self.client = client
+        self.model = model
+        self.stream = bool(stream)
+        self.on_delta = on_delta
+        self.request_params = request_params
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatModel({self.model!r}, stream={self.stream})"
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelReply:
+        params: dict[str, Any] = {"model": self.model, "messages": messages, **self.request_params}
+        if tools:
+            params["tools"] = tools
+        try:
+            if self.stream:
+                return await self._streamed(params)
+            response = await self.client.chat.completions.create(**params)
+        except self._openai.OpenAIError as error:
+            raise model_error(error) from error
+        return _reply_from_completion(response, self._openai)
+
+    async def _streamed(self, params: dict[str, Any]) -> ModelReply:
+        params.setdefault("stream_options", {"include_usage": True})
+        stream = await self.client.chat.completions.create(**params, stream=True)
+        parts = _StreamedReply()
+        try:
+            async for chunk in stream:
+                text = parts.add(chunk)
+                if text and self.on_delta is not None:
+                    reported = self.on_delta(text)
+                    if inspect.isawaitable(reported):
+                        await reported
+        finally:
+            await stream.close()
+        return parts.reply()
+
+
+def model_error(error: BaseException) -> ModelError:
+    """The ``ModelError`` an ``openai`` exception means (see the module docstring)."""
+    openai = require("openai", EXTRA)
+    message = _message(error)
+    if isinstance(error, openai.APITimeoutError):
+        return ModelError(f"the provider did not answer in time: {message}", MODEL_TIMEOUT)
+    if isinstance(error, openai.APIConnectionError):
+        return ModelError(f"cannot reach the provider: {message}", MODEL_UNAVAILABLE)
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        described = f"HTTP {status}: {message}"
+        if status == 429:
+            return ModelError(described, MODEL_RATE_LIMITED, _retry_after_s(error.response.headers))
+        if status == 408:
+            return ModelError(described, MODEL_TIMEOUT)
+        if status >= 500 or status == 409:
+            return ModelError(described, MODEL_UNAVAILABLE, _retry_after_s(error.response.headers))
+        return ModelError(described, MODEL_REJECTED)
+    return ModelError(f"{type(error).__name__}: {message}", MODEL_FAILED)
+
+
+def _message(error: BaseException) -> str:
+    body = getattr(error, "body", None)
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
+            return cut(inner["message"], 500).strip("'\"")
+    return cut(str(error), 500).strip("'\"") or type(error).__name__
+
+
+def _retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """Seconds the provider asked us to wait: ``retry-after-ms``, else ``retry-after``."""
+    for header, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(header)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / divisor
+        except ValueError:
+            parsed = email.utils.parsedate_tz(value)  # an HTTP date
+            if parsed is None:
+                continue
+            seconds = email.utils.mktime_tz(parsed) - time.time()
+        if math.isfinite(seconds):
+            return max(0.0, seconds)
+    return None
+
+
+def _usage(usage: Any) -> Usage | None:
+    if usage is None:
+        return None
+    prompt_details = getattr(usage, "prompt_tokens_details", None)
+    completion_details = getattr(usage, "completion_tokens_details", None)
+    cached = getattr(prompt_details, "cached_tokens", None)
+    if cached is None:  # DeepSeek reports its context cache this way
+        cached = getattr(usage, "prompt_cache_hit_tokens", None)
+    return Usage(
+        input_tokens=_tokens(getattr(usage, "prompt_tokens", 0)),
+        output_tokens=_tokens(getattr(usage, "completion_tokens", 0)),
+        cached_input_tokens=_tokens(cached),
+        reasoning_tokens=_tokens(getattr(completion_details, "reasoning_tokens", None)),
+    )
+
+
+def _tokens(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _reply_from_completion(response: Any, openai: Any) -> ModelReply:
+    if not isinstance(response, openai.types.chat.ChatCompletion):
+        raise ModelError(
+            f"the provider's reply is not a chat completion: {cut(response)}", MODEL_FAILED
+        )
+    if not response.choices:
+        raise ModelError("the provider's reply has no choices", MODEL_FAILED)
+    choice = response.choices[0]
+    message = choice.message
+    calls = []
+    for call in message.tool_calls or ():
+        function = getattr(call, "function", None)
+        if function is None:  # a custom (non-function) tool call: nothing we offered
+            raise ModelError(
+                f"the provider asked for a {getattr(call, 'type', '?')!r} tool call; "
+                "only function tools are offered",
+                MODEL_FAILED,
+            )
+        calls.append(ToolCallRequest(function.name, function.arguments or "", call.id or ""))
+    return ModelReply(
+        text=message.content or "",
+        tool_calls=tuple(calls),
+        usage=_usage(response.usage),
+        reasoning=_text(getattr(message, "reasoning_content", None)),
+        model=_text(response.model),
+        finish_reason=_text(choice.finish_reason),
+    )
+
+
+@attrs.define
+class _StreamedCall:
+    call_id: str = ""
+    name: str = ""
+    arguments: list[str] = attrs.Factory(list)
+
+
+@attrs.define
+class _StreamedReply:
+    """A chat completion put back together from its streamed chunks."""
+
+    text: list[str] = attrs.Factory(list)
+    reasoning: list[str] = attrs.Factory(list)
+    calls: dict[int, _StreamedCall] = attrs.Factory(dict)
+    usage: Usage | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+    choices_seen: bool = False
+
+    def add(self, chunk: Any) -> str | None:
+        """Take one chunk in; the text it adds, if any."""
+        self.model = _text(getattr(chunk, "model", None)) or self.model
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = _usage(chunk.usage)
+        added = None
+        for choice in getattr(chunk, "choices", None) or ():
+            if choice.index != 0:
+                continue
+            self.choices_seen = True
+            delta = choice.delta
+            if delta.content:
+                self.text.append(delta.content)
+                added = delta.content
+            thought = _text(getattr(delta, "reasoning_content", None))
+            if thought:
+                self.reasoning.append(thought)
+            for fragment in delta.tool_calls or ():
+                call = self.calls.setdefault(fragment.index, _StreamedCall())
+                if fragment.id:
+                    call.call_id = fragment.id
+                function = fragment.function
+                if function is not None:
+                    if function.name and not call.name:
+                        call.name = function.name
+                    if function.arguments:
+                        call.arguments.append(function.arguments)
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+        return added
+
+    def reply(self) -> ModelReply:
+        if not self.choices_seen:
+            raise ModelError("the provider's stream carried no choices", MODEL_FAILED)
+        calls = []
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            if not call.name:
+                raise ModelError(
+                    f"the provider streamed tool call {index} without a name", MODEL_FAILED
+                )
+            calls.append(ToolCallRequest(call.name, "".join(call.arguments), call.call_id))
+        return ModelReply(
+            text="".join(self.text),
+            tool_calls=tuple(calls),
+            usage=self.usage,
+            reasoning="".join(self.reasoning) if self.reasoning else None,
+            model=self.model,
+            finish_reason=self.finish_reason,
+        )
