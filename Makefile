@@ -20,7 +20,7 @@ test: $(STAMP)  ## every test, asyncio and trio, in virtual time
 
 TYPECHECK := build/typecheck/guardstack
 
-check: $(STAMP)  ## lint, format, strict type checks and the import contract
+check: $(STAMP)  ## lint, format, strict type checks, the import contract, the guides
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	@# mypy cannot follow the editable install's import hook: give it guardstack/ as links
@@ -28,6 +28,7 @@ check: $(STAMP)  ## lint, format, strict type checks and the import contract
 	for package in pipeline guards wrappers integrations cli; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/mkdocs build --strict --quiet
 
 bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of the tests)
 	$(BIN)/python -m benchmarks.ordering

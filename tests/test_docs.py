@@ -1,0 +1,74 @@
+"""Every Python example in the README and the guides runs as written, and says what it claims.
+
+Each page runs in its own namespace, its blocks in order, from a scratch directory
+holding a copy of ``examples/``. ``docs/models.md`` talks to a model server, so it
+runs in ``tests/integrations/test_docs_models.py`` against a real loopback one.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+PAGES = ["README.md", *sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))]
+ELSEWHERE = {"docs/models.md": "tests/integrations/test_docs_models.py"}
+
+#: What each page's examples must print (a page without examples lists nothing).
+PRINTS = {
+    "README.md": ["completed - Found one TODO.", "You are repeating the exact same tool call"],
+    "docs/tools.md": ['\'content\': \'{"url": "https://example.org", "status": 200}\''],
+    "docs/agents.md": [
+        "completed 2 steps - It is 09:30.",
+        "'turn/start', 'user/message', 'step/start', 'assistant/message', 'tool/call'",
+        "logged turn/end",
+        "{'role': 'system', 'content': 'Be brief.'}",
+    ],
+    "docs/guards.md": ["0. tool-call-timeout-policy"],
+    "docs/order.md": [],
+    "docs/telemetry.md": [],
+    "docs/index.md": [],
+    "docs/testing.md": [],
+    "docs/speed.md": [],
+    "docs/design.md": [],
+    "docs/models.md": [],
+}
+
+
+def python_blocks(page: str) -> list[str]:
+    text = (ROOT / page).read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+
+
+def run_page(page: str, directory: Path, namespace: dict[str, Any] | None = None) -> None:
+    """Run a page's blocks in order, in ``directory`` (with ``examples/`` copied in)."""
+    shutil.copytree(ROOT / "examples", directory / "examples", dirs_exist_ok=True)
+    scope: dict[str, Any] = namespace if namespace is not None else {}
+    for block in python_blocks(page):
+        exec(compile(block, page, "exec"), scope)
+
+
+def test_every_page_is_checked_and_the_readme_has_its_example() -> None:
+    assert set(PRINTS) == set(PAGES)
+    assert python_blocks("README.md")
+    for page, claims in PRINTS.items():
+        if claims:
+            assert python_blocks(page), page
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if page not in ELSEWHERE])
+def test_every_python_block_runs_and_prints_what_it_claims(
+    page: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_page(page, tmp_path)
+    printed = capsys.readouterr().out
+    for claim in PRINTS[page]:
+        assert claim in printed, (page, claim)
