@@ -34,6 +34,7 @@ bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of 
 	$(BIN)/python -m benchmarks.ordering
 	$(BIN)/python -m benchmarks.overhead
 	$(BIN)/python -m benchmarks.wrappers
+	$(BIN)/python -m benchmarks.stack
 	$(BIN)/python -m benchmarks.loop
 
 ci: check test

@@ -11,13 +11,14 @@ bare await.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import argparse
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
 import anyio
 
-from benchmarks.timing import Operation, per_call_ns, table
+from benchmarks.timing import Operation, median, per_call_ns, ratio, runs_of, table
 from guardstack.pipeline import ToolCall, ToolDefinition, ToolRegistry
 
 DEPTHS = (0, 1, 5, 10)
@@ -63,29 +64,37 @@ async def measure() -> dict[str, float]:
     return await per_call_ns(operations)
 
 
-def report(results: dict[str, float]) -> str:
-    bare = results["bare await"]
+def report(runs: list[dict[str, float]]) -> str:
     rows = []
     for depth in DEPTHS:
-        closures, execute = results[f"closures {depth}"], results[f"execute {depth}"]
+        closures, execute = f"closures {depth}", f"execute {depth}"
         per_layer = "—"
         if depth:
-            ours = (execute - results["execute 0"]) / depth
-            theirs = (closures - results["closures 0"]) / depth
-            per_layer = f"{ours / theirs:.2f}x"
+
+            def ours(run: Mapping[str, float], depth: int = depth) -> float:
+                return (run[f"execute {depth}"] - run["execute 0"]) / depth
+
+            def theirs(run: Mapping[str, float], depth: int = depth) -> float:
+                return (run[f"closures {depth}"] - run["closures 0"]) / depth
+
+            per_layer = ratio(runs, ours, theirs)
         rows.append(
             [
                 str(depth),
-                f"{closures / bare:.1f}x",
-                f"{execute / bare:.1f}x",
+                ratio(runs, _of(closures), _of("bare await")),
+                ratio(runs, _of(execute), _of("bare await")),
                 per_layer,
-                f"{execute:,.0f}",
+                f"{median(runs, _of(execute)):,.0f}",
             ]
         )
     deepest = DEPTHS[-1]
-    slope = (results[f"execute {deepest}"] - results["execute 0"]) / (
-        results[f"closures {deepest}"] - results["closures 0"]
-    )
+
+    def slope_ours(run: Mapping[str, float]) -> float:
+        return run[f"execute {deepest}"] - run["execute 0"]
+
+    def slope_theirs(run: Mapping[str, float]) -> float:
+        return run[f"closures {deepest}"] - run["closures 0"]
+
     return "\n".join(
         [
             table(
@@ -99,16 +108,23 @@ def report(results: dict[str, float]) -> str:
                 rows,
             ),
             "",
-            f"bare await: {bare:,.0f} ns/call. Per layer over 0..{deepest} layers: {slope:.2f}x a "
-            "closure layer (goal <= 2x; the depth-1 ratio is the difference of two close numbers "
-            f"and noisy). Empty execute: {results['execute 0'] / bare:.1f}x a bare await "
+            f"Medians of {len(runs)} runs, ranges in brackets; GC on. Per layer over "
+            f"0..{deepest} layers: {ratio(runs, slope_ours, slope_theirs)} a closure layer "
+            "(goal <= 2x; the depth-1 ratio is the difference of two close numbers and noisy). "
+            f"Empty execute: {ratio(runs, _of('execute 0'), _of('bare await'))} a bare await "
             "(goal <= 25x).",
         ]
     )
 
 
+def _of(name: str) -> Callable[[Mapping[str, float]], float]:
+    return lambda run: run[name]
+
+
 def main() -> None:
-    print(report(anyio.run(measure)))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=3)
+    print(report(anyio.run(runs_of, measure, parser.parse_args().runs)))
 
 
 if __name__ == "__main__":

@@ -2,13 +2,16 @@
 
 Results are *ratios* against peers measured in the same run, which is what carries
 from one machine to another; absolute nanoseconds are printed for context only.
+The garbage collector stays on, as users run: a peer's reference cycles (or ours)
+are charged to whoever makes them. ``runs`` repeats a whole measurement so that
+each ratio is reported with its run-to-run range, not as one lucky number.
 """
 
 from __future__ import annotations
 
-import gc
+import statistics
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 Operation = Callable[[], Awaitable[Any]]
@@ -27,19 +30,39 @@ async def per_call_ns(
         for _ in range(min(calls, 2_000)):
             await operation()
     best = dict.fromkeys(operations, float("inf"))
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(rounds):
-            for name, operation in operations.items():
-                started = time.perf_counter_ns()
-                for _ in range(calls):
-                    await operation()
-                best[name] = min(best[name], (time.perf_counter_ns() - started) / calls)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    for _ in range(rounds):
+        for name, operation in operations.items():
+            started = time.perf_counter_ns()
+            for _ in range(calls):
+                await operation()
+            best[name] = min(best[name], (time.perf_counter_ns() - started) / calls)
     return best
+
+
+async def runs_of(
+    measure: Callable[[], Awaitable[dict[str, float]]], runs: int = 3
+) -> list[dict[str, float]]:
+    """``measure()`` repeated ``runs`` times (each run builds its stacks afresh)."""
+    return [await measure() for _ in range(runs)]
+
+
+def ratio(
+    runs: Sequence[Mapping[str, float]],
+    ours: Callable[[Mapping[str, float]], float],
+    peer: Callable[[Mapping[str, float]], float],
+) -> str:
+    """``ours / peer`` per run: the median, and the run-to-run range in brackets."""
+    values = [ours(run) / peer(run) for run in runs]
+    if len(values) == 1:
+        return f"{values[0]:.2f}x"
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}–{max(values):.2f})"
+
+
+def median(
+    runs: Sequence[Mapping[str, float]], value: Callable[[Mapping[str, float]], float]
+) -> float:
+    """The median over runs of one derived number (nanoseconds, for context)."""
+    return statistics.median(value(run) for run in runs)
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

@@ -8,33 +8,33 @@ overhead is paid on every call:
 * ``Timeout`` vs a bare ``anyio.CancelScope`` / ``anyio.fail_after`` and
   ``asyncio.timeout`` around the same call;
 * ``Retry`` vs tenacity's ``AsyncRetrying`` and stamina's ``retry_context``;
-* ``Tracing``, per layer, vs one raw OpenTelemetry SDK span with the same attributes;
-* a full stack (tracing + metrics + retry + the timeout policy) vs the same stack
-  assembled by hand from stamina + ``asyncio.timeout`` + raw OpenTelemetry.
+* ``Tracing``, per layer, vs one raw OpenTelemetry SDK span with the same attributes,
+  both through the same ``BatchSpanProcessor``.
 
-"Added" is the cost on top of the bare call each variant wraps: ours on top of an
-empty ``registry.execute``, a peer on top of ``await tool()``. Goals: Retry <= 0.1x
-tenacity; Timeout <= 1.2x a bare cancel scope; tracing <= 1.2x a raw SDK span per
-layer; full stack <= 0.5x the hand-assembled peer.
+The whole stack against hand-written, stamina and tenacity peers with the same
+telemetry is ``benchmarks/stack.py``. "Added" is the cost on top of the bare call
+each variant wraps: ours on top of an empty ``registry.execute``, a peer on top of
+``await tool()``. GC on; each ratio is the median of ``--runs`` runs with the range.
+Goals: Retry <= 0.1x tenacity; Timeout <= 1.2x a bare cancel scope; tracing <=
+1.2x a raw SDK span per layer.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
 import stamina
 import tenacity
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.util.types import AttributeValue
 
-from benchmarks.timing import per_call_ns, table
-from guardstack.guards import ToolCallTimeoutPolicy
+from benchmarks.stack import Telemetry
+from benchmarks.timing import median, per_call_ns, ratio, runs_of, table
 from guardstack.pipeline import Harness, ToolCall, ToolDefinition
-from guardstack.wrappers import Metrics, Retry, Timeout, Tracing
+from guardstack.wrappers import Retry, Timeout, Tracing
 
 stamina.instrumentation.set_on_retry_hooks([])  # no logging/prometheus hooks in the peer
 
@@ -59,11 +59,9 @@ def harness(*plugins: Any, layers: int = 0, timeout_ms: int | None = None) -> Ha
 
 async def measure() -> dict[str, float]:
     call = ToolCall("t", {"q": "x"}, "c1")
-    tracer_provider = TracerProvider()  # recording spans, no exporter: the cost of spans
+    telemetry = Telemetry()
+    tracer_provider = telemetry.tracer_provider
     tracer = tracer_provider.get_tracer("peer")
-    meter = MeterProvider().get_meter("peer")
-    histogram = meter.create_histogram("gen_ai.execute_tool.duration", unit="s")
-    counter = meter.create_counter("tool.calls")
 
     def execute(stack: Harness) -> Callable[[], Awaitable[Any]]:
         return lambda: stack.tools.execute(call)
@@ -107,49 +105,6 @@ async def measure() -> dict[str, float]:
         with tracer.start_as_current_span("x", attributes=attributes):
             return await tool()
 
-    call_attributes: dict[str, AttributeValue] = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": "t",
-        "gen_ai.tool.call.id": "c1",
-    }
-
-    def record(started: float) -> None:
-        metric_attributes = {"gen_ai.tool.name": "t"}
-        histogram.record(anyio.current_time() - started, metric_attributes)
-        counter.add(1, metric_attributes)
-
-    async def by_hand() -> Any:
-        with tracer.start_as_current_span("execute_tool t", attributes=call_attributes):
-            started = anyio.current_time()
-            try:
-                async for attempt in stamina.retry_context(on=TimeoutError, attempts=3):
-                    with attempt:
-                        async with asyncio.timeout(1.0):
-                            return await tool()
-            finally:
-                record(started)
-        return None
-
-    async def by_hand_span_per_layer() -> Any:
-        """The same stack by hand, with the same telemetry: a span per layer too."""
-        with (
-            tracer.start_as_current_span("execute_tool t", attributes=call_attributes),
-            tracer.start_as_current_span("metrics", attributes=attributes),
-        ):
-            started = anyio.current_time()
-            try:
-                with tracer.start_as_current_span("retry", attributes=attributes):
-                    async for attempt in stamina.retry_context(on=TimeoutError, attempts=3):
-                        with (
-                            attempt,
-                            tracer.start_as_current_span("timeout", attributes=attributes),
-                        ):
-                            async with asyncio.timeout(1.0):
-                                return await tool()
-            finally:
-                record(started)
-        return None
-
     operations: dict[str, Callable[[], Awaitable[Any]]] = {
         "bare await": tool,
         "anyio.CancelScope": cancel_scope,
@@ -158,103 +113,62 @@ async def measure() -> dict[str, float]:
         "tenacity AsyncRetrying": tenacity_retry,
         "stamina retry_context": stamina_retry,
         "raw SDK span": raw_span,
-        "hand-assembled stack": by_hand,
-        "hand-assembled, span per layer": by_hand_span_per_layer,
         "execute, empty": execute(harness()),
         "execute + Timeout": execute(harness(Timeout(ms=1000))),
         "execute + Retry": execute(harness(Retry())),
         "execute + Tracing, 0 layers": execute(harness(Tracing(tracer_provider))),
         "execute + Tracing, 4 layers": execute(harness(Tracing(tracer_provider), layers=4)),
-        "execute + full stack, call spans only": execute(
-            harness(
-                Tracing(tracer_provider, layer_spans=False),
-                Metrics(MeterProvider()),
-                Retry(),
-                ToolCallTimeoutPolicy(),
-                timeout_ms=1000,
-            )
-        ),
-        "execute + full stack": execute(
-            harness(
-                Tracing(tracer_provider),
-                Metrics(MeterProvider()),
-                Retry(),
-                ToolCallTimeoutPolicy(),
-                timeout_ms=1000,
-            )
-        ),
     }
-    return await per_call_ns(operations)
+    try:
+        return await per_call_ns(operations, calls=5_000, rounds=5)
+    finally:
+        telemetry.shutdown()
 
 
-def report(ns: dict[str, float]) -> str:
-    bare, empty = ns["bare await"], ns["execute, empty"]
+def report(runs: list[dict[str, float]]) -> str:
+    def added(name: str, base: str) -> Callable[[Mapping[str, float]], float]:
+        return lambda run: max(run[name] - run[base], 1.0)
 
-    def added(name: str, base: float) -> float:
-        return max(ns[name] - base, 1.0)
+    def per_layer_span(run: Mapping[str, float]) -> float:
+        return (run["execute + Tracing, 4 layers"] - run["execute + Tracing, 0 layers"]) / 4
 
+    comparisons = [
+        ("Timeout", added("execute + Timeout", "execute, empty"), "anyio.CancelScope", "<= 1.2x"),
+        ("Timeout", added("execute + Timeout", "execute, empty"), "anyio.fail_after", "—"),
+        ("Timeout", added("execute + Timeout", "execute, empty"), "asyncio.timeout", "—"),
+        ("Retry", added("execute + Retry", "execute, empty"), "tenacity AsyncRetrying", "<= 0.1x"),
+        ("Retry", added("execute + Retry", "execute, empty"), "stamina retry_context", "—"),
+        ("Tracing, per layer", per_layer_span, "raw SDK span", "<= 1.2x"),
+    ]
     rows = []
-
-    def compare(ours: str, peer: str, goal: str, ours_added: float, peer_added: float) -> None:
+    for ours, ours_added, peer, goal in comparisons:
+        peer_added = added(peer, "bare await")
         rows.append(
             [
                 ours,
                 peer,
-                f"{ours_added:,.0f}",
-                f"{peer_added:,.0f}",
-                f"{ours_added / peer_added:.2f}x",
+                f"{median(runs, ours_added):,.0f}",
+                f"{median(runs, peer_added):,.0f}",
+                ratio(runs, ours_added, peer_added),
                 goal,
             ]
         )
-
-    timeout_added = added("execute + Timeout", empty)
-    for peer in ("anyio.CancelScope", "anyio.fail_after", "asyncio.timeout"):
-        compare(
-            "Timeout",
-            peer,
-            "<= 1.2x" if peer == "anyio.CancelScope" else "—",
-            timeout_added,
-            added(peer, bare),
-        )
-    retry_added = added("execute + Retry", empty)
-    compare(
-        "Retry",
-        "tenacity AsyncRetrying",
-        "<= 0.1x",
-        retry_added,
-        added("tenacity AsyncRetrying", bare),
-    )
-    compare(
-        "Retry", "stamina retry_context", "—", retry_added, added("stamina retry_context", bare)
-    )
-    per_layer_span = (ns["execute + Tracing, 4 layers"] - ns["execute + Tracing, 0 layers"]) / 4
-    compare(
-        "Tracing, per layer", "raw SDK span", "<= 1.2x", per_layer_span, added("raw SDK span", bare)
-    )
-    full = ns["execute + full stack"]
-    compare("full stack", "by hand, one span", "<= 0.5x", full, ns["hand-assembled stack"])
-    compare(
-        "full stack", "by hand, span per layer", "—", full, ns["hand-assembled, span per layer"]
-    )
-    compare(
-        "full stack, layer_spans=False",
-        "by hand, one span",
-        "<= 0.5x",
-        ns["execute + full stack, call spans only"],
-        ns["hand-assembled stack"],
-    )
+    bare = median(runs, lambda run: run["bare await"])
+    empty = median(runs, lambda run: run["execute, empty"])
     return "\n".join(
         [
             table(["ours", "peer", "ours ns", "peer ns", "ours / peer", "goal"], rows),
             "",
-            "ns are added per-call costs; the full-stack rows compare whole calls, registry",
-            f"included. Bare await {bare:,.0f} ns; empty registry.execute {empty:,.0f} ns.",
+            f"ns are added per-call costs (medians of {len(runs)} runs; ratio ranges in brackets).",
+            f"Bare await {bare:,.0f} ns; empty registry.execute {empty:,.0f} ns.",
         ]
     )
 
 
 def main() -> None:
-    print(report(anyio.run(measure)))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=3)
+    print(report(anyio.run(runs_of, measure, parser.parse_args().runs)))
 
 
 if __name__ == "__main__":

@@ -50,8 +50,12 @@ def timed_dispatch(
 ) -> Awaitable[ToolResult]:
     """``call_next(call)`` under ``ms`` (``None``: the tool's own budget, else untouched).
 
-    A plain function handing back the awaitable: no coroutine frame of its own, so a
-    call without a budget passes through at the cost of a few attribute reads.
+    A plain function handing back the awaitable, so a call without a budget makes
+    no coroutine of its own. That is not cheaper than an ``async def`` pass-through:
+    measured per layer, the extra calls (the layer object's ``__call__``, this
+    function, ``budget_of``) cost about what the saved coroutine would, 100-300 ns
+    on a noisy 2-core machine. It is kept for what it means — no frame, nothing to
+    cancel — not for speed.
     """
     if ms is None:
         ms = budget_of(call)

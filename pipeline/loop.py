@@ -374,7 +374,7 @@ class Agent:
     ) -> list[ToolOutcome]:
         count = len(calls.requests)
         step_order = _StepOrder(count, self.loop.max_parallel_tool_calls)
-        committed = [anyio.Event() for _ in range(count)]
+        committed = [_Gate() for _ in range(count)]
         outcomes: list[ToolOutcome | None] = [None] * count
 
         def log_call(index: int) -> None:
@@ -401,6 +401,33 @@ class Agent:
         return [outcome for outcome in outcomes if outcome is not None]
 
 
+class _Gate:
+    """A one-shot event that costs nothing unless someone has to wait for it.
+
+    A parallel step has a gate per call and phase, and most are open by the time
+    anyone looks: ``anyio.Event`` would be built for each, and its ``wait()`` yields
+    to the scheduler even when set. The real event is made only for a waiter.
+    """
+
+    __slots__ = ("_event", "open")
+
+    def __init__(self) -> None:
+        self.open = False
+        self._event: anyio.Event | None = None
+
+    def set(self) -> None:
+        self.open = True
+        if self._event is not None:
+            self._event.set()
+
+    async def wait(self) -> None:
+        if self.open:
+            return
+        if self._event is None:
+            self._event = anyio.Event()
+        await self._event.wait()
+
+
 class _StepOrder:
     """The turns a parallel step's calls take: pre- and post-execute in model order."""
 
@@ -408,10 +435,11 @@ class _StepOrder:
 
     def __init__(self, count: int, parallelism: int) -> None:
         self.done = {
-            "pre_execute": [anyio.Event() for _ in range(count)],
-            "post_execute": [anyio.Event() for _ in range(count)],
+            "pre_execute": [_Gate() for _ in range(count)],
+            "post_execute": [_Gate() for _ in range(count)],
         }
-        self.slots = anyio.Semaphore(parallelism)
+        #: ``None`` when every call may run at once: no semaphore to pass.
+        self.slots = anyio.Semaphore(parallelism) if parallelism < count else None
 
     def release(self, index: int) -> None:
         for events in self.done.values():
@@ -430,7 +458,12 @@ class _CallOrder:
 
     async def enter(self, phase: Phase) -> None:
         if phase == "dispatch":
-            await self.step.slots.acquire()
+            slots = self.step.slots
+            if slots is not None:
+                try:
+                    slots.acquire_nowait()
+                except anyio.WouldBlock:
+                    await slots.acquire()
             return
         if self.index:
             await self.step.done[phase][self.index - 1].wait()
@@ -439,6 +472,7 @@ class _CallOrder:
 
     def leave(self, phase: Phase) -> None:
         if phase == "dispatch":
-            self.step.slots.release()
+            if self.step.slots is not None:
+                self.step.slots.release()
         else:
             self.step.done[phase][self.index].set()

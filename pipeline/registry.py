@@ -306,6 +306,8 @@ class ToolRegistry:
         """
         if order is None:
             return self._operation(call)
+        if not self._operation_hooks:
+            return self._run(call, order)
         return self._wrapped(lambda ordered: self._run(ordered, order))(call)
 
     async def _run(self, call: ToolCall, order: PhaseOrder | None = None) -> ToolOutcome:

@@ -26,3 +26,26 @@ async def test_the_loop_benchmarks_turns_are_the_same_conversation() -> None:
     ours, by_hand = await guardstack_turn(20), await hand_written_turn(20)
     assert ours == by_hand
     assert sum(message["role"] == "tool" for message in ours) == 20
+
+
+async def test_the_parallel_step_benchmark_does_the_same_work_as_its_peer() -> None:
+    from benchmarks.loop import PARALLEL, guardstack_parallel_step, hand_written_parallel_step
+
+    ours, by_hand = await guardstack_parallel_step(), await hand_written_parallel_step()
+    assert ours == by_hand
+    assert sum(message["role"] == "tool" for message in ours) == PARALLEL
+
+
+async def test_the_stack_benchmarks_peers_answer_like_ours() -> None:
+    from benchmarks.stack import HandWritten, Telemetry, ours
+    from guardstack.pipeline import ToolCall
+
+    call = ToolCall("t", {"q": "x"}, "c1")
+    telemetry = Telemetry()
+    try:
+        outcome = await ours(telemetry).tools.execute(call)
+        peer = HandWritten(telemetry)
+        for loop in (peer.loop, peer.stamina_loop, peer.tenacity_loop):
+            assert await peer.execute(call, loop) == outcome.result.content == "ok"
+    finally:
+        telemetry.shutdown()

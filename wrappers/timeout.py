@@ -12,7 +12,7 @@ values can be stacked, and the result names the code of the layer that fired::
 
 With ``ms=None`` the budget is the tool's own declared ``timeout_ms`` (what
 ``guards.ToolCallTimeoutPolicy`` does); a tool without one passes through untouched,
-at the cost of one attribute read.
+at about the cost of an ``async def`` pass-through layer.
 
 On the model stage ``ms`` is required, the code defaults to ``MODEL_TIMEOUT``, and a
 call that runs out raises ``ModelError(code)`` — the failure a model-stage
