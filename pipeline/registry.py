@@ -191,6 +191,7 @@ class ToolRegistry:
 
     def __init__(self, *, thread_limit: int = 40) -> None:
         self._tools: dict[str, ToolDefinition] = {}
+        self._schemas: list[dict[str, Any]] | None = None
         #: How many plain-function tools of this registry may run in threads at once.
         #: Their own limiter, not anyio's process-wide one: 40 hung sync tools elsewhere
         #: cannot starve this registry's tools of threads (and eat their budgets).
@@ -211,10 +212,12 @@ class ToolRegistry:
         if definition.name in self._tools:
             raise DuplicateToolError(f"tool {definition.name!r} is already registered")
         self._tools[definition.name] = definition
+        self._schemas = None
 
         def remove() -> None:
             if self._tools.get(definition.name) is definition:
                 del self._tools[definition.name]
+                self._schemas = None
 
         return Registration(remove)
 
@@ -226,8 +229,14 @@ class ToolRegistry:
         return name in self._tools
 
     def schemas(self) -> list[dict[str, Any]]:
-        """OpenAI function-tool schemas for every registered tool, in registration order."""
-        return [definition.schema() for definition in self._tools.values()]
+        """OpenAI function-tool schemas for every registered tool, in registration order.
+
+        Built once per change of the tool set (the loop asks every step); the list is
+        fresh, the schema dicts are shared and must not be mutated.
+        """
+        if self._schemas is None:
+            self._schemas = [definition.schema() for definition in self._tools.values()]
+        return list(self._schemas)
 
     def _thread_limiter(self) -> anyio.CapacityLimiter:
         backend = anyio.lowlevel.current_token().backend_class.__name__
