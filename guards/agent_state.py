@@ -1,42 +1,143 @@
-"""Per-agent guard state: held weakly, so it dies with the agent, and reset by each prompt.
+"""Per-conversation guard state: weak per agent, bounded per conversation key, reset per turn.
 
-Both ``RepeatToolReminder`` (its chain) and ``ToolCallLimit`` (its per-turn counts)
-keep state per agent that must never outlive the agent and must start fresh with
-each new person's prompt. This is that one mechanism; each application of a
-guard creates its own, so one guard applied to two harnesses keeps two states.
+``RepeatToolReminder`` (its chain) and ``ToolCallLimit`` (its per-turn counts) keep
+state per conversation. A call made by the agent loop belongs to its ``agent``;
+a call made outside it (``registry.execute``, a framework adapter, the MCP proxy)
+belongs to ``call.conversation``, which adapters fill with their framework's
+thread or session id. A call with neither is counted in one anonymous
+conversation, and the guard warns once (``GuardstackWarning``): a guard never
+silently does nothing.
+
+State never outlives what it is about: agents are held weakly, so their state
+dies with them; conversation keys are kept in a bounded map (the least recently
+used beyond ``MAX_CONVERSATIONS`` are forgotten), so a long-running server with
+many conversations does not grow without bound. Each application of a guard
+creates its own state, so one guard applied to two harnesses keeps two.
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
+
+from guardstack.pipeline.errors import GuardstackWarning
+from guardstack.pipeline.values import ToolCall
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
 
-__all__ = ["AgentState"]
+__all__ = ["ANONYMOUS", "MAX_CONVERSATIONS", "ConversationState", "Resettable"]
 
 T = TypeVar("T")
 
+#: How many keyed conversations a guard remembers (least recently used go first).
+MAX_CONVERSATIONS: Final = 10_000
 
-class AgentState(Generic[T]):
-    """A weak map from agent to state, with a ``prompt_submit`` layer that clears it."""
 
-    def __init__(self) -> None:
-        self._states: weakref.WeakKeyDictionary[Agent, T] = weakref.WeakKeyDictionary()
+class _Anonymous:
+    def __repr__(self) -> str:
+        return "<anonymous conversation>"
 
-    def get(self, agent: Agent) -> T | None:
-        """The agent's state, or ``None`` before its first call this turn."""
-        return self._states.get(agent)
 
-    def set(self, agent: Agent, state: T) -> None:
-        """Replace the agent's state."""
-        self._states[agent] = state
+#: The conversation of calls that name neither an agent nor a conversation.
+ANONYMOUS: Final = _Anonymous()
+
+
+class ConversationState(Generic[T]):
+    """A guard application's state, one value per conversation."""
+
+    def __init__(self, owner: str, max_conversations: int = MAX_CONVERSATIONS) -> None:
+        self.owner = owner
+        self.max_conversations = max_conversations
+        self._agents: weakref.WeakKeyDictionary[Agent, T] = weakref.WeakKeyDictionary()
+        self._keyed: OrderedDict[Hashable, T] = OrderedDict()
+        self._warned = False
+
+    def __len__(self) -> int:
+        """How many conversations have state (agents and keys)."""
+        return len(self._agents) + len(self._keyed)
+
+    def conversation(self, call: ToolCall) -> Hashable:
+        """The conversation a call belongs to: its agent, its key, or the anonymous one."""
+        if call.agent is not None:
+            return call.agent
+        if call.conversation is not None:
+            return call.conversation
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self.owner}: a tool call with neither an agent nor a conversation; every "
+                "such call counts in one shared conversation. Set ToolCall.conversation (your "
+                "framework's thread or session id) to keep conversations apart.",
+                GuardstackWarning,
+                stacklevel=2,
+            )
+        return ANONYMOUS
+
+    def get(self, call: ToolCall) -> T | None:
+        """The state of the call's conversation, or ``None`` before its first call."""
+        if call.agent is not None:
+            return self._agents.get(call.agent)
+        key = self.conversation(call)
+        state = self._keyed.get(key)
+        if state is not None:
+            self._keyed.move_to_end(key)
+        return state
+
+    def set(self, call: ToolCall, state: T) -> None:
+        """Replace the state of the call's conversation."""
+        if call.agent is not None:
+            self._agents[call.agent] = state
+            return
+        key = self.conversation(call)
+        self._keyed[key] = state
+        self._keyed.move_to_end(key)
+        while len(self._keyed) > self.max_conversations:
+            self._keyed.popitem(last=False)
+
+    def of_agent(self, agent: Agent) -> T | None:
+        """The state of an agent's conversation (for layers on the loop's own stages)."""
+        return self._agents.get(agent)
+
+    def set_agent(self, agent: Agent, state: T) -> None:
+        self._agents[agent] = state
+
+    def reset(self, conversation: Hashable | None) -> None:
+        """Forget a conversation's state (an agent, a key, or ``None`` for the anonymous one)."""
+        key = ANONYMOUS if conversation is None else conversation
+        if isinstance(key, Hashable) and key in self._keyed:
+            del self._keyed[key]
+            return
+        with contextlib.suppress(TypeError):  # not weak-referenceable: never an agent
+            self._agents.pop(key, None)  # type: ignore[call-overload]
 
     async def reset_on_prompt(
         self, agent: Agent, text: str, call_next: Callable[[Agent, str], Awaitable[str]]
     ) -> str:
         """A ``prompt_submit`` layer: each new person's prompt starts the agent afresh."""
-        self._states.pop(agent, None)
+        self._agents.pop(agent, None)
         return await call_next(agent, text)
+
+
+class Resettable:
+    """What a per-conversation guard keeps to offer ``reset(conversation)``.
+
+    The guard's own fields are its frozen configuration; the states its
+    applications create are remembered weakly here, so a reset reaches every
+    harness the guard is applied to and a disposed application is forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._states: weakref.WeakSet[ConversationState[object]] = weakref.WeakSet()
+
+    def track(self, state: ConversationState[T]) -> ConversationState[T]:
+        self._states.add(state)  # type: ignore[arg-type]
+        return state
+
+    def reset(self, conversation: Hashable | None) -> None:
+        for state in list(self._states):
+            state.reset(conversation)

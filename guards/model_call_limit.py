@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Final
 
 import attrs
 
-from guardstack.guards.agent_state import AgentState
+from guardstack.guards.agent_state import ConversationState
 from guardstack.pipeline.contract import ModelNext, ModelReply, ModelRequest, Scope
 from guardstack.pipeline.errors import TurnBlocked
 from guardstack.pipeline.validate import invalid, optional_integer
@@ -59,15 +59,15 @@ class ModelCallLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register the counting model-call layer and the per-turn reset, with fresh counts."""
-        turn: AgentState[list[int]] = AgentState()
+        turn: ConversationState[list[int]] = ConversationState(PLUGIN)
         session: weakref.WeakKeyDictionary[Agent, list[int]] = weakref.WeakKeyDictionary()
 
         async def model_layer(request: ModelRequest, call_next: ModelNext) -> ModelReply:
             agent = request.agent
-            in_turn = turn.get(agent)
+            in_turn = turn.of_agent(agent)
             if in_turn is None:
                 in_turn = [0]
-                turn.set(agent, in_turn)
+                turn.set_agent(agent, in_turn)
             in_session = session.get(agent)
             if in_session is None:
                 in_session = session[agent] = [logged_replies(agent)]

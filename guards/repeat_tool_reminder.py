@@ -24,10 +24,13 @@ Rules (the original's, R17–R23):
 * at ``thresholds[0]`` (after sorting) a short gentle reminder, at every later
   threshold a detailed one naming the tool, the count and the arguments (preview
   capped at ``arguments_preview_chars`` UTF-16 units); nothing after the last;
-* calls without an agent are ignored; each agent (and subagent) has its own chain,
-  held in a weak map keyed on the agent object, so it dies with the agent; each new
-  person's prompt resets that agent's chain; nothing is persisted, so a restored
-  session starts fresh.
+* each agent (and subagent) has its own chain, held in a weak map keyed on the
+  agent object, so it dies with the agent; each new person's prompt resets that
+  agent's chain; nothing is persisted, so a restored session starts fresh;
+* a call outside the agent loop counts in its ``call.conversation`` (a framework's
+  thread id), or, with neither, in one anonymous conversation with a
+  ``GuardstackWarning`` (``guards.agent_state``); ``reset(conversation)`` starts a
+  conversation's new turn for callers without a ``prompt_submit`` stage.
 
 The reminder is a user message with source ``{kind: plugin, plugin:
 repeat-tool-reminder}``, added after the step's tool results; the tool's own output
@@ -37,12 +40,12 @@ stays in the log untouched.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import ClassVar, Final
 
 import attrs
 
-from guardstack.guards.agent_state import AgentState
+from guardstack.guards.agent_state import ConversationState, Resettable
 from guardstack.guards.canonical import canonical_json, utf16_length, utf16_prefix
 from guardstack.pipeline.contract import PostNext, Scope
 from guardstack.pipeline.validate import compile_patterns, cut, invalid, patterns, rejected
@@ -136,6 +139,7 @@ class RepeatToolReminder:
     arguments_preview_chars: int = attrs.field(default=500, converter=_preview_chars)
     _include: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
+    _resets: Resettable = attrs.field(init=False, repr=False, eq=False, factory=Resettable)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_include", compile_patterns(self.include))
@@ -160,9 +164,16 @@ class RepeatToolReminder:
         text = DETAILED_TEMPLATE.format(tool=tool_name, count=count, arguments=preview)
         return ContextMessage(text, SOURCE)
 
+    def reset(self, conversation: Hashable | None) -> None:
+        """Start a new turn for ``conversation`` (a key, an agent, or ``None``: anonymous).
+
+        For callers outside the agent loop, where no ``prompt_submit`` stage resets it.
+        """
+        self._resets.reset(conversation)
+
     def apply(self, scope: Scope) -> None:
         """Register the counting post-execute layer and the prompt reset, with fresh chains."""
-        chains: AgentState[_Chain] = AgentState()
+        chains: ConversationState[_Chain] = self._resets.track(ConversationState(PLUGIN))
         counter = _ChainCounter(self, chains)
         scope.use(scope.tools.post_execute, counter.post_execute, name=self.name)
         # a new person's prompt resets the submitting agent's chain
@@ -174,7 +185,7 @@ class _ChainCounter:
 
     __slots__ = ("chains", "config")
 
-    def __init__(self, config: RepeatToolReminder, chains: AgentState[_Chain]) -> None:
+    def __init__(self, config: RepeatToolReminder, chains: ConversationState[_Chain]) -> None:
         self.config = config
         self.chains = chains
 
@@ -182,15 +193,14 @@ class _ChainCounter:
         self, call: ToolCall, result: ToolResult, call_next: PostNext
     ) -> PostDecision:
         config = self.config
-        agent = call.agent
-        if agent is None or not config.tracks(call.name):
+        if not config.tracks(call.name):
             return await call_next(call, result)
         canonical = canonical_json(call.arguments)
         # The chain key: the tool's name and its canonical arguments, computed once.
         key = f"{len(call.name)}:{call.name}{canonical}"
-        previous = self.chains.get(agent)
+        previous = self.chains.get(call)
         count = previous.count + 1 if previous is not None and previous.key == key else 1
-        self.chains.set(agent, _Chain(key, count))
+        self.chains.set(call, _Chain(key, count))
         decision = await call_next(call, result)
         if count not in config.thresholds:
             return decision

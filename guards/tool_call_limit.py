@@ -13,19 +13,22 @@ mapping of tool name to limit). When a call would go over:
 Where it belongs: a pre-execute layer. Outside other pre-execute layers, it counts
 calls before they can deny them; inside, only calls they allowed. Denied calls
 (by it or others inside it) do not use up the budget. Counts are per agent and
-reset by each new person's prompt; calls without an agent are not capped. With
-parallel tool calls, pre-execute runs in the model's order, so the count is exact.
+reset by each new person's prompt. A call outside the agent loop counts in its
+``call.conversation``, or, with neither, in one anonymous conversation (with a
+``GuardstackWarning``); ``reset(conversation)`` starts such a conversation's next
+turn. With parallel tool calls, pre-execute runs in the model's order, so the
+count is exact.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import ClassVar, Final, Literal
 
 import attrs
 
-from guardstack.guards.agent_state import AgentState
+from guardstack.guards.agent_state import ConversationState, Resettable
 from guardstack.pipeline.contract import PreNext, Scope
 from guardstack.pipeline.validate import integer, invalid
 from guardstack.pipeline.values import Deny, PreDecision, ToolCall
@@ -76,6 +79,7 @@ class ToolCallLimit:
     on_exceeded: Literal["deny", "end_turn"] = attrs.field(
         default="deny", validator=_check_on_exceeded
     )
+    _resets: Resettable = attrs.field(init=False, repr=False, eq=False, factory=Resettable)
 
     def __attrs_post_init__(self) -> None:
         if self.per_turn is None and self.per_tool is None:
@@ -108,9 +112,13 @@ class ToolCallLimit:
             )
         return None
 
+    def reset(self, conversation: Hashable | None) -> None:
+        """Start a new turn for ``conversation`` (a key, an agent, or ``None``: anonymous)."""
+        self._resets.reset(conversation)
+
     def apply(self, scope: Scope) -> None:
         """Register the counting pre-execute layer and the per-turn reset, with fresh counts."""
-        counts: AgentState[_TurnCounts] = AgentState()
+        counts: ConversationState[_TurnCounts] = self._resets.track(ConversationState(PLUGIN))
         cap = _Cap(self, counts)
         scope.use(scope.tools.pre_execute, cap.pre_execute, name=self.name)
         # a new turn starts with fresh counts
@@ -122,18 +130,15 @@ class _Cap:
 
     __slots__ = ("config", "counts")
 
-    def __init__(self, config: ToolCallLimit, counts: AgentState[_TurnCounts]) -> None:
+    def __init__(self, config: ToolCallLimit, counts: ConversationState[_TurnCounts]) -> None:
         self.config = config
         self.counts = counts
 
     async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
-        agent = call.agent
-        if agent is None:
-            return await call_next(call)
-        counts = self.counts.get(agent)
+        counts = self.counts.get(call)
         if counts is None:
             counts = _TurnCounts()
-            self.counts.set(agent, counts)
+            self.counts.set(call, counts)
         reason = self.config.over_limit(counts.total, call.name, counts.by_tool[call.name])
         if reason is not None:
             return Deny(reason, end_turn=self.config.on_exceeded == "end_turn")

@@ -127,9 +127,7 @@ def _arity(function: Callable[..., Any]) -> int:
     Cached per underlying function: ``inspect.signature`` costs tens of microseconds,
     and every registry and loop builds its stages from the same few terminals.
     """
-    if isinstance(function, types.MethodType) and isinstance(
-        function.__func__, types.FunctionType
-    ):
+    if isinstance(function, types.MethodType) and isinstance(function.__func__, types.FunctionType):
         arity = _function_arity(function.__func__)
         return arity - 1 if arity > 0 else arity  # ``self`` is bound already
     if isinstance(function, types.FunctionType):

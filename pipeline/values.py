@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import attrs
@@ -302,12 +302,20 @@ class ToolDefinition:
     description: str = ""
     parameters: Mapping[str, Any] = attrs.field(factory=dict, converter=_parameters)
     timeout_ms: int | None = attrs.field(default=None)
+    #: ``False``: running it twice does harm (sends, pays, deletes) — ``Retry`` never
+    #: re-runs it; ``True``: safe to repeat; ``None``: not declared.
+    idempotent: bool | None = attrs.field(default=None)
     is_async: bool = attrs.field(init=False)
 
     @timeout_ms.validator
     def _check_timeout(self, _: attrs.Attribute[int | None], value: int | None) -> None:
         if value is not None:
             validate_timeout_ms(f"tool {self.name!r}", "timeout_ms", value)
+
+    @idempotent.validator
+    def _check_idempotent(self, _: attrs.Attribute[bool | None], value: object) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise invalid(f"tool {self.name!r}", "idempotent", value, "True, False or None")
 
     def __attrs_post_init__(self) -> None:
         if not callable(self.execute):
@@ -339,6 +347,9 @@ class ToolCall:
     not a JSON object (the registry answers such calls with ``INVALID_ARGUMENTS``).
     ``agent`` is ``None`` for a direct call; ``tool`` is set by the registry before
     the dispatch stage; ``attempt`` is set by a retry for the layers inside it.
+    ``conversation`` (any hashable) says which conversation a call outside the agent
+    loop belongs to — a framework's thread or session id — so per-conversation
+    guards keep their state apart; the loop sets ``agent`` instead.
     """
 
     name: str
@@ -347,10 +358,19 @@ class ToolCall:
     agent: Agent | None = None
     tool: ToolDefinition | None = None
     attempt: int = 1
+    conversation: Hashable | None = None
 
     def resolved(self, tool: ToolDefinition | None) -> ToolCall:
         """The same call with ``tool`` set (cheaper than ``attrs.evolve`` on the hot path)."""
-        return ToolCall(self.name, self.arguments, self.call_id, self.agent, tool, self.attempt)
+        return ToolCall(
+            self.name,
+            self.arguments,
+            self.call_id,
+            self.agent,
+            tool,
+            self.attempt,
+            self.conversation,
+        )
 
 
 def _contexts(contexts: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:

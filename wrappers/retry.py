@@ -16,7 +16,11 @@ The *policy* (what to retry, how long to wait) is kept apart from the *mechanism
   ``max_backoff_ms``, with full jitter (a uniform draw below it; ``seed`` makes the
   draws repeatable);
 * how many: at most ``attempts``, and, with a shared ``RetryBudget``, only while the
-  budget has tokens, so a fleet of agents cannot start a retry storm.
+  budget has tokens, so a fleet of agents cannot start a retry storm;
+* which tools: never one declared ``ToolDefinition(idempotent=False)`` — a tool that
+  sends, pays or deletes runs once and its first result is returned — and, when
+  given, only tools matching ``tools`` and not ``exclude`` (``*``-wildcard name
+  patterns, as the reminder's ``include``/``exclude``).
 
 On the model stage (``stage="model"``) a failure is an exception: it retries a
 ``ModelError`` whose code is in ``retry_on`` (default ``MODEL_RATE_LIMITED``,
@@ -35,6 +39,7 @@ a global), for tests.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -57,7 +62,17 @@ from guardstack.pipeline.contract import (
     model_error_code,
 )
 from guardstack.pipeline.errors import GuardstackError
-from guardstack.pipeline.validate import StageName, boolean, cut, integer, invalid, number, stage
+from guardstack.pipeline.validate import (
+    StageName,
+    boolean,
+    compile_patterns,
+    cut,
+    integer,
+    invalid,
+    number,
+    patterns,
+    stage,
+)
 from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 
 __all__ = ["Retry", "RetryBudget", "no_backoff"]
@@ -158,6 +173,14 @@ def _to_retry_on(value: object) -> Collection[str] | Callable[[Any], bool]:
     )
 
 
+def _tools(value: object) -> tuple[str, ...]:
+    return patterns(PLUGIN, "tools", value)
+
+
+def _exclude(value: object) -> tuple[str, ...]:
+    return patterns(PLUGIN, "exclude", value)
+
+
 def _check_jitter(_: object, __: object, value: Any) -> None:
     boolean(PLUGIN, "jitter", value)
 
@@ -190,7 +213,13 @@ class Retry:
     jitter: bool = attrs.field(default=True, validator=_check_jitter)
     budget: RetryBudget | None = attrs.field(default=None, validator=_check_budget)
     seed: int | None = None
+    #: Name patterns: retry only these tools (empty: every tool) ...
+    tools: tuple[str, ...] = attrs.field(default=(), converter=_tools)
+    #: ... and never these.
+    exclude: tuple[str, ...] = attrs.field(default=(), converter=_exclude)
     _direct: _RetryRun = attrs.field(init=False, repr=False, eq=False)
+    _tools: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
+    _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_backoff_ms < self.backoff_ms:
@@ -200,7 +229,21 @@ class Retry:
                 self.max_backoff_ms,
                 f">= `backoff_ms` ({self.backoff_ms})",
             )
+        if self.stage == "model" and (self.tools or self.exclude):
+            key = "tools" if self.tools else "exclude"
+            raise invalid(PLUGIN, key, getattr(self, key), "empty on the model stage (no tools)")
+        object.__setattr__(self, "_tools", compile_patterns(self.tools))
+        object.__setattr__(self, "_exclude", compile_patterns(self.exclude))
         object.__setattr__(self, "_direct", _RetryRun(self))
+
+    def may_retry(self, call: ToolCall) -> bool:
+        """Whether ``call`` may run again at all (its idempotency, ``tools``, ``exclude``)."""
+        tool = call.tool
+        if tool is not None and tool.idempotent is False:
+            return False
+        if self._tools is not None and not self._tools.fullmatch(call.name):
+            return False
+        return self._exclude is None or not self._exclude.fullmatch(call.name)
 
     def should_retry(self, result: ToolResult) -> bool:
         """Whether ``result`` is a failure this policy retries."""
@@ -240,10 +283,15 @@ class Retry:
     def __repr__(self) -> str:
         retry_on = self.retry_on if callable(self.retry_on) else sorted(self.retry_on)
         where = ", stage='model'" if self.stage == "model" else ""
+        names = "".join(
+            f", {key}={list(value)!r}"
+            for key, value in (("tools", self.tools), ("exclude", self.exclude))
+            if value
+        )
         return (
             f"Retry(attempts={self.attempts}{where}, retry_on={cut(retry_on)}, "
             f"backoff_ms={self.backoff_ms}, max_backoff_ms={self.max_backoff_ms}, "
-            f"jitter={self.jitter}, budget={self.budget!r}, seed={self.seed!r})"
+            f"jitter={self.jitter}, budget={self.budget!r}, seed={self.seed!r}{names})"
         )
 
 
@@ -282,6 +330,8 @@ class _RetryRun:
             attempt_call = call if call.attempt == attempt else attrs.evolve(call, attempt=attempt)
             result = await call_next(attempt_call)
             if attempt >= policy.attempts or not policy.should_retry(result):
+                return result
+            if attempt == 1 and not policy.may_retry(call):
                 return result
             if budget is not None and not budget.try_withdraw():
                 return result

@@ -112,13 +112,15 @@ async def test_the_count_is_exact_under_parallel_calls() -> None:
     assert sorted(run.call.arguments["i"] for run in tool.runs) == [0, 1, 2]  # type: ignore[index]
 
 
-async def test_calls_without_an_agent_are_not_capped() -> None:
+async def test_calls_with_a_conversation_but_no_agent_are_capped_too() -> None:
     harness = Harness()
     ScriptedTool("t").register(harness.tools)
     harness.plugin(ToolCallLimit(per_turn=1))
-    for _ in range(3):
-        outcome = await harness.tools.execute(ToolCall("t", {}, "c"))
-        assert not outcome.result.is_error
+    codes = [
+        (await harness.tools.execute(ToolCall("t", {}, "c", conversation="thread"))).result.code
+        for _ in range(3)
+    ]
+    assert codes == [None, "TOOL_DENIED", "TOOL_DENIED"]
 
 
 @pytest.mark.parametrize(

@@ -228,10 +228,16 @@ async def test_unparseable_arguments_count_as_their_raw_text() -> None:
     assert texts == [DETAILED_TEMPLATE.format(tool="grep", count=3, arguments='"{\\"q\\": x"')]
 
 
-async def test_calls_without_an_agent_are_ignored() -> None:
+async def test_calls_without_an_agent_count_in_their_conversation() -> None:
     harness = harness_with(RepeatToolReminder(thresholds=(2,)), ScriptedTool("grep"))
-    for _ in range(3):
-        assert reminder_texts(await run(harness, None, "grep")) == []
+
+    async def texts(conversation: str) -> list[str]:
+        call = ToolCall("grep", {}, "c", conversation=conversation)
+        return reminder_texts(await harness.tools.execute(call))
+
+    assert await texts("a") == []
+    assert await texts("b") == []
+    assert await texts("a") == [GENTLE_TEXT]
 
 
 async def test_each_agent_has_its_own_chain() -> None:
