@@ -29,11 +29,16 @@ async def test_calls_with_no_agent_and_no_conversation_are_one_conversation_with
 ):
     harness = guarded(ToolCallLimit(per_turn=2), RepeatToolReminder(thresholds=(2, 3)))
     codes, reminders = [], 0
-    with pytest.warns(GuardstackWarning, match="neither an agent nor a conversation") as caught:
+
+    async def five_calls() -> None:
+        nonlocal reminders
         for index in range(5):
             outcome = await harness.tools.execute(search(f"c{index}"))
             codes.append(outcome.result.code)
             reminders += len(outcome.contexts)
+
+    with pytest.warns(GuardstackWarning, match="neither an agent nor a conversation") as caught:
+        await five_calls()
     assert codes == [None, None, TOOL_DENIED, TOOL_DENIED, TOOL_DENIED]
     assert reminders == 2  # at the 2nd and 3rd identical calls
     assert len(caught) == 2  # once per guard, not once per call
