@@ -1,4 +1,4 @@
-"""The ``guardstack`` command: ``demo``, ``describe CONFIG`` and ``transcript SESSION``."""
+"""The ``guardstack`` command: ``demo``, ``describe``, ``transcript`` and ``mcp-proxy``."""
 
 from __future__ import annotations
 
@@ -44,6 +44,29 @@ def _parser() -> argparse.ArgumentParser:
         "transcript", help="print the model request a saved session rebuilds"
     )
     transcript.add_argument("session", type=Path, help="a session saved as JSON Lines")
+    proxy = commands.add_parser(
+        "mcp-proxy",
+        help="serve an MCP server's tools through a guard stack (needs guardstack[mcp])",
+        description="Start COMMAND as an MCP server over stdio and serve its tools on this "
+        "process's stdin/stdout, every call through the plugins of --config.",
+    )
+    proxy.add_argument("--config", type=Path, help="a YAML, TOML or JSON plugin list")
+    proxy.add_argument(
+        "--allow-imports", action="store_true", help="accept module:attribute plugin names"
+    )
+    proxy.add_argument(
+        "--timeout",
+        action="append",
+        default=[],
+        metavar="PATTERN=MS",
+        help="a budget for the tools matching PATTERN ('*' wildcards); repeat for more",
+    )
+    proxy.add_argument(
+        "--default-timeout", type=int, metavar="MS", help="the budget of every other tool"
+    )
+    proxy.add_argument(
+        "server", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the MCP server to start"
+    )
     return parser
 
 
@@ -71,6 +94,20 @@ def _run(arguments: argparse.Namespace) -> int:
         if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
             endpoint = endpoint.rstrip("/") + "/v1/traces"
         anyio.run(lambda: run_demo(sys.stdout, save_to=arguments.save, otlp_endpoint=endpoint))
+    elif arguments.command == "mcp-proxy":
+        from guardstack.cli.mcp_proxy import parse_timeouts, run_proxy
+
+        server = arguments.server[1:] if arguments.server[:1] == ["--"] else arguments.server
+        timeouts = parse_timeouts(arguments.timeout)
+        anyio.run(
+            lambda: run_proxy(
+                arguments.config,
+                server,
+                allow_imports=arguments.allow_imports,
+                timeouts_ms=timeouts,
+                default_timeout_ms=arguments.default_timeout,
+            )
+        )
     elif arguments.command == "describe":
         harness = Harness()
         harness.load(arguments.config, allow_imports=arguments.allow_imports)

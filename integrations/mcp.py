@@ -1,0 +1,217 @@
+"""MCP tools through the guard stack, and a guard proxy in front of any MCP server.
+
+``mcp_tools(session)`` turns every tool an MCP server offers (through an official
+SDK ``ClientSession``) into a ``ToolDefinition``::
+
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        for tool in await mcp_tools(session, timeouts_ms={"search_*": 5_000}):
+            harness.tools.register(tool)
+
+* name, description and input schema are the server's;
+* budgets come from ``timeouts_ms`` (``*``-wildcard name patterns, first match
+  wins) or ``default_timeout_ms``; a tool with neither has none, as everywhere;
+* ``readOnlyHint`` or ``idempotentHint: true`` make a tool ``idempotent=True``,
+  ``idempotentHint: false`` makes it ``idempotent=False`` (a ``Retry`` never runs it
+  twice); without annotations it is undeclared;
+* a guardstack timeout cancels the MCP request, and the SDK tells the server
+  (``notifications/cancelled``), so the server stops the work too;
+* an MCP error result (``isError``) becomes ``TOOL_FAILED`` with the server's text;
+  text content is the result's text, other content is described (``[image
+  image/png, 1,204 bytes]``), and structured content alone is rendered as JSON;
+  the server's own ``CallToolResult`` is kept as the result's ``value``.
+
+``serve_proxy`` is the ``guardstack mcp-proxy`` command's engine: an MCP server
+that offers the downstream server's tools unchanged and runs every call through
+the harness — timeouts, retries, caps, the reminder (appended to the result, as a
+proxy cannot add messages), tracing. One client connection is one conversation
+and one turn.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from guardstack.integrations._extras import require
+from guardstack.pipeline import Harness, ToolCall, ToolDefinition, ToolResult
+from guardstack.pipeline.validate import compile_patterns, invalid
+from guardstack.pipeline.values import failed_result, validate_timeout_ms
+
+if TYPE_CHECKING:
+    from mcp import ClientSession
+    from mcp.types import CallToolResult, Tool
+
+__all__ = ["mcp_tools", "render_content", "serve_proxy"]
+
+EXTRA = "mcp"
+OWNER = "mcp_tools"
+
+
+async def mcp_tools(
+    session: ClientSession,
+    *,
+    timeouts_ms: Mapping[str, int] | None = None,
+    default_timeout_ms: int | None = None,
+) -> list[ToolDefinition]:
+    """A ``ToolDefinition`` for every tool the session's server lists (all pages)."""
+    require("mcp", EXTRA)
+    from mcp.types import PaginatedRequestParams
+
+    budgets = _budgets(timeouts_ms)
+    if default_timeout_ms is not None:
+        validate_timeout_ms(OWNER, "default_timeout_ms", default_timeout_ms)
+    listed: list[Tool] = []
+    cursor: str | None = None
+    while True:
+        params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+        page = await session.list_tools(params=params)
+        listed.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    definitions = []
+    for tool in listed:
+        budget = next(
+            (ms for pattern, ms in budgets if pattern.fullmatch(tool.name)), default_timeout_ms
+        )
+        definitions.append(
+            ToolDefinition(
+                tool.name,
+                _caller(session, tool.name),
+                tool.description or "",
+                dict(tool.input_schema),
+                budget,
+                _idempotent(tool),
+            )
+        )
+    return definitions
+
+
+def _budgets(timeouts_ms: Mapping[str, int] | None) -> list[tuple[Any, int]]:
+    if timeouts_ms is None:
+        return []
+    if not isinstance(timeouts_ms, Mapping):
+        raise invalid(OWNER, "timeouts_ms", timeouts_ms, "a mapping of tool-name pattern to ms")
+    budgets = []
+    for pattern, ms in timeouts_ms.items():
+        if not isinstance(pattern, str) or not pattern:
+            raise invalid(OWNER, "timeouts_ms", timeouts_ms, "keyed by tool-name patterns")
+        budgets.append((compile_patterns((pattern,)), validate_timeout_ms(OWNER, pattern, ms)))
+    return budgets
+
+
+def _idempotent(tool: Tool) -> bool | None:
+    hints = tool.annotations
+    if hints is None:
+        return None
+    if hints.read_only_hint:
+        return True
+    return hints.idempotent_hint
+
+
+def _caller(session: ClientSession, name: str) -> Any:
+    async def call_tool(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
+        # Cancelling this await (a guardstack timeout) makes the SDK send the server
+        # notifications/cancelled for the request.
+        result = await session.call_tool(name, dict(arguments))
+        return result_of(result)
+
+    call_tool.__name__ = f"mcp_{name}"
+    return call_tool
+
+
+def result_of(result: CallToolResult) -> ToolResult:
+    """The guardstack result an MCP ``CallToolResult`` means (the original kept as ``value``)."""
+    text = render_content(result)
+    if result.is_error:
+        failure = failed_result(text or "the MCP tool reported an error", "MCPToolError")
+        return ToolResult(failure.content, True, failure.error, result)
+    return ToolResult(text, value=result)
+
+
+def render_content(result: CallToolResult) -> str:
+    """The model-facing text of an MCP tool result."""
+    parts = [_describe(block) for block in result.content]
+    if not parts and result.structured_content is not None:
+        return json.dumps(result.structured_content, ensure_ascii=False)
+    return "\n".join(parts)
+
+
+def _size(data: str) -> str:
+    try:
+        return f"{len(base64.b64decode(data, validate=False)):,} bytes"
+    except (binascii.Error, ValueError):
+        return "undecodable data"
+
+
+def _describe(block: Any) -> str:
+    kind = getattr(block, "type", None)
+    if kind == "text":
+        return str(block.text)
+    if kind in ("image", "audio"):
+        return f"[{kind} {block.mime_type}, {_size(block.data)}]"
+    if kind == "resource_link":
+        return f"[resource {block.uri}]"
+    if kind == "resource":
+        resource = block.resource
+        text = getattr(resource, "text", None)
+        if isinstance(text, str):
+            return text
+        mime = resource.mime_type or "application/octet-stream"
+        return f"[resource {resource.uri}, {mime}, {_size(resource.blob)}]"
+    return f"[{kind or 'unknown'} content]"
+
+
+# -- the proxy ------------------------------------------------------------------------------
+
+_connections = itertools.count(1)
+
+
+async def serve_proxy(
+    harness: Harness, downstream: ClientSession, read_stream: Any, write_stream: Any
+) -> None:
+    """Serve the downstream server's tools over one MCP connection, through ``harness``.
+
+    The downstream tool list passes through unchanged (the harness must already hold
+    the tools from ``mcp_tools``, with their budgets); every call runs through the
+    harness's stages as one conversation; a timeout, denial or failure is an MCP
+    result with ``isError`` set and the seed's error text, and reminders are appended
+    to the result as a text block.
+    """
+    require("mcp", EXTRA)
+    from mcp.server.lowlevel import Server
+    from mcp.types import CallToolResult, TextContent
+
+    conversation = f"mcp-proxy-{next(_connections)}"
+    calls = itertools.count(1)
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        return await downstream.list_tools(params=params)
+
+    async def call_tool(ctx: Any, params: Any) -> CallToolResult:
+        call = ToolCall(
+            params.name,
+            params.arguments or {},
+            f"call_{next(calls)}",
+            conversation=conversation,
+        )
+        outcome = await harness.tools.execute(call)
+        result = outcome.result
+        original = result.value if isinstance(result.value, CallToolResult) else None
+        if original is not None and not result.is_error:
+            content = list(original.content)
+            structured = original.structured_content
+        else:
+            content, structured = [TextContent(type="text", text=result.content)], None
+        content.extend(TextContent(type="text", text=context.text) for context in outcome.contexts)
+        return CallToolResult(
+            content=content, structured_content=structured, is_error=result.is_error
+        )
+
+    server: Any = Server("guardstack-mcp-proxy", on_list_tools=list_tools, on_call_tool=call_tool)
+    await server.run(read_stream, write_stream, server.create_initialization_options())

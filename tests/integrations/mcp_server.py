@@ -1,0 +1,103 @@
+"""A real MCP server for the tests, written with the official SDK, served over stdio.
+
+    python -m tests.integrations.mcp_server LOG_FILE
+
+Its tools cover what a guard stack must handle: ``echo`` (read-only), ``search``
+(for loops), ``slow`` (answers after a while), ``hang`` (never answers, and writes
+``cancelled hang`` to the log file when the client cancels it), ``fail`` (an MCP
+error result), ``send_email`` (not idempotent: counts its runs in the log, and
+fails its first run so a retry would show), ``picture`` (image content) and
+``data`` (structured content only). Every run is logged as ``run <tool>``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+LOG = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+server = MCPServer("guardstack-test-server")
+_sends = 0
+
+
+def log(line: str) -> None:
+    if LOG is not None:
+        with LOG.open("a", encoding="utf-8") as file:
+            file.write(line + "\n")
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def echo(text: str) -> str:
+    """Say the text back."""
+    log("run echo")
+    return text
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
+def search(query: str) -> str:
+    """Search for a query."""
+    log("run search")
+    return f"no results for {query!r}"
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Answer after ``seconds``."""
+    log("run slow")
+    await anyio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@server.tool()
+async def hang() -> str:
+    """Never answer."""
+    log("run hang")
+    try:
+        await anyio.sleep(3600)
+    except anyio.get_cancelled_exc_class():
+        log("cancelled hang")
+        raise
+    return "unreachable"
+
+
+@server.tool()
+def fail(reason: str = "it broke") -> str:
+    """Always fail."""
+    log("run fail")
+    raise ToolError(reason)
+
+
+@server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False))
+def send_email(to: str) -> str:
+    """Send an email (must never run twice for one request)."""
+    global _sends
+    _sends += 1
+    log("run send_email")
+    if _sends == 1:
+        raise ToolError("SMTP server said 451, try again later")
+    return f"sent to {to}"
+
+
+@server.tool()
+def picture() -> Image:
+    """A tiny PNG."""
+    log("run picture")
+    return Image(data=b"\x89PNG\r\n\x1a\nfake", format="png")
+
+
+@server.tool(structured_output=True)
+def data() -> dict[str, int]:
+    """Structured numbers."""
+    log("run data")
+    return {"answer": 42}
+
+
+if __name__ == "__main__":
+    log(f"pid {os.getpid()}")
+    server.run("stdio")

@@ -1,0 +1,87 @@
+"""``guardstack mcp-proxy`` end to end: the SDK's client on one side, a real server on the other."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.types import ImageContent, TextContent
+
+from guardstack.guards import GENTLE_TEXT
+from tests.integrations.test_mcp import connected, runs, server_command, server_log, wait_for
+
+CONFIG = """\
+- name: tool-call-limit
+  config: {per_turn: 8}
+- name: retry
+  config: {attempts: 2, retry_on: [TOOL_FAILED]}
+- name: tool-call-timeout-policy
+- name: repeat-tool-reminder
+"""
+
+
+def proxy_command(directory: Path) -> list[str]:
+    config = directory / "guards.yaml"
+    config.write_text(CONFIG, "utf-8")
+    return [
+        sys.executable,
+        "-c",
+        "from guardstack.cli.main import main; raise SystemExit(main())",
+        "mcp-proxy",
+        "--config",
+        str(config),
+        "--timeout",
+        "hang=300",
+        "--",
+        *server_command(directory),
+    ]
+
+
+def texts(result: Any) -> list[str]:
+    return [block.text for block in result.content if isinstance(block, TextContent)]
+
+
+async def test_the_proxy_guards_every_call_and_passes_the_rest_through(tmp_path: Path) -> None:
+    log = server_log(tmp_path)
+    async with connected(server_command(tmp_path), tmp_path) as direct:
+        direct_tools = [tool.name for tool in (await direct.list_tools()).tools]
+    log.unlink()
+    async with connected(proxy_command(tmp_path), tmp_path) as proxy:
+        proxied_tools = [tool.name for tool in (await proxy.list_tools()).tools]
+        hang = await proxy.call_tool("hang", {})
+        await wait_for(log, "cancelled hang")
+        email = await proxy.call_tool("send_email", {"to": "a@example.org"})
+        fail = await proxy.call_tool("fail", {})
+        searches = [await proxy.call_tool("search", {"query": "x"}) for _ in range(3)]
+        echo = await proxy.call_tool("echo", {"text": "hi"})
+        picture = await proxy.call_tool("picture", {})
+        denied = await proxy.call_tool("echo", {"text": "one too many"})
+    assert proxied_tools == direct_tools
+    assert hang.is_error
+    assert texts(hang) == ["Error: tool call timed out after 300ms"]
+    assert email.is_error
+    assert runs(log).count("run send_email") == 1  # not idempotent: never retried
+    assert fail.is_error
+    assert runs(log).count("run fail") == 2  # undeclared: retried once
+    assert [GENTLE_TEXT in texts(result) for result in searches] == [False, False, True]
+    assert texts(searches[2])[0] == "no results for 'x'"  # the tool's own text comes first
+    assert texts(echo) == ["hi"]
+    assert isinstance(picture.content[0], ImageContent)  # other content passes through
+    assert denied.is_error
+    assert texts(denied)[0].startswith("Error: tool call limit reached")
+    # The client went away: the proxy stopped its server.
+    pid = int(next(line for line in runs(log) if line.startswith("pid ")).split()[1])
+    with anyio.fail_after(5):
+        while _alive(pid):  # noqa: ASYNC110 - another process, no event to wait on
+            await anyio.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
