@@ -1,8 +1,8 @@
 """Every Python example in the README and the guides runs as written, and says what it claims.
 
 Each page runs in its own namespace, its blocks in order, from a scratch directory
-holding a copy of ``examples/``. ``docs/models.md`` talks to a model server, so it
-runs in ``tests/integrations/test_docs_models.py`` against a real loopback one.
+holding a copy of ``examples/``. ``docs/models.md`` and ``docs/mcp.md`` talk to
+servers, so they run in ``tests/integrations/`` against real ones.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 PAGES = ["README.md", *sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))]
-ELSEWHERE = {"docs/models.md": "tests/integrations/test_docs_models.py"}
+ELSEWHERE = {
+    "docs/models.md": "tests/integrations/test_docs_models.py",
+    "docs/mcp.md": "tests/integrations/test_docs_mcp.py",
+}
 
 #: What each page's examples must print (a page without examples lists nothing).
 PRINTS = {
@@ -28,7 +31,11 @@ PRINTS = {
         "logged turn/end",
         "{'role': 'system', 'content': 'Be brief.'}",
     ],
-    "docs/guards.md": ["0. tool-call-timeout-policy"],
+    "docs/guards.md": [
+        "0. tool-call-timeout-policy",
+        "thread-a None\nthread-a None\nthread-a TOOL_DENIED\nthread-b None\n",
+        "thread-a after reset None",
+    ],
     "docs/order.md": [],
     "docs/telemetry.md": [],
     "docs/index.md": [],
@@ -36,6 +43,7 @@ PRINTS = {
     "docs/speed.md": [],
     "docs/design.md": [],
     "docs/models.md": [],
+    "docs/mcp.md": [],
 }
 
 

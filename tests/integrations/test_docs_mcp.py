@@ -1,0 +1,25 @@
+"""The MCP guide runs as written, against the tests' real MCP server over stdio."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integrations.test_mcp import ROOT
+from tests.test_docs import run_page
+
+
+def test_the_mcp_guide_runs_against_a_real_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = ROOT / "tests" / "integrations" / "mcp_server.py"  # runs as a plain script
+    monkeypatch.setenv(
+        "MCP_SERVER", shlex.join([sys.executable, str(script), str(tmp_path / "log")])
+    )
+    monkeypatch.chdir(tmp_path)
+    run_page("docs/mcp.md", tmp_path)
+    assert capsys.readouterr().out.splitlines()[-1] == "hello"
+    assert (tmp_path / "log").read_text("utf-8").splitlines()[1:] == ["run echo"]
