@@ -6,7 +6,9 @@ Measures, in one run on asyncio: ``await tool()`` (the floor), a hand-written on
 of closures ``depth`` deep, and ``registry.execute`` with ``depth`` pass-through
 dispatch layers, for depth 0, 1, 5 and 10. Goals: each pass-through layer costs at
 most 2x a hand-written closure layer; an empty ``registry.execute`` at most 25x a
-bare await.
+bare await. Also the model-call stage: an empty ``model_call`` stage as the loop
+runs it each step (building the ``ModelRequest`` included) against calling the
+model directly.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import Any
 import anyio
 
 from benchmarks.timing import Operation, median, per_call_ns, ratio, runs_of, table
-from guardstack.pipeline import ToolCall, ToolDefinition, ToolRegistry
+from guardstack.pipeline import (
+    AgentLoop,
+    ModelReply,
+    ModelRequest,
+    ToolCall,
+    ToolDefinition,
+    ToolRegistry,
+)
 
 DEPTHS = (0, 1, 5, 10)
 
@@ -61,7 +70,24 @@ async def measure() -> dict[str, float]:
         for _ in range(depth):
             registry.dispatch.use(passthrough)
         operations[f"execute {depth}"] = partial(registry.execute, call)
+    loop = AgentLoop(ToolRegistry(), _Model())
+    agent = loop.create("s")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+
+    async def through_the_stage() -> ModelReply:
+        return await loop.model_call._chain(ModelRequest(agent, messages, []))
+
+    operations["model: direct"] = partial(agent.model.complete, messages, [])
+    operations["model: empty model_call stage"] = through_the_stage
     return await per_call_ns(operations)
+
+
+class _Model:
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        return _REPLY
+
+
+_REPLY = ModelReply("ok")
 
 
 def report(runs: list[dict[str, float]]) -> str:
@@ -113,6 +139,10 @@ def report(runs: list[dict[str, float]]) -> str:
             "(goal <= 2x; the depth-1 ratio is the difference of two close numbers and noisy). "
             f"Empty execute: {ratio(runs, _of('execute 0'), _of('bare await'))} a bare await "
             "(goal <= 25x).",
+            f"An empty model_call stage, request built: "
+            f"{median(runs, _of('model: empty model_call stage')):,.0f} ns against "
+            f"{median(runs, _of('model: direct')):,.0f} ns calling the model directly, "
+            f"{ratio(runs, _of('model: empty model_call stage'), _of('model: direct'))}.",
         ]
     )
 
