@@ -69,6 +69,19 @@ async def guardstack_turn(steps: int) -> list[dict[str, Any]]:
     return agent.session.messages()
 
 
+def _assistant_message(reply: ModelReply) -> dict[str, Any]:
+    """The assistant message a hand-written loop appends for a reply with tool calls."""
+    calls = [
+        {
+            "id": request.call_id,
+            "type": "function",
+            "function": {"name": request.name, "arguments": json.dumps(request.arguments)},
+        }
+        for request in reply.tool_calls
+    ]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
 async def hand_written_turn(steps: int) -> list[dict[str, Any]]:
     model = _Model(steps)
     tools = {"read": _read}
@@ -79,15 +92,7 @@ async def hand_written_turn(steps: int) -> list[dict[str, Any]]:
         if not reply.tool_calls:
             messages.append({"role": "assistant", "content": reply.text})
             return messages
-        calls = [
-            {
-                "id": request.call_id,
-                "type": "function",
-                "function": {"name": request.name, "arguments": json.dumps(request.arguments)},
-            }
-            for request in reply.tool_calls
-        ]
-        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        messages.append(_assistant_message(reply))
         for request in reply.tool_calls:
             content = await tools[request.name](request.arguments, None)
             messages.append({"role": "tool", "tool_call_id": request.call_id, "content": content})
@@ -133,15 +138,7 @@ async def hand_written_parallel_step() -> list[dict[str, Any]]:
         if not reply.tool_calls:
             messages.append({"role": "assistant", "content": reply.text})
             return messages
-        calls = [
-            {
-                "id": request.call_id,
-                "type": "function",
-                "function": {"name": request.name, "arguments": json.dumps(request.arguments)},
-            }
-            for request in reply.tool_calls
-        ]
-        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        messages.append(_assistant_message(reply))
         results: list[Any] = [None] * len(reply.tool_calls)
         async with anyio.create_task_group() as group:
             for index, request in enumerate(reply.tool_calls):

@@ -75,7 +75,8 @@ async def measure() -> dict[str, float]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
 
     async def through_the_stage() -> ModelReply:
-        return await loop.model_call._chain(ModelRequest(agent, messages, []))
+        reply: ModelReply = await loop.model_call._chain(ModelRequest(agent, messages, []))
+        return reply
 
     operations["model: direct"] = partial(agent.model.complete, messages, [])
     operations["model: empty model_call stage"] = through_the_stage

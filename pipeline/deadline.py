@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -37,6 +38,7 @@ logger = logging.getLogger("guardstack")
 #: Span attribute (on the current span, if any) naming how long an uncancellable tool ran.
 OVERRUN_ATTRIBUTE = "guardstack.timeout.overrun_ms"
 _Next = Callable[[ToolCall], Awaitable[ToolResult]]
+T = TypeVar("T")
 
 
 def budget_of(call: ToolCall) -> int | None:
@@ -64,18 +66,36 @@ def timed_dispatch(
     return within_budget(call, call_next, ms, code)
 
 
-async def within_budget(call: ToolCall, call_next: _Next, ms: int, code: str) -> ToolResult:
-    """Run ``call_next(call)`` with a deadline of ``ms``; if that deadline fired, time out."""
+class _Fired:
+    """This deadline fired; the call really ran ``ran_s`` seconds."""
+
+    __slots__ = ("ran_s",)
+
+    def __init__(self, ran_s: float) -> None:
+        self.ran_s = ran_s
+
+
+async def _under_deadline(awaitable: Awaitable[T], ms: int) -> T | _Fired:
+    """``await awaitable`` with a deadline of ``ms``: its result, or ``_Fired`` if *this*
+    deadline fired (whatever the call did then: raised, returned, finished late)."""
     started = anyio.current_time()
     with anyio.CancelScope(deadline=started + ms / 1000) as scope:
-        result = await call_next(call)
+        result = await awaitable
     # Nobody else holds this scope, so a cancel on it is our deadline firing.
     if not scope.cancel_called:
         return result
-    # A tool that ignored our cancel may also have outlived the caller's: then the
+    # A call that ignored our cancel may also have outlived the caller's: then the
     # caller's cancellation wins and propagates; it is never turned into a result.
     await anyio.lowlevel.checkpoint_if_cancelled()
-    _report_overrun(call, ms, anyio.current_time() - started)
+    return _Fired(anyio.current_time() - started)
+
+
+async def within_budget(call: ToolCall, call_next: _Next, ms: int, code: str) -> ToolResult:
+    """Run ``call_next(call)`` with a deadline of ``ms``; if that deadline fired, time out."""
+    outcome = await _under_deadline(call_next(call), ms)
+    if not isinstance(outcome, _Fired):
+        return outcome
+    _report_overrun(call, ms, outcome.ran_s)
     return timeout_result(ms, code)
 
 
@@ -91,13 +111,10 @@ async def model_within_budget(
     outer deadline or the caller's cancel propagates; a reply that arrives after our
     deadline (a model that ignored the cancel) is still a timeout.
     """
-    started = anyio.current_time()
-    with anyio.CancelScope(deadline=started + ms / 1000) as scope:
-        reply = await call_next(request)
-    if not scope.cancel_called:
-        return reply
-    await anyio.lowlevel.checkpoint_if_cancelled()
-    _report_overrun("model call", ms, anyio.current_time() - started)
+    outcome = await _under_deadline(call_next(request), ms)
+    if not isinstance(outcome, _Fired):
+        return outcome
+    _report_overrun("model call", ms, outcome.ran_s)
     raise ModelError(f"model call timed out after {ms}ms", code)
 
 
