@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import traceback
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
@@ -36,6 +37,7 @@ __all__ = [
     "ContextMessage",
     "Deny",
     "MessageSource",
+    "RaisedException",
     "ToolCall",
     "ToolDefinition",
     "ToolError",
@@ -254,9 +256,28 @@ def message_of(error: BaseException) -> str:
     return message or type(error).__name__
 
 
+@attrs.frozen
+class RaisedException:
+    """What a tool raised, kept as a failed result's ``value`` for telemetry.
+
+    The type, message and formatted traceback only — not the exception itself, whose
+    traceback would keep every frame of the failed call alive in the session log.
+    """
+
+    type: str
+    message: str
+    stacktrace: str
+
+
 def failure_from_exception(error: BaseException, *, prefix: str = "") -> ToolResult:
-    """``TOOL_FAILED`` with the exception's message and class name."""
-    return failed_result(prefix + message_of(error), type(error).__name__)
+    """``TOOL_FAILED`` with the exception's message and class name (and its traceback)."""
+    result = failed_result(prefix + message_of(error), type(error).__name__)
+    try:
+        stacktrace = "".join(traceback.format_exception(error))
+    except Exception:  # an exception whose formatting raises: keep what we have
+        stacktrace = ""
+    raised = RaisedException(type(error).__name__, message_of(error), stacktrace)
+    return ToolResult(result.content, True, result.error, raised)
 
 
 ToolExecute: TypeAlias = Callable[[Mapping[str, Any], "ToolCall"], Awaitable[object] | object]

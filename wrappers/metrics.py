@@ -2,9 +2,9 @@
 
 Records, through the OpenTelemetry *API* only (the SDK and exporters are yours):
 
-* ``gen_ai.execute_tool.duration`` — histogram, seconds, per the GenAI semantic
-  conventions: ``gen_ai.operation.name=execute_tool``, ``gen_ai.tool.name``, and
-  ``error.type`` (the result's error code) on failures;
+* ``gen_ai.execute_tool.duration`` — histogram, seconds, with the GenAI bucket
+  boundaries (0.01 … 81.92 s): ``gen_ai.tool.name``, and ``error.type`` (the
+  result's error code) on failures;
 * ``guardstack.tool.calls`` — counter, one per call, same attributes.
 
 Where it belongs: a dispatch layer, and **its position decides what a "call" is**.
@@ -63,6 +63,25 @@ DURATION_METRIC = "gen_ai.execute_tool.duration"
 CALLS_METRIC = "guardstack.tool.calls"
 MODEL_DURATION_METRIC = "gen_ai.client.operation.duration"
 TOKEN_USAGE_METRIC = "gen_ai.client.token.usage"
+#: The GenAI semantic conventions' bucket boundaries for durations (seconds) ...
+DURATION_BUCKETS = [
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+]
+#: ... and for token counts.
+TOKEN_BUCKETS = [4**power for power in range(14)]
 
 
 class Metrics:
@@ -81,16 +100,25 @@ class Metrics:
         self.stage = check_stage("metrics", stage)
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("guardstack", VERSION)
         self._duration = meter.create_histogram(
-            DURATION_METRIC, unit="s", description="Duration of tool executions"
+            DURATION_METRIC,
+            unit="s",
+            description="Duration of tool executions",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
         self._calls = meter.create_counter(
             CALLS_METRIC, unit="{call}", description="Tool executions, by tool and error type"
         )
         self._model_duration = meter.create_histogram(
-            MODEL_DURATION_METRIC, unit="s", description="GenAI operation duration"
+            MODEL_DURATION_METRIC,
+            unit="s",
+            description="GenAI operation duration",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
         self._tokens = meter.create_histogram(
-            TOKEN_USAGE_METRIC, unit="{token}", description="Number of input and output tokens used"
+            TOKEN_USAGE_METRIC,
+            unit="{token}",
+            description="Number of input and output tokens used",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
 
     async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
@@ -104,7 +132,7 @@ class Metrics:
         return result
 
     def _record(self, call: ToolCall, started: float, error_type: str | None) -> None:
-        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name}
+        attributes = {"gen_ai.tool.name": call.name}
         if error_type is not None:
             attributes["error.type"] = error_type
         self._duration.record(anyio.current_time() - started, attributes)

@@ -5,14 +5,17 @@ it has no position of its own. It wraps, when the chain is composed:
 
 * every ``registry.execute`` in an ``execute_tool {tool}`` span (kind INTERNAL,
   GenAI conventions: ``gen_ai.operation.name``, ``gen_ai.tool.name``,
-  ``gen_ai.tool.call.id``; on an error result, status ERROR and ``error.type`` = the
-  result's code). Contexts that post-execute layers inject — the repeat reminder's
-  nudges — appear on it as ``guardstack.context`` span events;
+  ``gen_ai.tool.call.id``, ``gen_ai.tool.type``, ``gen_ai.tool.description``; on an
+  error result, status ERROR and ``error.type`` = the result's code, and an
+  ``exception`` event when the tool raised). Contexts that post-execute layers
+  inject — the repeat reminder's nudges — appear on it as ``guardstack.context``
+  span events;
 * every dispatch layer in a child span named after the layer, carrying
-  ``guardstack.layer`` (its name), ``guardstack.layer.index`` (0 = outermost) and
-  ``guardstack.attempt`` (the attempt it was given). Spans nest exactly as the
-  layers do, so the trace *shows* the order: layers inside a ``Retry`` appear once
-  per attempt under the retry's span. A layer that returned an error result ends
+  ``guardstack.layer`` (its name), ``guardstack.layer.index`` (0 = outermost),
+  ``guardstack.stage`` and ``guardstack.attempt`` (the attempt it was given) — and
+  no ``gen_ai.*`` attribute, so backends count one tool per call, not one per layer.
+  Spans nest exactly as the layers do, so the trace *shows* the order: layers
+  inside a ``Retry`` appear once per attempt under the retry's span. A layer that returned an error result ends
   its span with status ERROR and ``error.type`` = that code; one cancelled from
   outside ends with ``error.type = cancelled``.
 
@@ -29,14 +32,23 @@ OpenTelemetry API is used; pass your SDK ``TracerProvider`` or set the global on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from opentelemetry import context, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import DispatchNext, Execute, Layer, LayerInfo, Scope
 from guardstack.pipeline.validate import boolean, invalid
-from guardstack.pipeline.values import ToolCall, ToolOutcome, ToolResult, message_of
+from guardstack.pipeline.values import (
+    RaisedException,
+    ToolCall,
+    ToolDefinition,
+    ToolOutcome,
+    ToolResult,
+    message_of,
+)
 from guardstack.wrappers._otel import VERSION, exception_error_type, result_error_type
 
 __all__ = ["CONTEXT_EVENT", "Tracing"]
@@ -90,25 +102,31 @@ class Tracing:
 
     def apply(self, scope: Scope) -> None:
         """Instrument the registry (a span per call) and, optionally, every dispatch layer."""
-        scope.adopt(scope.tools.instrument(self.wrap_execute))
+        tools = scope.tools
+        scope.adopt(tools.instrument(lambda execute: self.wrap_execute(execute, tools.get)))
         if self.layer_spans:
             scope.adopt(scope.tools.dispatch.instrument(self.wrap_layer))
 
     # Spans are started and made current by hand (start_span + context.attach) rather
     # than with ``start_as_current_span``: same spans, about a fifth cheaper per layer.
 
-    def wrap_execute(self, execute: Execute) -> Execute:
+    def wrap_execute(
+        self, execute: Execute, tool_of: Callable[[str], ToolDefinition | None] | None = None
+    ) -> Execute:
         tracer = self.tracer
 
         async def traced_execute(call: ToolCall) -> ToolOutcome:
+            attributes: dict[str, AttributeValue] = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.call_id,
+                "gen_ai.tool.type": "function",
+            }
+            tool = call.tool or (tool_of(call.name) if tool_of is not None else None)
+            if tool is not None and tool.description:
+                attributes["gen_ai.tool.description"] = tool.description
             span = tracer.start_span(
-                f"execute_tool {call.name}",
-                kind=SpanKind.INTERNAL,
-                attributes={
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": call.name,
-                    "gen_ai.tool.call.id": call.call_id,
-                },
+                f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
             )
             token = context.attach(trace.set_span_in_context(span))
             try:
@@ -118,6 +136,16 @@ class Tracing:
                 raise
             else:
                 _end_with_result(span, outcome.result)
+                raised = outcome.result.value
+                if isinstance(raised, RaisedException):
+                    span.add_event(
+                        "exception",
+                        {
+                            "exception.type": raised.type,
+                            "exception.message": raised.message,
+                            "exception.stacktrace": raised.stacktrace,
+                        },
+                    )
                 for injected in outcome.contexts:
                     span.add_event(
                         CONTEXT_EVENT,
@@ -143,8 +171,8 @@ class Tracing:
                 attributes={
                     "guardstack.layer": info.name,
                     "guardstack.layer.index": info.index,
+                    "guardstack.stage": info.stage,
                     "guardstack.attempt": call.attempt,
-                    "gen_ai.tool.name": call.name,
                 },
             )
             token = context.attach(trace.set_span_in_context(span))

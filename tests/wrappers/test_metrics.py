@@ -26,10 +26,8 @@ async def test_outside_a_retry_it_counts_operations() -> None:
     [point] = rig.points(DURATION_METRIC)
     assert point.count == 1
     assert point.sum == pytest.approx(3.0 + 0.5 + 1.0)  # all attempts and both waits
-    assert dict(point.attributes) == {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": "lookup",
-    }
+    assert dict(point.attributes) == {"gen_ai.tool.name": "lookup"}
+    assert list(point.explicit_bounds) == [0.01 * 2**n for n in range(14)]
 
 
 async def test_inside_a_retry_it_counts_attempts_with_their_error_type() -> None:

@@ -17,7 +17,7 @@ from guardstack.pipeline import (
     ToolCall,
     ToolDefinition,
 )
-from guardstack.pipeline.testing import Hang, RecordingLayer, ScriptedTool
+from guardstack.pipeline.testing import Hang, Raise, RecordingLayer, ScriptedTool
 from guardstack.wrappers import CONTEXT_EVENT, Metrics, Retry, Timeout, Tracing
 from tests.helpers import call, calls
 from tests.wrappers.otel import SpanRig
@@ -36,7 +36,7 @@ def parent_of(span: ReadableSpan, spans: list[ReadableSpan]) -> ReadableSpan | N
 async def test_each_call_gets_an_execute_tool_span_with_genai_attributes() -> None:
     rig = SpanRig()
     harness = Harness()
-    ScriptedTool("grep", ["found"]).register(harness.tools)
+    ScriptedTool("grep", ["found"], description="finds things").register(harness.tools)
     harness.plugin(Tracing(rig.provider))
     await harness.tools.execute(call("grep", call_id="call-42"))
     [span] = rig.spans
@@ -46,6 +46,8 @@ async def test_each_call_gets_an_execute_tool_span_with_genai_attributes() -> No
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": "grep",
         "gen_ai.tool.call.id": "call-42",
+        "gen_ai.tool.type": "function",
+        "gen_ai.tool.description": "finds things",
     }
     assert span.status.status_code == StatusCode.UNSET
 
@@ -199,3 +201,33 @@ async def test_an_exception_whose_str_raises_is_blamed_on_its_own_layer_not_trac
     )
     [layer_span] = by_name(rig.spans, "broken")
     assert dict(layer_span.attributes or {})["error.type"] == "Unprintable"
+
+
+async def test_layer_spans_carry_no_genai_attributes_so_one_call_is_one_tool() -> None:
+    rig = SpanRig()
+    harness = Harness()
+    ScriptedTool("grep").register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    harness.plugin(Retry())
+    harness.plugin(Timeout(ms=1000))
+    await harness.tools.execute(call("grep"))
+    tools = [s for s in rig.spans if "gen_ai.tool.name" in (s.attributes or {})]
+    assert [s.name for s in tools] == ["execute_tool grep"]
+    layers = [s for s in rig.spans if "guardstack.layer" in (s.attributes or {})]
+    assert {(s.attributes or {}).get("guardstack.stage") for s in layers} == {"dispatch"}
+    assert all(not key.startswith("gen_ai.") for s in layers for key in (s.attributes or {}))
+
+
+async def test_a_tool_that_raised_leaves_an_exception_event() -> None:
+    rig = SpanRig()
+    harness = Harness()
+    ScriptedTool("boom", [Raise(KeyError("missing"))]).register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    outcome = await harness.tools.execute(call("boom"))
+    assert outcome.result.code == "TOOL_FAILED"
+    [span] = by_name(rig.spans, "execute_tool boom")
+    [event] = [e for e in span.events if e.name == "exception"]
+    attributes = dict(event.attributes or {})
+    assert attributes["exception.type"] == "KeyError"
+    assert "missing" in str(attributes["exception.message"])
+    assert "KeyError" in str(attributes["exception.stacktrace"])
