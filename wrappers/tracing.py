@@ -15,9 +15,9 @@ it has no position of its own. It wraps, when the chain is composed:
   ``guardstack.stage`` and ``guardstack.attempt`` (the attempt it was given) — and
   no ``gen_ai.*`` attribute, so backends count one tool per call, not one per layer.
   Spans nest exactly as the layers do, so the trace *shows* the order: layers
-  inside a ``Retry`` appear once per attempt under the retry's span. A layer that returned an error result ends
-  its span with status ERROR and ``error.type`` = that code; one cancelled from
-  outside ends with ``error.type = cancelled``.
+  inside a ``Retry`` appear once per attempt under the retry's span. A layer that
+  returned an error result ends its span with status ERROR and ``error.type`` =
+  that code; one cancelled from outside ends with ``error.type = cancelled``.
 
 OpenTelemetry context flows through the layers because they run in the caller's
 task. With tracing not applied, no span object is created at all.
