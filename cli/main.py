@@ -1,4 +1,4 @@
-"""The ``guardstack`` command: ``demo``, ``describe``, ``transcript`` and ``mcp-proxy``."""
+"""The ``guardstack`` command: ``demo``, ``describe``, ``transcript``, ``replay``, ``mcp-proxy``."""
 
 from __future__ import annotations
 
@@ -44,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
         "transcript", help="print the model request a saved session rebuilds"
     )
     transcript.add_argument("session", type=Path, help="a session saved as JSON Lines")
+    replay = commands.add_parser(
+        "replay", help="run a saved session's tool calls through guards: where would they fire?"
+    )
+    replay.add_argument("session", type=Path, help="a session saved as JSON Lines")
+    replay.add_argument("--config", type=Path, required=True, help="the plugin list to try")
+    replay.add_argument("--allow-imports", action="store_true", help="accept module:attribute")
+    replay.add_argument("--json", action="store_true", help="print JSON for machines")
     proxy = commands.add_parser(
         "mcp-proxy",
         help="serve an MCP server's tools through a guard stack (needs guardstack[mcp])",
@@ -108,6 +115,14 @@ def _run(arguments: argparse.Namespace) -> int:
                 default_timeout_ms=arguments.default_timeout,
             )
         )
+    elif arguments.command == "replay":
+        from guardstack.cli.replay import render, replay
+
+        session = Session.load(arguments.session)
+        harness = Harness()
+        harness.load(arguments.config, allow_imports=arguments.allow_imports)
+        report = anyio.run(replay, session, harness)
+        _print(json.dumps(report.to_dict(), indent=2) if arguments.json else render(report))
     elif arguments.command == "describe":
         harness = Harness()
         harness.load(arguments.config, allow_imports=arguments.allow_imports)
