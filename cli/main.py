@@ -1,4 +1,5 @@
-"""The ``guardstack`` command: ``demo``, ``describe``, ``transcript``, ``replay``, ``mcp-proxy``."""
+"""The ``guardstack`` command: ``demo``, ``describe``, ``check``, ``transcript``, ``replay``,
+``mcp-proxy``."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
         "transcript", help="print the model request a saved session rebuilds"
     )
     transcript.add_argument("session", type=Path, help="a session saved as JSON Lines")
+    check = commands.add_parser(
+        "check", help="what a plugin config means layer by layer, and likely mistakes"
+    )
+    check.add_argument("config", type=Path, help="a YAML, TOML or JSON plugin list")
+    check.add_argument("--strict", action="store_true", help="exit 1 when there is a warning")
+    check.add_argument("--allow-imports", action="store_true", help="accept module:attribute")
     replay = commands.add_parser(
         "replay", help="run a saved session's tool calls through guards: where would they fire?"
     )
@@ -115,6 +122,15 @@ def _run(arguments: argparse.Namespace) -> int:
                 default_timeout_ms=arguments.default_timeout,
             )
         )
+    elif arguments.command == "check":
+        from guardstack.cli.check import check
+
+        harness = Harness()
+        harness.load(arguments.config, allow_imports=arguments.allow_imports)
+        checked = check(harness)
+        _print(checked.render())
+        if arguments.strict and checked.warnings:
+            return 1
     elif arguments.command == "replay":
         from guardstack.cli.replay import render, replay
 

@@ -1,0 +1,195 @@
+"""``guardstack check CONFIG``: what a stack means, layer by layer, and what looks wrong.
+
+``check(harness)`` reads the plugins in the order they were applied (the onion's
+order) and returns one plain sentence per plugin, saying what it covers *given
+its position*, plus warnings for stacks that are probably not what was meant:
+
+* a tool declares a budget, but no timeout layer applies it;
+* a whole-operation timeout outside a retry is no longer than one attempt's
+  budget inside it, so the retry can never run;
+* a retry waits for an error code no layer produces (a misspelt code);
+* a retry with no per-attempt timeout inside it, for tools that declare budgets;
+* metrics inside a retry (they count attempts, not operations);
+* no cap on tool calls, model calls or usage; no loop guard.
+
+Call it from your own tests (``assert not check(harness).warnings``); the command
+prints it and, with ``--strict``, exits 1 on a warning.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from guardstack.guards import (
+    ModelCallLimit,
+    RepeatToolReminder,
+    ToolCallLimit,
+    ToolCallTimeoutPolicy,
+    UsageLimit,
+)
+from guardstack.pipeline.harness import Harness
+from guardstack.pipeline.values import (
+    INVALID_ARGUMENTS,
+    TOOL_ABORTED,
+    TOOL_DENIED,
+    TOOL_FAILED,
+    TOOL_TIMEOUT,
+    UNKNOWN_TOOL,
+)
+from guardstack.wrappers import Metrics, Retry, Timeout, Tracing
+
+__all__ = ["Report", "check"]
+
+#: Codes a tool stack can produce without any layer: the registry's own.
+_REGISTRY_CODES = frozenset({TOOL_FAILED, UNKNOWN_TOOL, INVALID_ARGUMENTS, TOOL_ABORTED})
+
+
+@attrs.frozen
+class Report:
+    """What each plugin means where it sits, and the warnings."""
+
+    lines: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    def render(self) -> str:
+        text = [f"{number}. {line}" for number, line in enumerate(self.lines, start=1)]
+        text += [f"warning: {warning}" for warning in self.warnings] or ["no warnings"]
+        return "\n".join(text)
+
+
+def _timeout_on_tools(plugin: object) -> bool:
+    if isinstance(plugin, ToolCallTimeoutPolicy):
+        return True
+    return isinstance(plugin, Timeout) and plugin.stage == "dispatch"
+
+
+def _stage(plugin: object) -> str:
+    return str(getattr(plugin, "stage", "dispatch"))
+
+
+def check(harness: Harness) -> Report:
+    """Explain ``harness``'s stack plugin by plugin, and warn about likely mistakes."""
+    plugins = [handle.plugin for handle in harness.plugins]
+    budgets = {
+        name: tool.timeout_ms
+        for name in (definition["function"]["name"] for definition in harness.tools.schemas())
+        if (tool := harness.tools.get(name)) is not None and tool.timeout_ms is not None
+    }
+    lines: list[str] = []
+    warnings: list[str] = []
+    for stage in ("dispatch", "model"):
+        on_stage = [p for p in plugins if _stage(p) == stage and not isinstance(p, Tracing)]
+        retry_at = next((i for i, p in enumerate(on_stage) if isinstance(p, Retry)), None)
+        for index, plugin in enumerate(on_stage):
+            inside = retry_at is not None and index > retry_at
+            outside = retry_at is not None and index < retry_at
+            lines.append(_explain(plugin, inside, outside, stage))
+    for plugin in plugins:
+        if isinstance(plugin, Tracing):
+            lines.append("tracing: a span per call and per layer; it has no position of its own")
+    warnings += _budget_warnings(plugins, budgets)
+    warnings += _retry_warnings(plugins, budgets)
+    if not any(isinstance(p, ToolCallLimit | ModelCallLimit | UsageLimit) for p in plugins):
+        warnings.append(
+            "no cap: nothing limits tool calls, model calls or tokens per turn (only max_steps="
+            f"{harness.loop.max_steps}); add tool-call-limit, model-call-limit or usage-limit"
+        )
+    if not any(isinstance(p, RepeatToolReminder) for p in plugins):
+        warnings.append("no loop guard: repeat-tool-reminder is not applied")
+    return Report(tuple(lines), tuple(warnings))
+
+
+def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
+    what = "each model call" if stage == "model" else "each tool call"
+    if isinstance(plugin, Timeout | ToolCallTimeoutPolicy):
+        ms = getattr(plugin, "ms", None)
+        budget = f"{ms} ms" if ms is not None else "the tool's own declared budget"
+        name = plugin.name
+        if outside:
+            return f"{name}: bounds the whole retried operation, backoff included, at {budget}"
+        if inside:
+            return f"{name}: bounds each attempt at {budget}"
+        return f"{name}: bounds {what} at {budget}"
+    if isinstance(plugin, Retry):
+        codes = "a predicate" if callable(plugin.retry_on) else ", ".join(sorted(plugin.retry_on))
+        return (
+            f"retry: runs the layers after it again, up to {plugin.attempts} attempts, on {codes}"
+        )
+    if isinstance(plugin, Metrics):
+        if inside:
+            return "metrics: counts attempts (it is inside the retry), not operations"
+        return f"metrics: counts operations — {what} once, however many attempts"
+    if isinstance(plugin, ToolCallLimit):
+        return f"tool-call-limit: {plugin.on_exceeded} past {plugin.per_turn or '-'} calls a turn"
+    if isinstance(plugin, RepeatToolReminder):
+        return (
+            f"repeat-tool-reminder: reminds at {list(plugin.thresholds)} identical calls in a row"
+        )
+    if isinstance(plugin, ModelCallLimit | UsageLimit):
+        return f"{plugin.name}: ends the turn blocked at its limit, before the next model request"
+    return f"{getattr(plugin, 'name', type(plugin).__name__)}: (no explanation known)"
+
+
+def _budget_warnings(plugins: list[object], budgets: dict[str, int]) -> list[str]:
+    applies_budget = any(
+        isinstance(p, ToolCallTimeoutPolicy) or (isinstance(p, Timeout) and p.ms is None)
+        for p in plugins
+        if _stage(p) == "dispatch"
+    )
+    if budgets and not applies_budget:
+        names = ", ".join(sorted(budgets))
+        return [
+            f"tools declare budgets ({names}) but no timeout layer applies them: add "
+            "tool-call-timeout-policy (or timeout with no ms); today they have no timeout at all"
+        ]
+    return []
+
+
+def _retry_warnings(plugins: list[object], budgets: dict[str, int]) -> list[str]:
+    warnings: list[str] = []
+    dispatch = [p for p in plugins if _stage(p) == "dispatch" and not isinstance(p, Tracing)]
+    retry_at = next((i for i, p in enumerate(dispatch) if isinstance(p, Retry)), None)
+    if retry_at is None:
+        return warnings
+    retry = dispatch[retry_at]
+    assert isinstance(retry, Retry)
+    outer, inner = dispatch[:retry_at], dispatch[retry_at + 1 :]
+    produced = set(_REGISTRY_CODES)
+    produced |= {p.code for p in dispatch if isinstance(p, Timeout)}
+    if any(isinstance(p, ToolCallTimeoutPolicy) for p in dispatch):
+        produced.add(TOOL_TIMEOUT)
+    if any(isinstance(p, ToolCallLimit) for p in plugins):
+        produced.add(TOOL_DENIED)
+    if not callable(retry.retry_on):
+        unknown = sorted(set(retry.retry_on) - produced)
+        if unknown:
+            warnings.append(
+                f"retry waits for {', '.join(unknown)}, which no layer in this stack produces "
+                f"(misspelt?); known here: {', '.join(sorted(produced))}"
+            )
+    per_attempt = [p for p in inner if _timeout_on_tools(p)]
+    if budgets and not per_attempt:
+        warnings.append(
+            "retry has no per-attempt timeout inside it: a hung attempt uses up the whole "
+            "operation; register a timeout (or the policy) after the retry"
+        )
+    outer_budgets = [p.ms for p in outer if isinstance(p, Timeout) and p.ms is not None]
+    for outer_ms in outer_budgets:
+        attempt_budgets = [p.ms for p in per_attempt if isinstance(p, Timeout) and p.ms]
+        if any(
+            isinstance(p, ToolCallTimeoutPolicy) or (isinstance(p, Timeout) and p.ms is None)
+            for p in per_attempt
+        ):
+            attempt_budgets += list(budgets.values())
+        if attempt_budgets and outer_ms <= min(attempt_budgets):
+            warnings.append(
+                f"the whole-operation timeout ({outer_ms} ms, outside the retry) is no "
+                f"longer than one attempt's budget ({min(attempt_budgets)} ms): a hung attempt "
+                "uses it all and the retry never runs"
+            )
+    if any(isinstance(p, Metrics) for p in inner):
+        warnings.append(
+            "metrics inside the retry count attempts, not operations; register them before the "
+            "retry to count each call once"
+        )
+    return warnings

@@ -1,0 +1,110 @@
+"""``guardstack check``: each warning fires on the mistake, and never on the documented recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from guardstack.cli.check import check
+from guardstack.cli.main import main
+from guardstack.guards import RepeatToolReminder, ToolCallLimit, ToolCallTimeoutPolicy
+from guardstack.pipeline import TOOL_FAILED, TOOL_TIMEOUT, Harness, ToolDefinition
+from guardstack.wrappers import Metrics, Retry, Timeout, Tracing
+
+
+async def _tool(arguments: object, call: object) -> str:
+    return "ok"
+
+
+def stack(*plugins: object, budget: int | None = 5_000) -> Harness:
+    harness = Harness()
+    harness.tools.register(ToolDefinition("search", _tool, timeout_ms=budget))
+    for plugin in plugins:
+        harness.plugin(plugin)  # type: ignore[arg-type]
+    return harness
+
+
+GUARDS = (ToolCallLimit(per_turn=40), RepeatToolReminder())
+
+
+def warnings_of(harness: Harness) -> list[str]:
+    return list(check(harness).warnings)
+
+
+def test_a_declared_budget_with_no_timeout_layer() -> None:
+    assert any("no timeout layer applies them" in w for w in warnings_of(stack(*GUARDS)))
+    assert warnings_of(stack(*GUARDS, ToolCallTimeoutPolicy())) == []
+
+
+def test_a_whole_operation_timeout_no_longer_than_one_attempt() -> None:
+    mistaken = stack(*GUARDS, Timeout(ms=5_000), Retry(), ToolCallTimeoutPolicy())
+    assert any("the retry never runs" in w for w in warnings_of(mistaken))
+    fine = stack(*GUARDS, Timeout(ms=12_000), Retry(), ToolCallTimeoutPolicy())
+    assert warnings_of(fine) == []
+
+
+def test_a_misspelt_retry_code() -> None:
+    mistaken = stack(*GUARDS, Retry(retry_on=["TOOL_TIMOUT"]), ToolCallTimeoutPolicy())
+    [warning] = warnings_of(mistaken)
+    assert "retry waits for TOOL_TIMOUT, which no layer in this stack produces" in warning
+    fine = stack(*GUARDS, Retry(retry_on=[TOOL_TIMEOUT, TOOL_FAILED]), ToolCallTimeoutPolicy())
+    assert warnings_of(fine) == []
+
+
+def test_a_retry_without_a_per_attempt_timeout_and_metrics_inside_it() -> None:
+    mistaken = stack(*GUARDS, ToolCallTimeoutPolicy(), Retry(), Metrics())
+    found = warnings_of(mistaken)
+    assert any("no per-attempt timeout inside it" in w for w in found)
+    assert any("metrics inside the retry count attempts" in w for w in found)
+
+
+def test_no_cap_and_no_guard() -> None:
+    found = warnings_of(stack(ToolCallTimeoutPolicy()))
+    assert any(w.startswith("no cap:") for w in found)
+    assert any(w.startswith("no loop guard") for w in found)
+
+
+def test_each_plugin_is_explained_by_its_position() -> None:
+    report = check(stack(Tracing(), *GUARDS, Timeout(ms=20_000), Retry(), Metrics(), Timeout()))
+    assert "timeout: bounds the whole retried operation, backoff included, at 20000 ms" in (
+        report.lines
+    )
+    assert "timeout: bounds each attempt at the tool's own declared budget" in report.lines
+    assert "metrics: counts attempts (it is inside the retry), not operations" in report.lines
+
+
+@given(
+    budget=st.none() | st.integers(1, 60_000),
+    total=st.none() | st.integers(1, 600_000),
+    attempts=st.integers(1, 5),
+    metrics_outside=st.booleans(),
+    codes=st.sets(st.sampled_from([TOOL_TIMEOUT, TOOL_FAILED]), min_size=1),
+)
+def test_no_false_alarm_on_a_stack_built_by_the_documented_recipe(
+    budget: int | None, total: int | None, attempts: int, metrics_outside: bool, codes: set[str]
+) -> None:
+    """Caps and guards, metrics outside, [a total budget longer than an attempt,] retry,
+    then the per-attempt policy: the recipe in docs/order.md."""
+    plugins: list[object] = [*GUARDS]
+    if metrics_outside:
+        plugins.append(Metrics())
+    if total is not None and (budget is None or total > budget):
+        plugins.append(Timeout(ms=total, code="TOTAL_TIMEOUT"))
+    plugins += [Retry(attempts=attempts, retry_on=sorted(codes)), ToolCallTimeoutPolicy()]
+    assert warnings_of(stack(*plugins, budget=budget)) == []
+
+
+def test_the_command_and_strict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "stack.yaml"
+    config.write_text(
+        "- name: retry\n  config: {retry_on: [TOOL_TIMOUT]}\n- name: tool-call-timeout-policy\n",
+        "utf-8",
+    )
+    assert main(["check", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "1. retry: runs the layers after it again, up to 3 attempts, on TOOL_TIMOUT" in printed
+    assert "warning: retry waits for TOOL_TIMOUT" in printed
+    assert main(["check", "--strict", str(config)]) == 1
