@@ -7,7 +7,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -51,6 +51,17 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("config", type=Path, help="a YAML, TOML or JSON plugin list")
     check.add_argument("--strict", action="store_true", help="exit 1 when there is a warning")
     check.add_argument("--allow-imports", action="store_true", help="accept module:attribute")
+    compare = commands.add_parser(
+        "compare",
+        help="run stacks side by side on the same seeded faults, in virtual time "
+        "(needs guardstack[compare])",
+    )
+    compare.add_argument("configs", type=Path, nargs="+", help="plugin lists to compare")
+    compare.add_argument("--scenario", type=Path, required=True, help="tools and their faults")
+    compare.add_argument("--seed", type=int, default=0, help="the same seed, the same numbers")
+    compare.add_argument("--calls", type=int, help="calls per stack (default: the scenario's)")
+    compare.add_argument("--json", action="store_true", help="print JSON for machines")
+    compare.add_argument("--allow-imports", action="store_true", help="accept module:attribute")
     replay = commands.add_parser(
         "replay", help="run a saved session's tool calls through guards: where would they fire?"
     )
@@ -131,6 +142,34 @@ def _run(arguments: argparse.Namespace) -> int:
         _print(checked.render())
         if arguments.strict and checked.warnings:
             return 1
+    elif arguments.command == "compare":
+        from guardstack.cli.compare import compare as run_compare
+        from guardstack.cli.compare import load_scenario
+        from guardstack.cli.compare import render as render_table
+
+        scenario = load_scenario(str(arguments.scenario))
+        for config in arguments.configs:  # every file is read and checked before anything runs
+            Harness().load(config, allow_imports=arguments.allow_imports)
+
+        def builder(config: Path) -> Callable[[], Harness]:
+            def build() -> Harness:
+                harness = Harness()
+                harness.load(config, allow_imports=arguments.allow_imports)
+                return harness
+
+            return build
+
+        results = run_compare(
+            [(config.name, builder(config)) for config in arguments.configs],
+            scenario,
+            seed=arguments.seed,
+            calls=arguments.calls,
+            progress=not arguments.json and sys.stderr.isatty(),
+        )
+        if arguments.json:
+            _print(json.dumps({"stacks": [stats.to_dict() for stats in results]}, indent=2))
+        else:
+            _print(render_table(results))
     elif arguments.command == "replay":
         from guardstack.cli.replay import render, replay
 

@@ -39,7 +39,7 @@ from guardstack.pipeline.model import Model
 from guardstack.pipeline.registry import ToolRegistry
 from guardstack.pipeline.validate import cut
 
-__all__ = ["PLUGIN_GROUP", "Harness", "PluginHandle", "resolve_plugin"]
+__all__ = ["PLUGIN_GROUP", "Harness", "PluginHandle", "read_config_file", "resolve_plugin"]
 
 PLUGIN_GROUP = "guardstack.plugins"
 _ENTRY_KEYS = frozenset({"id", "name", "config"})
@@ -155,7 +155,7 @@ def _read_entries(
     data: Any = source
     if isinstance(source, str | os.PathLike):
         origin = os.fspath(source)
-        data = _read_file(origin)
+        data = read_config_file(origin)
     _check_size(origin, data)
     if isinstance(data, Mapping):
         if set(data) != {"plugins"}:
@@ -203,7 +203,8 @@ def _check_size(origin: str, data: object) -> None:
             stack.extend((child, depth + 1) for child in node)
 
 
-def _read_file(path: str) -> Any:
+def read_config_file(path: str) -> Any:
+    """A YAML, TOML or JSON file's data, size-limited; ``ConfigError`` on anything wrong."""
     try:
         with open(path, "rb") as file:
             raw = file.read(MAX_CONFIG_BYTES + 1)

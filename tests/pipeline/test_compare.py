@@ -1,0 +1,102 @@
+"""``guardstack compare``: the same seeded faults for every stack, numbers that match theory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from guardstack.cli.compare import compare, load_scenario
+from guardstack.cli.main import main
+from guardstack.guards import ToolCallTimeoutPolicy
+from guardstack.pipeline import ConfigError, Harness
+from guardstack.wrappers import Retry
+
+ROOT = Path(__file__).parents[2]
+
+
+def hanging(p: float, calls: int) -> dict[str, object]:
+    return {
+        "calls": calls,
+        "give_up_s": 30,
+        "tools": {"t": {"timeout_ms": 200, "latency_ms": 50, "hang_probability": p}},
+    }
+
+
+def retry_then_policy(attempts: int) -> Harness:
+    harness = Harness()
+    harness.plugin(Retry(attempts=attempts, backoff_ms=0, max_backoff_ms=0))
+    harness.plugin(ToolCallTimeoutPolicy())
+    return harness
+
+
+def policy_then_retry(attempts: int) -> Harness:
+    harness = Harness()
+    harness.plugin(ToolCallTimeoutPolicy())
+    harness.plugin(Retry(attempts=attempts, backoff_ms=0, max_backoff_ms=0))
+    return harness
+
+
+@pytest.mark.parametrize(("p", "attempts"), [(0.3, 3), (0.5, 2), (0.1, 1)])
+def test_success_rates_match_the_closed_form(p: float, attempts: int) -> None:
+    """A tool that hangs with probability p, n attempts each with the tool's budget:
+    1 - p**n of calls succeed; with the budget outside the retry, 1 - p."""
+    scenario = load_scenario(hanging(p, 4_000))
+    per_attempt, whole = compare(
+        [
+            ("per attempt", lambda: retry_then_policy(attempts)),
+            ("whole operation", lambda: policy_then_retry(attempts)),
+        ],
+        scenario,
+        seed=11,
+    )
+    assert per_attempt.success_rate == pytest.approx(1 - p**attempts, abs=0.015)
+    assert whole.success_rate == pytest.approx(1 - p, abs=0.025)
+    # every failure is a timeout of the policy; the caller never had to give up
+    assert per_attempt.timeouts_by_code == {
+        "TOOL_TIMEOUT": round((1 - per_attempt.success_rate) * 4_000)
+    }
+    assert per_attempt.mean_attempts == pytest.approx(sum(p**k for k in range(attempts)), abs=0.05)
+
+
+def test_the_same_seed_gives_the_same_numbers_and_the_caller_gives_up_on_hangs() -> None:
+    scenario = load_scenario(hanging(0.2, 500))
+    first = compare([("bare", Harness)], scenario, seed=3)
+    assert first == compare([("bare", Harness)], scenario, seed=3)
+    assert first != compare([("bare", Harness)], scenario, seed=4)
+    [bare] = first
+    assert bare.timeouts_by_code == {"caller gave up": round((1 - bare.success_rate) * 500)}
+    assert bare.p99_ms == 30_000
+
+
+def test_bad_scenarios_name_the_key() -> None:
+    with pytest.raises(ConfigError, match="`hang_probability` must be a number from 0 to 1"):
+        load_scenario({"tools": {"t": {"hang_probability": 2}}})
+    with pytest.raises(ConfigError, match="unknown key 'call'"):
+        load_scenario({"call": 3, "tools": {}})
+
+
+def test_the_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    examples = ROOT / "examples"
+    args = [
+        "compare",
+        str(examples / "per-attempt.yaml"),
+        str(examples / "whole-operation.yaml"),
+        "--scenario",
+        str(examples / "scenario.yaml"),
+        "--calls",
+        "300",
+    ]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].startswith("| stack ")
+    assert "per-attempt.yaml" in table
+    assert main([*args, "--json"]) == 0
+    stacks = json.loads(capsys.readouterr().out)["stacks"]
+    assert [s["config"] for s in stacks] == ["per-attempt.yaml", "whole-operation.yaml"]
+    assert set(stacks[0]) == {
+        "config", "success_rate", "p50_ms", "p95_ms", "p99_ms", "mean_attempts",
+        "wasted_tool_s", "timeouts_by_code",
+    }  # fmt: skip
+    assert stacks[0]["success_rate"] > stacks[1]["success_rate"]
