@@ -1,22 +1,24 @@
-"""The ordering benchmark's claims hold on a small plan, on both backends in virtual time."""
+"""The benchmarks' claims hold on small runs, and their peers do the same work as ours."""
 
 from __future__ import annotations
 
-from benchmarks.ordering import draws, run_stack, stacks
+from benchmarks.ordering import scenario, stacks
+from guardstack.cli.compare import compare
 
 
-async def test_the_ordering_simulation_shows_what_each_order_means() -> None:
-    plan = draws(seed=7, calls=60)
-    stats = {name: await run_stack(plugins(), plan) for name, plugins in stacks().items()}
+def test_the_ordering_simulation_shows_what_each_order_means() -> None:
+    stats = {s.config: s for s in compare(list(stacks().items()), scenario(120), seed=7)}
     # A budget outside the retry leaves the retry nothing to retry: same as no retry.
-    assert stats["policy -> retry (whole op)"] == stats["policy"]
+    whole, alone = stats["policy -> retry (whole op)"], stats["policy"]
+    assert (whole.success_rate, whole.p99_ms) == (alone.success_rate, alone.p99_ms)
     # Inside, each attempt gets the budget, so more calls are answered, at most 3 runs each.
-    assert stats["retry -> policy (per attempt)"]["success"] > stats["policy"]["success"]
-    assert 1 < stats["retry -> policy (per attempt)"]["runs"] <= 3
+    per_attempt = stats["retry -> policy (per attempt)"]
+    assert per_attempt.success_rate > alone.success_rate
+    assert 1 < per_attempt.mean_attempts <= 3
     # A total budget outside bounds every call; no timeout at all waits for the caller.
-    assert stats["1.2 s total -> retry -> policy"]["max"] <= 1.2 + 1e-9
-    assert stats["no timeout"]["max"] == 30.0
-    assert stats["policy"]["max"] <= 0.5 + 1e-9
+    assert stats["1.2 s total -> retry -> policy"].p99_ms <= 1_200 + 1e-6
+    assert stats["no timeout"].p99_ms == 30_000
+    assert alone.p99_ms <= 500 + 1e-6
 
 
 async def test_the_loop_benchmarks_turns_are_the_same_conversation() -> None:
