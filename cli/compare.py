@@ -32,7 +32,7 @@ from guardstack.pipeline.harness import Harness, read_config_file
 from guardstack.pipeline.validate import cut
 from guardstack.pipeline.values import TOOL_FAILED, ToolCall, ToolDefinition, ToolResult
 
-__all__ = ["Scenario", "StackStats", "ToolProfile", "compare", "load_scenario"]
+__all__ = ["Scenario", "StackStats", "ToolProfile", "compare", "load_scenario", "plot", "render"]
 
 EXTRA = "compare"
 MAX_ATTEMPTS = 16  # draws per call: more than any sensible retry makes
@@ -82,9 +82,13 @@ class StackStats:
     mean_attempts: float
     wasted_tool_s: float
     timeouts_by_code: Mapping[str, int]
+    #: Every call's latency, sorted (for ``plot``; not part of ``to_dict``).
+    latencies_ms: tuple[float, ...] = attrs.field(default=(), eq=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        data = attrs.asdict(self)
+        del data["latencies_ms"]
+        return data
 
 
 def _number(where: str, key: str, value: object, low: float, high: float = math.inf) -> float:
@@ -229,6 +233,7 @@ async def _run_stack(
         sum(len(r) for r in runs.values()) / count,
         wasted,
         dict(sorted(timeouts.items())),
+        tuple(latency * 1000 for latency in latencies),
     )
 
 
@@ -292,3 +297,30 @@ def render(results: Sequence[StackStats]) -> str:
         for row in rows
     ]
     return "\n".join(lines)
+
+
+def plot(results: Sequence[StackStats], path: str) -> None:
+    """Each stack's latency distribution (left) and success rate (right), as a PNG."""
+    matplotlib = require("matplotlib", "plot")
+    matplotlib.use("Agg")  # no display needed
+    pyplot = require("matplotlib.pyplot", "plot")
+    figure, (latency, success) = pyplot.subplots(
+        1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]}
+    )
+    for stats in results:
+        count = len(stats.latencies_ms)
+        shares = [(index + 1) / count for index in range(count)]
+        latency.step(stats.latencies_ms, shares, where="post", label=stats.config)
+    latency.set_xscale("log")
+    latency.set_xlabel("latency per call (ms, log scale)")
+    latency.set_ylabel("share of calls answered or given up by then")
+    latency.grid(True, which="both", alpha=0.3)
+    latency.legend(fontsize="small")
+    names = [stats.config for stats in results]
+    success.barh(names, [stats.success_rate * 100 for stats in results])
+    success.set_xlim(0, 100)
+    success.set_xlabel("success (%)")
+    success.invert_yaxis()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)

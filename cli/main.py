@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--seed", type=int, default=0, help="the same seed, the same numbers")
     compare.add_argument("--calls", type=int, help="calls per stack (default: the scenario's)")
     compare.add_argument("--json", action="store_true", help="print JSON for machines")
+    compare.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="draw the latency distributions and success rates (needs guardstack[plot])",
+    )
     compare.add_argument("--allow-imports", action="store_true", help="accept module:attribute")
     replay = commands.add_parser(
         "replay", help="run a saved session's tool calls through guards: where would they fire?"
@@ -166,6 +172,10 @@ def _run(arguments: argparse.Namespace) -> int:
             calls=arguments.calls,
             progress=not arguments.json and sys.stderr.isatty(),
         )
+        if arguments.plot is not None:
+            from guardstack.cli.compare import plot
+
+            plot(results, str(arguments.plot))
         if arguments.json:
             _print(json.dumps({"stacks": [stats.to_dict() for stats in results]}, indent=2))
         else:

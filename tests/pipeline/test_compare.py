@@ -100,3 +100,25 @@ def test_the_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[str])
         "wasted_tool_s", "timeouts_by_code",
     }  # fmt: skip
     assert stacks[0]["success_rate"] > stacks[1]["success_rate"]
+
+
+def test_plot_draws_a_png(tmp_path: Path) -> None:
+    from guardstack.cli.compare import plot
+
+    scenario = load_scenario(hanging(0.2, 200))
+    results = compare(
+        [("per attempt", lambda: retry_then_policy(3)), ("bare", Harness)], scenario, seed=1
+    )
+    target = tmp_path / "compare.png"
+    plot(results, str(target))
+    data = target.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1210, 440)  # 11 x 4 inches at 110 dpi
+    assert len(results[0].latencies_ms) == 200
+
+
+def test_the_progress_bar_changes_nothing() -> None:
+    scenario = load_scenario(hanging(0.2, 100))
+    quiet = compare([("bare", Harness)], scenario, seed=5)
+    assert compare([("bare", Harness)], scenario, seed=5, progress=True) == quiet
