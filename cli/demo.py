@@ -6,6 +6,7 @@ runs it on a real clock and the tests run it in virtual time.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -163,11 +164,16 @@ class DemoTelemetry:
     """
 
     def __init__(self, otlp_endpoint: str | None = None) -> None:
-        self.otlp_endpoint = otlp_endpoint
+        env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        #: Where spans go: ``--otlp``, else the standard OTEL_* variables, else nowhere.
+        self.otlp_endpoint = otlp_endpoint or env_endpoint
+        self.exporting: Any = None
         try:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
             from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
                 InMemorySpanExporter,
             )
@@ -179,20 +185,24 @@ class DemoTelemetry:
             self.provider: Any = None
             return
         self.memory = InMemorySpanExporter()
-        self.provider = TracerProvider(resource=Resource({"service.name": "guardstack-demo"}))
-        self.provider.add_span_processor(SimpleSpanProcessor(self.memory))
-        if otlp_endpoint is not None:
+        if self.otlp_endpoint is None:
+            self.provider = TracerProvider(resource=Resource({"service.name": "guardstack-demo"}))
+        else:
+            from guardstack.integrations.otel import configure
+
             try:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                    OTLPSpanExporter,
+                self.exporting = configure(
+                    service_name="guardstack-demo",
+                    traces_endpoint=otlp_endpoint,  # None: the OTEL_* variables decide
+                    metrics=False,
+                    set_global=False,
                 )
             except ImportError:
                 raise GuardstackError(
                     "sending spans over OTLP needs: pip install 'guardstack[otlp]'"
                 ) from None
-            self.provider.add_span_processor(
-                BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint))
-            )
+            self.provider = self.exporting.tracer_provider
+        self.provider.add_span_processor(SimpleSpanProcessor(self.memory))
 
     def trace(self, harness: Harness, *, always: bool = False) -> None:
         """Trace ``harness`` if the demo sends spans somewhere (or ``always``)."""
@@ -200,8 +210,14 @@ class DemoTelemetry:
             harness.plugin(Tracing(self.provider))
 
     def shutdown(self) -> None:
+        """Flush what is still batched; raise if spans could not be delivered."""
         if self.provider is not None:
-            self.provider.shutdown()  # flushes what is still batched for the endpoint
+            self.provider.shutdown()
+        if self.exporting is not None and self.exporting.failed_spans:
+            raise GuardstackError(
+                f"could not export {self.exporting.failed_spans} spans to "
+                f"{self.otlp_endpoint} ({self.exporting.last_error})"
+            )
 
 
 async def _tracing_section(out: TextIO, telemetry: DemoTelemetry) -> None:
@@ -236,11 +252,6 @@ async def _tracing_section(out: TextIO, telemetry: DemoTelemetry) -> None:
             show(child, depth + 1)
 
     show(root, 0)
-    if telemetry.otlp_endpoint is not None:
-        out.write(
-            f"\n   Every call of this demo was traced to {telemetry.otlp_endpoint} "
-            "(service.name=guardstack-demo).\n"
-        )
     out.write("\n")
 
 
@@ -283,3 +294,5 @@ async def run_demo(
             await _caps_section(out, telemetry)
     finally:
         telemetry.shutdown()
+    if telemetry.otlp_endpoint is not None:
+        out.write(f"Every call of this demo was traced to {telemetry.otlp_endpoint}.\n")

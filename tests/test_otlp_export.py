@@ -103,3 +103,56 @@ async def test_every_demo_call_is_traced_to_an_otlp_endpoint(receiver: Receiver)
         if event.name == "guardstack.context"
     ]
     assert len(reminders) == 1
+
+
+def test_configure_reads_the_standard_environment(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio
+
+    from guardstack.integrations.otel import configure
+    from guardstack.pipeline import Harness, ToolCall, ToolDefinition
+    from guardstack.wrappers import Tracing
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "agents")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
+    telemetry = configure(service_name="ignored-when-the-variable-is-set", set_global=False)
+
+    async def tool(arguments: Any, call: Any) -> str:
+        return "ok"
+
+    harness = Harness()
+    harness.tools.register(ToolDefinition("t", tool))
+    harness.plugin(Tracing(telemetry.tracer_provider))
+    anyio.run(harness.tools.execute, ToolCall("t", {}, "c1"))
+    telemetry.shutdown()
+    [(resource, span)] = receiver.spans()
+    assert resource["service.name"] == "agents"
+    assert resource["deployment.environment"] == "test"
+    assert span.name == "execute_tool t"
+    assert telemetry.failed_spans == 0
+
+
+def test_the_demo_follows_the_environment_and_fails_loudly_when_export_fails(
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import socket
+
+    from guardstack.cli.main import main
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    assert main(["demo"]) == 0
+    assert f"Every call of this demo was traced to {receiver.url}." in capsys.readouterr().out
+    assert {resource["service.name"] for resource, _ in receiver.spans()} == {"guardstack-demo"}
+
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    assert main(["demo", "--otlp", f"http://127.0.0.1:{port}"]) == 2
+    captured = capsys.readouterr()
+    assert "could not export" in captured.err
+    assert "Every call of this demo was traced" not in captured.out
