@@ -47,6 +47,7 @@ from guardstack.pipeline.values import PostDecision, PreDecision, ToolCall, Tool
 if TYPE_CHECKING:
     from guardstack.pipeline.loop import Agent as Agent
     from guardstack.pipeline.loop import AgentLoop
+    from guardstack.pipeline.loop import TurnResult as TurnResult
     from guardstack.pipeline.registry import ToolRegistry
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "PromptNext",
     "Registration",
     "Scope",
+    "TurnRun",
     "Usage",
     "model_error_code",
     "model_within_budget",
@@ -85,6 +87,8 @@ DispatchNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]
 PostNext: TypeAlias = Callable[[ToolCall, ToolResult], Awaitable[PostDecision]]
 PromptNext: TypeAlias = Callable[["Agent", str], Awaitable[str]]
 ModelNext: TypeAlias = Callable[[ModelRequest], Awaitable[ModelReply]]
+#: A whole agent turn: what ``loop.instrument_turn`` hooks wrap.
+TurnRun: TypeAlias = Callable[["Agent", str], Awaitable["TurnResult"]]
 
 
 @runtime_checkable

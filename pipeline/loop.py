@@ -35,14 +35,14 @@ outside re-raises after that, ``agent.cancel()`` returns the aborted turn.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
 import attrs
 
-from guardstack.pipeline.contract import ModelNext, PromptNext
+from guardstack.pipeline.contract import ModelNext, PromptNext, TurnRun
 from guardstack.pipeline.errors import ConfigError, TurnBlocked, TurnInProgressError
 from guardstack.pipeline.model import Model, ModelReply, ModelRequest, ToolCallRequest, Usage
 from guardstack.pipeline.onion import Pipeline, Registration
@@ -72,7 +72,7 @@ from guardstack.pipeline.values import (
 if TYPE_CHECKING:
     from guardstack.pipeline.registry import ToolRegistry
 
-__all__ = ["Agent", "AgentLoop", "TurnResult"]
+__all__ = ["Agent", "AgentLoop", "TurnResult", "TurnRun"]
 
 
 @attrs.frozen
@@ -139,7 +139,39 @@ class AgentLoop:
         self.prompt_submit: Pipeline[PromptNext] = Pipeline(_submit, stage="prompt_submit")
         #: ``async (request, call_next) -> ModelReply``: every model call of every agent.
         self.model_call: Pipeline[ModelNext] = Pipeline(_complete, stage="model_call")
+        self._turn_hooks: list[Callable[[TurnRun], TurnRun]] = []
+        self._model_hooks: list[Callable[[ModelNext], ModelNext]] = []
+        self._call_model: ModelNext = self._through_stage
         self._create_hooks: list[Callable[[Agent], None]] = []
+
+    def _through_stage(self, request: ModelRequest) -> Awaitable[ModelReply]:
+        return self.model_call._chain(request)
+
+    def instrument_turn(self, hook: Callable[[TurnRun], TurnRun]) -> Registration:
+        """Wrap every whole turn (``async (agent, text) -> TurnResult``) with ``hook``.
+
+        For instrumentation such as ``Tracing``'s ``invoke_agent`` span; the turn's
+        own work, the log and the result are unchanged by it.
+        """
+        self._turn_hooks.append(hook)
+        return Registration(lambda: self._turn_hooks.remove(hook))
+
+    def instrument_model_call(self, hook: Callable[[ModelNext], ModelNext]) -> Registration:
+        """Wrap every whole model call (the ``model_call`` stage, all its layers) with ``hook``."""
+        self._model_hooks.append(hook)
+        self._compose_model_call()
+
+        def remove() -> None:
+            self._model_hooks.remove(hook)
+            self._compose_model_call()
+
+        return Registration(remove)
+
+    def _compose_model_call(self) -> None:
+        call: ModelNext = self._through_stage
+        for hook in reversed(self._model_hooks):
+            call = hook(call)
+        self._call_model = call
 
     def on_create(self, hook: Callable[[Agent], None]) -> Registration:
         """Run ``hook(agent)`` before ``create`` returns; if it raises, ``create`` raises."""
@@ -250,11 +282,18 @@ class Agent:
         with anyio.CancelScope() as scope:
             self._scope = scope
             try:
-                text = await self.loop.prompt_submit(self, text)
-                return await self._turn_body(text)
+                run: TurnRun = self._run_turn
+                for hook in reversed(self.loop._turn_hooks):
+                    run = hook(run)
+                return await run(self, text)
             finally:
                 self._scope = None
         return TurnResult("aborted", error="cancelled by agent.cancel()", usage=self.turn_usage)
+
+    @staticmethod
+    async def _run_turn(agent: Agent, text: str) -> TurnResult:
+        text = await agent.loop.prompt_submit(agent, text)
+        return await agent._turn_body(text)
 
     async def _turn_body(self, text: str) -> TurnResult:
         self._turn += 1
@@ -270,7 +309,7 @@ class Agent:
                 log(StepStart(turn, step))
                 request = ModelRequest(self, self.session.messages(), self.loop.tools.schemas())
                 try:
-                    reply = _checked(await self.loop.model_call._chain(request))
+                    reply = _checked(await self.loop._call_model(request))
                 except TurnBlocked as blocked:
                     log(StepEnd(turn, step))
                     log(TurnEnd(turn, "blocked", message_of(blocked)))

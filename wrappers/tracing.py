@@ -3,6 +3,15 @@
 Instrumentation, not a layer: applying ``Tracing`` adds no layer to any stage, so
 it has no position of its own. It wraps, when the chain is composed:
 
+* every agent turn in an ``invoke_agent {session}`` span (``gen_ai.operation.name``,
+  ``gen_ai.agent.name`` and ``gen_ai.conversation.id`` = the session id, the turn's
+  ``gen_ai.usage.*`` totals, ``guardstack.turn.reason``; status ERROR when the turn
+  ended with ``error``), so a turn is one trace;
+* every model call in a ``chat {model}`` span inside it (``gen_ai.request.model``,
+  ``gen_ai.response.model``, ``gen_ai.provider.name``, usage,
+  ``gen_ai.response.finish_reasons``; a failed call ends with ``error.type`` = its
+  ``MODEL_*`` code and an exception event), with the model stage's layers as child
+  spans, as for tools;
 * every ``registry.execute`` in an ``execute_tool {tool}`` span (kind INTERNAL,
   GenAI conventions: ``gen_ai.operation.name``, ``gen_ai.tool.name``,
   ``gen_ai.tool.call.id``, ``gen_ai.tool.type``, ``gen_ai.tool.description``; on an
@@ -33,13 +42,23 @@ OpenTelemetry API is used; pass your SDK ``TracerProvider`` or set the global on
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from opentelemetry import context, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
-from guardstack.pipeline.contract import DispatchNext, Execute, Layer, LayerInfo, Scope
+from guardstack.pipeline.contract import (
+    Execute,
+    Layer,
+    LayerInfo,
+    ModelNext,
+    ModelReply,
+    ModelRequest,
+    Scope,
+    TurnRun,
+    model_error_code,
+)
 from guardstack.pipeline.validate import boolean, invalid
 from guardstack.pipeline.values import (
     RaisedException,
@@ -50,6 +69,9 @@ from guardstack.pipeline.values import (
     message_of,
 )
 from guardstack.wrappers._otel import VERSION, exception_error_type, result_error_type
+
+if TYPE_CHECKING:
+    from guardstack.pipeline.contract import Agent, TurnResult
 
 __all__ = ["CONTEXT_EVENT", "Tracing"]
 
@@ -68,15 +90,19 @@ def _end_with_exception(span: Span, error: BaseException) -> None:
     span.set_attribute("error.type", error_type)
     span.set_status(Status(StatusCode.ERROR, error_type))
     if isinstance(error, Exception):
-        # Telemetry never changes an outcome: an exception whose __str__ raises must not
-        # replace the one being recorded.
-        try:
-            span.record_exception(error)
-        except Exception:
-            span.add_event(
-                "exception",
-                {"exception.type": type(error).__name__, "exception.message": message_of(error)},
-            )
+        _record(span, error)
+
+
+def _record(span: Span, error: Exception) -> None:
+    # Telemetry never changes an outcome: an exception whose __str__ raises must not
+    # replace the one being recorded.
+    try:
+        span.record_exception(error)
+    except Exception:
+        span.add_event(
+            "exception",
+            {"exception.type": type(error).__name__, "exception.message": message_of(error)},
+        )
 
 
 class Tracing:
@@ -101,11 +127,91 @@ class Tracing:
         )
 
     def apply(self, scope: Scope) -> None:
-        """Instrument the registry (a span per call) and, optionally, every dispatch layer."""
+        """Instrument turns, model calls and tool calls, and (optionally) every layer."""
         tools = scope.tools
         scope.adopt(tools.instrument(lambda execute: self.wrap_execute(execute, tools.get)))
+        scope.adopt(scope.loop.instrument_turn(self.wrap_turn))
+        scope.adopt(scope.loop.instrument_model_call(self.wrap_model_call))
         if self.layer_spans:
             scope.adopt(scope.tools.dispatch.instrument(self.wrap_layer))
+            scope.adopt(scope.loop.model_call.instrument(self.wrap_layer))
+
+    def wrap_turn(self, run: TurnRun) -> TurnRun:
+        tracer = self.tracer
+
+        async def traced_turn(agent: Agent, text: str) -> TurnResult:
+            span = tracer.start_span(
+                f"invoke_agent {agent.session_id}",
+                kind=SpanKind.INTERNAL,
+                attributes={
+                    "gen_ai.operation.name": "invoke_agent",
+                    "gen_ai.agent.name": agent.session_id,
+                    "gen_ai.conversation.id": agent.session_id,
+                },
+            )
+            token = context.attach(trace.set_span_in_context(span))
+            try:
+                result = await run(agent, text)
+            except BaseException as error:
+                _end_with_exception(span, error)
+                raise
+            else:
+                span.set_attribute("guardstack.turn.reason", result.reason)
+                span.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
+                span.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
+                if result.reason == "error":
+                    span.set_status(Status(StatusCode.ERROR, result.error))
+                return result
+            finally:
+                context.detach(token)
+                span.end()
+
+        return traced_turn
+
+    def wrap_model_call(self, call_model: ModelNext) -> ModelNext:
+        tracer = self.tracer
+
+        async def traced_model_call(request: ModelRequest) -> ModelReply:
+            model = request.agent.model
+            name = getattr(model, "model", None)
+            attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat"}
+            if isinstance(name, str):
+                attributes["gen_ai.request.model"] = name
+            provider = getattr(model, "provider", None)
+            if isinstance(provider, str):
+                attributes["gen_ai.provider.name"] = provider
+            span = tracer.start_span(
+                f"chat {name}" if isinstance(name, str) else "chat",
+                kind=SpanKind.CLIENT,
+                attributes=attributes,
+            )
+            token = context.attach(trace.set_span_in_context(span))
+            try:
+                reply = await call_model(request)
+            except BaseException as error:
+                if isinstance(error, Exception):
+                    code = model_error_code(error)
+                    span.set_attribute("error.type", code)
+                    span.set_status(Status(StatusCode.ERROR, code))
+                    _record(span, error)
+                else:
+                    _end_with_exception(span, error)
+                raise
+            else:
+                if isinstance(reply, ModelReply):
+                    if reply.model:
+                        span.set_attribute("gen_ai.response.model", reply.model)
+                    if reply.usage is not None:
+                        span.set_attribute("gen_ai.usage.input_tokens", reply.usage.input_tokens)
+                        span.set_attribute("gen_ai.usage.output_tokens", reply.usage.output_tokens)
+                    if reply.finish_reason:
+                        span.set_attribute("gen_ai.response.finish_reasons", [reply.finish_reason])
+                return reply
+            finally:
+                context.detach(token)
+                span.end()
+
+        return traced_model_call
 
     # Spans are started and made current by hand (start_span + context.attach) rather
     # than with ``start_as_current_span``: same spans, about a fifth cheaper per layer.
@@ -165,7 +271,7 @@ class Tracing:
     def wrap_layer(self, layer: Layer, info: LayerInfo) -> Layer:
         tracer = self.tracer
 
-        async def traced_layer(call: ToolCall, call_next: DispatchNext) -> ToolResult:
+        async def traced_layer(call: Any, call_next: Any) -> Any:
             span = tracer.start_span(
                 info.name,
                 attributes={
@@ -177,12 +283,17 @@ class Tracing:
             )
             token = context.attach(trace.set_span_in_context(span))
             try:
-                result: ToolResult = await layer(call, call_next)
+                result = await layer(call, call_next)
             except BaseException as error:
-                _end_with_exception(span, error)
+                if isinstance(error, Exception) and info.stage == "model_call":
+                    span.set_attribute("error.type", model_error_code(error))
+                    span.set_status(Status(StatusCode.ERROR, model_error_code(error)))
+                else:
+                    _end_with_exception(span, error)
                 raise
             else:
-                _end_with_result(span, result)
+                if isinstance(result, ToolResult):
+                    _end_with_result(span, result)
                 return result
             finally:
                 context.detach(token)

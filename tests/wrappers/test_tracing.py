@@ -231,3 +231,60 @@ async def test_a_tool_that_raised_leaves_an_exception_event() -> None:
     assert attributes["exception.type"] == "KeyError"
     assert "missing" in str(attributes["exception.message"])
     assert "KeyError" in str(attributes["exception.stacktrace"])
+
+
+async def test_a_turn_is_one_trace_invoke_agent_over_chat_and_execute_tool() -> None:
+    from guardstack.pipeline import ModelReply, ScriptedModel, ToolCallRequest, Usage
+
+    rig = SpanRig()
+    model = ScriptedModel(
+        [
+            ModelReply(tool_calls=(ToolCallRequest("grep", {}, "c1"),), usage=Usage(10, 2)),
+            ModelReply("done", usage=Usage(20, 3), model="m-1", finish_reason="stop"),
+        ]
+    )
+    harness = Harness(model)
+    ScriptedTool("grep").register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    await harness.loop.create("session-9").prompt("go")
+    spans = rig.spans
+    assert len({span.context.trace_id for span in spans}) == 1
+    [turn] = [s for s in spans if s.parent is None]
+    assert turn.name == "invoke_agent session-9"
+    assert dict(turn.attributes or {}) == {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "session-9",
+        "gen_ai.conversation.id": "session-9",
+        "guardstack.turn.reason": "completed",
+        "gen_ai.usage.input_tokens": 30,
+        "gen_ai.usage.output_tokens": 5,
+    }
+    children = sorted(
+        (s for s in spans if s.parent is not None and s.parent.span_id == turn.context.span_id),
+        key=lambda s: s.start_time or 0,
+    )
+    assert [s.name for s in children] == ["chat", "execute_tool grep", "chat"]
+    last = dict(children[2].attributes or {})
+    assert last["gen_ai.response.model"] == "m-1"
+    assert last["gen_ai.response.finish_reasons"] == ("stop",)
+    assert children[0].kind == SpanKind.CLIENT
+
+
+async def test_a_failed_model_call_leaves_a_chat_span_with_its_code_and_layer_spans() -> None:
+    from guardstack.pipeline import MODEL_REJECTED, ModelError, ScriptedModel
+
+    rig = SpanRig()
+    harness = Harness(ScriptedModel([ModelError("context too long", MODEL_REJECTED)]))
+    harness.plugin(Tracing(rig.provider))
+    harness.plugin(Retry(stage="model"))
+    result = await harness.loop.create("s").prompt("go")
+    assert result.reason == "error"
+    [chat] = by_name(rig.spans, "chat")
+    assert (chat.attributes or {})["error.type"] == MODEL_REJECTED
+    assert chat.status.status_code == StatusCode.ERROR
+    assert [e.name for e in chat.events] == ["exception"]
+    [retry] = by_name(rig.spans, "retry")
+    assert retry.parent is not None and retry.parent.span_id == chat.context.span_id
+    assert (retry.attributes or {})["guardstack.stage"] == "model_call"
+    [turn] = by_name(rig.spans, "invoke_agent s")
+    assert turn.status.status_code == StatusCode.ERROR
