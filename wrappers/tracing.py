@@ -28,6 +28,12 @@ it has no position of its own. It wraps, when the chain is composed:
   returned an error result ends its span with status ERROR and ``error.type`` =
   that code; one cancelled from outside ends with ``error.type = cancelled``.
 
+Content is opt-in (``Tracing(capture_content=True)``, or the GenAI conventions'
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``): tool arguments and
+results (``gen_ai.tool.call.arguments`` / ``.result``) and model input and output
+messages (``gen_ai.input.messages`` / ``gen_ai.output.messages``), each cut to
+``max_content_chars``. Off, nothing a tool or model said leaves the process.
+
 OpenTelemetry context flows through the layers because they run in the caller's
 task. With tracing not applied, no span object is created at all.
 
@@ -41,6 +47,8 @@ OpenTelemetry API is used; pass your SDK ``TracerProvider`` or set the global on
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -59,7 +67,7 @@ from guardstack.pipeline.contract import (
     TurnRun,
     model_error_code,
 )
-from guardstack.pipeline.validate import boolean, invalid
+from guardstack.pipeline.validate import boolean, integer, invalid
 from guardstack.pipeline.values import (
     RaisedException,
     ToolCall,
@@ -73,7 +81,10 @@ from guardstack.wrappers._otel import VERSION, exception_error_type, result_erro
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent, TurnResult
 
-__all__ = ["CONTEXT_EVENT", "Tracing"]
+__all__ = ["CAPTURE_VARIABLE", "CONTEXT_EVENT", "Tracing"]
+
+#: The GenAI conventions' switch for content capture, honoured when not set in code.
+CAPTURE_VARIABLE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 CONTEXT_EVENT = "guardstack.context"
 
@@ -91,6 +102,16 @@ def _end_with_exception(span: Span, error: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, error_type))
     if isinstance(error, Exception):
         _record(span, error)
+
+
+def _json(value: object) -> str:
+    """Content as JSON text for a span attribute; never raises."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
 
 
 def _record(span: Span, error: Exception) -> None:
@@ -111,9 +132,21 @@ class Tracing:
     name: ClassVar[str] = "tracing"
 
     def __init__(
-        self, tracer_provider: TracerProvider | None = None, layer_spans: bool = True
+        self,
+        tracer_provider: TracerProvider | None = None,
+        layer_spans: bool = True,
+        *,
+        capture_content: bool | None = None,
+        max_content_chars: int = 4_000,
     ) -> None:
         boolean("tracing", "layer_spans", layer_spans)
+        if capture_content is None:
+            flag = os.environ.get(CAPTURE_VARIABLE, "")
+            capture_content = flag.strip().lower() in ("true", "1", "yes")
+        boolean("tracing", "capture_content", capture_content)
+        #: Send tool arguments and results and model messages (opt-in: they may be private).
+        self.capture_content = capture_content
+        self.max_content_chars = integer("tracing", "max_content_chars", max_content_chars)
         if tracer_provider is not None and not callable(
             getattr(tracer_provider, "get_tracer", None)
         ):
@@ -180,6 +213,8 @@ class Tracing:
             provider = getattr(model, "provider", None)
             if isinstance(provider, str):
                 attributes["gen_ai.provider.name"] = provider
+            if self.capture_content:
+                attributes["gen_ai.input.messages"] = self._cut(_json(request.messages))
             span = tracer.start_span(
                 f"chat {name}" if isinstance(name, str) else "chat",
                 kind=SpanKind.CLIENT,
@@ -206,6 +241,14 @@ class Tracing:
                         span.set_attribute("gen_ai.usage.output_tokens", reply.usage.output_tokens)
                     if reply.finish_reason:
                         span.set_attribute("gen_ai.response.finish_reasons", [reply.finish_reason])
+                    if self.capture_content:
+                        output: dict[str, object] = {"role": "assistant", "content": reply.text}
+                        if reply.tool_calls:
+                            output["tool_calls"] = [
+                                {"name": c.name, "arguments": c.arguments_json}
+                                for c in reply.tool_calls
+                            ]
+                        span.set_attribute("gen_ai.output.messages", self._cut(_json([output])))
                 return reply
             finally:
                 context.detach(token)
@@ -231,6 +274,8 @@ class Tracing:
             tool = call.tool or (tool_of(call.name) if tool_of is not None else None)
             if tool is not None and tool.description:
                 attributes["gen_ai.tool.description"] = tool.description
+            if self.capture_content:
+                attributes["gen_ai.tool.call.arguments"] = self._cut(_json(call.arguments))
             span = tracer.start_span(
                 f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
             )
@@ -242,6 +287,8 @@ class Tracing:
                 raise
             else:
                 _end_with_result(span, outcome.result)
+                if self.capture_content:
+                    span.set_attribute("gen_ai.tool.call.result", self._cut(outcome.result.content))
                 raised = outcome.result.value
                 if isinstance(raised, RaisedException):
                     span.add_event(
@@ -301,5 +348,12 @@ class Tracing:
 
         return traced_layer
 
+    def _cut(self, text: str) -> str:
+        limit = self.max_content_chars
+        if len(text) <= limit:
+            return text
+        return f"{text[:limit]}… (+{len(text) - limit} chars)"
+
     def __repr__(self) -> str:
-        return f"Tracing(layer_spans={self.layer_spans})"
+        capture = ", capture_content=True" if self.capture_content else ""
+        return f"Tracing(layer_spans={self.layer_spans}{capture})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
@@ -289,3 +290,43 @@ async def test_a_failed_model_call_leaves_a_chat_span_with_its_code_and_layer_sp
     assert (retry.attributes or {})["guardstack.stage"] == "model_call"
     [turn] = by_name(rig.spans, "invoke_agent s")
     assert turn.status.status_code == StatusCode.ERROR
+
+
+async def test_content_is_captured_only_when_asked_and_cut_to_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from guardstack.pipeline import ModelReply, ScriptedModel, ToolCallRequest
+
+    def run_with(tracing: Tracing) -> Any:
+        model = ScriptedModel(
+            [
+                ModelReply(tool_calls=(ToolCallRequest("grep", {"q": "x" * 50}, "c1"),)),
+                ModelReply("ok"),
+            ]
+        )
+        harness = Harness(model)
+        ScriptedTool("grep", ["found " * 20]).register(harness.tools)
+        harness.plugin(tracing)
+        return harness.loop.create("s").prompt("look")
+
+    off = SpanRig()
+    await run_with(Tracing(off.provider))
+    assert not any(
+        key.startswith(("gen_ai.tool.call.arguments", "gen_ai.input", "gen_ai.output"))
+        for span in off.spans
+        for key in (span.attributes or {})
+    )
+    on = SpanRig()
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    await run_with(Tracing(on.provider, max_content_chars=40))
+    [tool] = by_name(on.spans, "execute_tool grep")
+    attributes = dict(tool.attributes or {})
+    assert attributes["gen_ai.tool.call.arguments"] == '{"q": "' + "x" * 33 + "… (+19 chars)"
+    assert str(attributes["gen_ai.tool.call.result"]).startswith("found found")
+    first_chat = by_name(on.spans, "chat")[0]
+    assert '"role": "user"' in str((first_chat.attributes or {})["gen_ai.input.messages"])
+    assert str((first_chat.attributes or {})["gen_ai.output.messages"]).endswith("chars)")
+    last_chat = by_name(on.spans, "chat")[1]
+    assert (last_chat.attributes or {})["gen_ai.output.messages"] == (
+        '[{"role": "assistant", "content": "ok"}]'
+    )
