@@ -18,7 +18,8 @@ it has no position of its own. It wraps, when the chain is composed:
   error result, status ERROR and ``error.type`` = the result's code, and an
   ``exception`` event when the tool raised). Contexts that post-execute layers
   inject — the repeat reminder's nudges — appear on it as ``guardstack.context``
-  span events;
+  span events, and a denial (a cap) as a ``guardstack.denied`` event; a turn a cap
+  ended carries a ``guardstack.blocked`` event;
 * every dispatch layer in a child span named after the layer, carrying
   ``guardstack.layer`` (its name), ``guardstack.layer.index`` (0 = outermost),
   ``guardstack.stage`` and ``guardstack.attempt`` (the attempt it was given) — and
@@ -69,6 +70,7 @@ from guardstack.pipeline.contract import (
 )
 from guardstack.pipeline.validate import boolean, integer, invalid
 from guardstack.pipeline.values import (
+    TOOL_DENIED,
     RaisedException,
     ToolCall,
     ToolDefinition,
@@ -81,7 +83,12 @@ from guardstack.wrappers._otel import VERSION, exception_error_type, result_erro
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent, TurnResult
 
-__all__ = ["CAPTURE_VARIABLE", "CONTEXT_EVENT", "Tracing"]
+__all__ = ["BLOCKED_EVENT", "CAPTURE_VARIABLE", "CONTEXT_EVENT", "DENIED_EVENT", "Tracing"]
+
+#: A call a cap (or any pre-execute layer) denied: an event on its ``execute_tool`` span.
+DENIED_EVENT = "guardstack.denied"
+#: A turn a cap ended (reason ``blocked``): an event on its ``invoke_agent`` span.
+BLOCKED_EVENT = "guardstack.blocked"
 
 #: The GenAI conventions' switch for content capture, honoured when not set in code.
 CAPTURE_VARIABLE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -194,6 +201,8 @@ class Tracing:
                 span.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
                 if result.reason == "error":
                     span.set_status(Status(StatusCode.ERROR, result.error))
+                if result.reason == "blocked":
+                    span.add_event(BLOCKED_EVENT, {"guardstack.reason": result.error or ""})
                 return result
             finally:
                 context.detach(token)
@@ -289,6 +298,15 @@ class Tracing:
                 _end_with_result(span, outcome.result)
                 if self.capture_content:
                     span.set_attribute("gen_ai.tool.call.result", self._cut(outcome.result.content))
+                if outcome.result.code == TOOL_DENIED:
+                    denial = outcome.result.error
+                    span.add_event(
+                        DENIED_EVENT,
+                        {
+                            "guardstack.reason": denial.message if denial else "",
+                            "guardstack.ends_turn": outcome.ends_turn,
+                        },
+                    )
                 raised = outcome.result.value
                 if isinstance(raised, RaisedException):
                     span.add_event(

@@ -330,3 +330,25 @@ async def test_content_is_captured_only_when_asked_and_cut_to_size(
     assert (last_chat.attributes or {})["gen_ai.output.messages"] == (
         '[{"role": "assistant", "content": "ok"}]'
     )
+
+
+async def test_cap_decisions_are_span_events() -> None:
+    from guardstack.guards import ModelCallLimit, ToolCallLimit
+    from guardstack.pipeline import ModelReply, ScriptedModel, ToolCallRequest
+    from guardstack.wrappers import BLOCKED_EVENT, DENIED_EVENT
+
+    rig = SpanRig()
+    replies = [ModelReply(tool_calls=(ToolCallRequest("grep", {"n": n}),)) for n in range(5)]
+    harness = Harness(ScriptedModel(replies))
+    ScriptedTool("grep").register(harness.tools)
+    harness.plugin(Tracing(rig.provider))
+    harness.plugin(ToolCallLimit(per_turn=1))
+    harness.plugin(ModelCallLimit(per_turn=3))
+    result = await harness.loop.create("s").prompt("go")
+    assert result.reason == "blocked"
+    denied = [e for s in rig.spans for e in s.events if e.name == DENIED_EVENT]
+    assert len(denied) == 2  # the second and third calls
+    assert str((denied[0].attributes or {})["guardstack.reason"]).startswith("tool call limit")
+    [turn] = by_name(rig.spans, "invoke_agent s")
+    [blocked] = [e for e in turn.events if e.name == BLOCKED_EVENT]
+    assert "model-call-limit" in str((blocked.attributes or {})["guardstack.reason"])
