@@ -30,13 +30,19 @@ def runs(log: Path) -> list[str]:
 @asynccontextmanager
 async def connected(command: list[str], directory: Path) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(command=command[0], args=command[1:], cwd=str(ROOT))
-    with (directory / "stderr.log").open("w") as errlog:
-        async with (
-            stdio_client(params, errlog=errlog) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            yield session
+    stderr = directory / "stderr.log"
+    try:
+        with stderr.open("w") as errlog:
+            async with (
+                stdio_client(params, errlog=errlog) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                yield session
+    except BaseException as error:
+        # A failure here is easier to read with what the server said on stderr.
+        error.add_note(f"server stderr:\n{stderr.read_text('utf-8', 'replace')[-4000:]}")
+        raise
 
 
 def server_command(directory: Path) -> list[str]:
