@@ -35,12 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     describe = commands.add_parser("describe", help="load a plugin config and print the onion")
     describe.add_argument("config", type=Path, help="a YAML, TOML or JSON plugin list")
-    describe.add_argument(
-        "--allow-imports",
-        action="store_true",
-        help="also accept module:attribute plugin names (runs that module's code: "
-        "only for files you trust)",
-    )
+    _allow_imports(describe)
     transcript = commands.add_parser(
         "transcript", help="print the model request a saved session rebuilds"
     )
@@ -50,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("config", type=Path, help="a YAML, TOML or JSON plugin list")
     check.add_argument("--strict", action="store_true", help="exit 1 when there is a warning")
-    check.add_argument("--allow-imports", action="store_true", help="accept module:attribute")
+    _allow_imports(check)
     compare = commands.add_parser(
         "compare",
         help="run stacks side by side on the same seeded faults, in virtual time "
@@ -67,13 +62,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE.png",
         help="draw the latency distributions and success rates (needs guardstack[plot])",
     )
-    compare.add_argument("--allow-imports", action="store_true", help="accept module:attribute")
+    _allow_imports(compare)
     replay = commands.add_parser(
         "replay", help="run a saved session's tool calls through guards: where would they fire?"
     )
     replay.add_argument("session", type=Path, help="a session saved as JSON Lines")
     replay.add_argument("--config", type=Path, required=True, help="the plugin list to try")
-    replay.add_argument("--allow-imports", action="store_true", help="accept module:attribute")
+    _allow_imports(replay)
     replay.add_argument("--json", action="store_true", help="print JSON for machines")
     proxy = commands.add_parser(
         "mcp-proxy",
@@ -82,9 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "process's stdin/stdout, every call through the plugins of --config.",
     )
     proxy.add_argument("--config", type=Path, help="a YAML, TOML or JSON plugin list")
-    proxy.add_argument(
-        "--allow-imports", action="store_true", help="accept module:attribute plugin names"
-    )
+    _allow_imports(proxy)
     proxy.add_argument(
         "--timeout",
         action="append",
@@ -99,6 +92,15 @@ def _parser() -> argparse.ArgumentParser:
         "server", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the MCP server to start"
     )
     return parser
+
+
+def _allow_imports(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--allow-imports",
+        action="store_true",
+        help="also accept module:attribute plugin names (runs that module's code: "
+        "only for files you trust)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

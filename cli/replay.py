@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from guardstack.guards import RepeatToolReminder
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.session import Session, ToolCallEvent, ToolResultEvent, UserMessage
 from guardstack.pipeline.values import TOOL_DENIED, ToolCall, ToolDefinition, ToolResult
@@ -108,9 +109,8 @@ async def replay(session: Session, harness: Harness) -> ReplayReport:
 
 def _first_threshold(harness: Harness) -> int | None:
     for handle in harness.plugins:
-        thresholds = getattr(handle.plugin, "thresholds", None)
-        if handle.plugin.__class__.__name__ == "RepeatToolReminder" and thresholds:
-            return int(thresholds[0])
+        if isinstance(handle.plugin, RepeatToolReminder):
+            return handle.plugin.thresholds[0]
     return None
 
 

@@ -333,11 +333,8 @@ class _RetryRun:
                 return result
             if attempt == 1 and not policy.may_retry(call):
                 return result
-            if budget is not None and not budget.try_withdraw():
+            if not await self._pause(attempt):
                 return result
-            if _BACKOFF_ENABLED.get():
-                await anyio.sleep(self.delay_s(attempt))
-            await _before_attempt()
             attempt += 1
 
     async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
@@ -356,20 +353,26 @@ class _RetryRun:
             except Exception as error:
                 if attempt >= policy.attempts or not policy.should_retry_error(error):
                     raise
-                if budget is not None and not budget.try_withdraw():
-                    raise
                 retry_after = error.retry_after_s if isinstance(error, ModelError) else None
-            if _BACKOFF_ENABLED.get():
-                await anyio.sleep(self._model_delay_s(attempt, retry_after))
-            await _before_attempt()
+                if not await self._pause(attempt, retry_after):
+                    raise
             attempt += 1
 
-    def _model_delay_s(self, attempt: int, retry_after_s: float | None) -> float:
-        delay = self.delay_s(attempt)
-        if retry_after_s is not None and retry_after_s > delay:
-            # The provider said when to come back; never sooner, never past our ceiling.
-            delay = min(retry_after_s, self.policy.max_backoff_ms / 1000)
-        return delay
+    async def _pause(self, attempt: int, retry_after_s: float | None = None) -> bool:
+        """Between attempts, on both stages: ``False`` if the budget refuses a retry;
+        else wait the backoff (at least ``retry_after_s``, within our ceiling) and
+        check that the next attempt may still start."""
+        budget = self.policy.budget
+        if budget is not None and not budget.try_withdraw():
+            return False
+        if _BACKOFF_ENABLED.get():
+            delay = self.delay_s(attempt)
+            if retry_after_s is not None and retry_after_s > delay:
+                # The provider said when to come back; never sooner, never past our ceiling.
+                delay = min(retry_after_s, self.policy.max_backoff_ms / 1000)
+            await anyio.sleep(delay)
+        await _before_attempt()
+        return True
 
     def __repr__(self) -> str:
         return repr(self.policy)

@@ -78,7 +78,12 @@ from guardstack.pipeline.values import (
     ToolResult,
     message_of,
 )
-from guardstack.wrappers._otel import VERSION, exception_error_type, result_error_type
+from guardstack.wrappers._otel import (
+    VERSION,
+    exception_error_type,
+    request_model,
+    result_error_type,
+)
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent, TurnResult
@@ -214,18 +219,17 @@ class Tracing:
         tracer = self.tracer
 
         async def traced_model_call(request: ModelRequest) -> ModelReply:
-            model = request.agent.model
-            name = getattr(model, "model", None)
+            name = request_model(request)
             attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat"}
-            if isinstance(name, str):
+            if name is not None:
                 attributes["gen_ai.request.model"] = name
-            provider = getattr(model, "provider", None)
+            provider = getattr(request.agent.model, "provider", None)
             if isinstance(provider, str):
                 attributes["gen_ai.provider.name"] = provider
             if self.capture_content:
                 attributes["gen_ai.input.messages"] = self._cut(_json(request.messages))
             span = tracer.start_span(
-                f"chat {name}" if isinstance(name, str) else "chat",
+                f"chat {name}" if name is not None else "chat",
                 kind=SpanKind.CLIENT,
                 attributes=attributes,
             )
