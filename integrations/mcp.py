@@ -38,8 +38,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from guardstack.integrations._extras import require
+from guardstack.integrations._framework import budgets
 from guardstack.pipeline import Harness, ToolCall, ToolDefinition, ToolResult
-from guardstack.pipeline.validate import compile_patterns, invalid
 from guardstack.pipeline.values import failed_result, validate_timeout_ms
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ async def mcp_tools(
     require("mcp", EXTRA)
     from mcp.types import PaginatedRequestParams
 
-    budgets = _budgets(timeouts_ms)
+    tool_budgets = budgets(OWNER, timeouts_ms)
     if default_timeout_ms is not None:
         validate_timeout_ms(OWNER, "default_timeout_ms", default_timeout_ms)
     listed: list[Tool] = []
@@ -77,7 +77,7 @@ async def mcp_tools(
     definitions = []
     for tool in listed:
         budget = next(
-            (ms for pattern, ms in budgets if pattern.fullmatch(tool.name)), default_timeout_ms
+            (ms for pattern, ms in tool_budgets if pattern.fullmatch(tool.name)), default_timeout_ms
         )
         definitions.append(
             ToolDefinition(
@@ -90,19 +90,6 @@ async def mcp_tools(
             )
         )
     return definitions
-
-
-def _budgets(timeouts_ms: Mapping[str, int] | None) -> list[tuple[Any, int]]:
-    if timeouts_ms is None:
-        return []
-    if not isinstance(timeouts_ms, Mapping):
-        raise invalid(OWNER, "timeouts_ms", timeouts_ms, "a mapping of tool-name pattern to ms")
-    budgets = []
-    for pattern, ms in timeouts_ms.items():
-        if not isinstance(pattern, str) or not pattern:
-            raise invalid(OWNER, "timeouts_ms", timeouts_ms, "keyed by tool-name patterns")
-        budgets.append((compile_patterns((pattern,)), validate_timeout_ms(OWNER, pattern, ms)))
-    return budgets
 
 
 def _idempotent(tool: Tool) -> bool | None:

@@ -28,7 +28,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, cast
 
@@ -134,6 +134,18 @@ class Harness:
                 handle.dispose()
             raise
         return handles
+
+    def reset(self, conversation: Hashable | None) -> None:
+        """Start a new person's turn in ``conversation``, for callers outside the loop.
+
+        Every applied plugin with ``reset(conversation)`` (the reminder's chain, a
+        cap's per-turn counts) forgets that conversation, as a new prompt does for
+        the loop's own agents. Framework adapters call it when a new run starts.
+        """
+        for handle in list(self.plugins):
+            reset = getattr(handle.plugin, "reset", None)
+            if callable(reset):
+                reset(conversation)
 
     def describe(self) -> str:
         """The plugins in order, then every stage's layers, outermost first."""

@@ -307,20 +307,38 @@ class ToolRegistry:
 
     # -- execution ---------------------------------------------------------------------
 
-    def execute(self, call: ToolCall, *, order: PhaseOrder | None = None) -> Awaitable[ToolOutcome]:
+    def execute(
+        self,
+        call: ToolCall,
+        *,
+        order: PhaseOrder | None = None,
+        tool: ToolDefinition | None = None,
+    ) -> Awaitable[ToolOutcome]:
         """Run ``call`` through pre-execute, dispatch and post-execute.
 
         ``order`` is for agent loops running a step's calls in parallel: it decides
         when each phase of this call may start (see ``PhaseOrder``).
-        """
-        if order is None:
-            return self._operation(call)
-        if not self._operation_hooks:
-            return self._run(call, order)
-        return self._wrapped(lambda ordered: self._run(ordered, order))(call)
 
-    async def _run(self, call: ToolCall, order: PhaseOrder | None = None) -> ToolOutcome:
-        tool = self._tools.get(call.name)
+        ``tool`` runs that definition innermost instead of the one registered under
+        the call's name: for framework adapters, whose framework owns and runs the
+        tool (its budget, idempotency and description are the definition's).
+        """
+        if tool is None:
+            if order is None:
+                return self._operation(call)
+        elif call.tool is not tool:
+            call = call.resolved(tool)  # instrumentation sees the definition that runs
+        if not self._operation_hooks:
+            return self._run(call, order, tool)
+        return self._wrapped(lambda ordered: self._run(ordered, order, tool))(call)
+
+    async def _run(
+        self,
+        call: ToolCall,
+        order: PhaseOrder | None = None,
+        override: ToolDefinition | None = None,
+    ) -> ToolOutcome:
+        tool = self._tools.get(call.name) if override is None else override
         if call.tool is not tool:
             call = call.resolved(tool)
         # Stages without layers are skipped outright: zero cost when unused.

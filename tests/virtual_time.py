@@ -7,7 +7,15 @@ callbacks are ready, so ordering is the same as on a real clock.
 
 Worker threads are real: while one runs, the loop blocks in ``select`` waiting
 for its completion, and jumps only if a timer is due before the thread reports
-back — which is what trio's autojump does too.
+back — which is what trio's autojump does too. (anyio's ``to_thread`` — how
+guardstack runs a plain-function tool — is such a thread: a hung blocking tool
+still meets its budget.)
+
+Work handed to ``loop.run_in_executor`` is the exception: the clock stands still
+until it reports back. Frameworks hop to the executor for their own bookkeeping
+(LangSmith's ``traceable`` does around every LangChain middleware hook); in virtual
+time that bookkeeping takes no time, as it takes next to none in real time,
+instead of letting every pending timer fire while it runs.
 """
 
 from __future__ import annotations
@@ -22,6 +30,16 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
         super().__init__(selectors.DefaultSelector())
         self._virtual_now = 0.0
         self._clock_resolution = 1e-9
+        self._in_executor = 0
+
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+        future = super().run_in_executor(executor, func, *args)
+        self._in_executor += 1
+        future.add_done_callback(self._executor_done)
+        return future
+
+    def _executor_done(self, future: asyncio.Future[Any]) -> None:
+        self._in_executor -= 1
 
     def time(self) -> float:
         return self._virtual_now
@@ -29,7 +47,7 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
     def _run_once(self) -> None:
         scheduled: list[Any] = self._scheduled  # type: ignore[attr-defined]
         ready = self._ready  # type: ignore[attr-defined]
-        if not ready and scheduled and not self._has_pending_io():
+        if not ready and scheduled and not self._in_executor and not self._has_pending_io():
             earliest = min(
                 (handle for handle in scheduled if not handle._cancelled),
                 key=lambda handle: handle._when,

@@ -1,0 +1,138 @@
+"""guardstack inside pydantic-ai: a wrapper toolset whose every call goes through a harness.
+
+::
+
+    agent = Agent(model, toolsets=[GuardstackToolset(FunctionToolset([search]), harness)])
+
+Where it belongs: around the wrapped toolset's own ``call_tool`` (pydantic-ai
+validates the arguments and runs the tool innermost), so the harness's
+pre-execute, dispatch and post-execute stages see every call.
+
+* the budget: a harness ``ToolDefinition`` of the same name (never executed), else
+  ``timeouts_ms``;
+* a guardstack error result — a timeout, a denial, a tool that raised — reaches
+  the model as a failed tool return (``ToolFailed``, outcome ``failed``), which
+  pydantic-ai shows the model without spending the tool's retry budget;
+  pydantic-ai's own signals (``ModelRetry``, ``ToolFailed``, deferred calls) pass
+  through unchanged when guardstack did not replace the result;
+* reminders: a ``ToolReturn`` whose ``content`` pydantic-ai sends as a separate
+  user message right after the tool returns (for a failed return, which cannot
+  carry content, they are appended to its text);
+* a cap that ends the turn raises ``TurnBlocked`` out of ``agent.run`` (as
+  pydantic-ai's own ``UsageLimits`` raise);
+* the conversation is the run's ``conversation_id`` (else its ``run_id``); each
+  new run starts a new turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from guardstack.integrations._extras import require
+from guardstack.integrations._framework import FrameworkCalls, RunKeys, with_contexts
+from guardstack.pipeline import Harness, ToolCall, ToolError, ToolOutcome, ToolResult, TurnBlocked
+from guardstack.pipeline.values import TOOL_FAILED
+
+require("pydantic_ai", "pydantic-ai")
+
+import pydantic_core  # noqa: E402
+from pydantic_ai import RunContext  # noqa: E402
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, ToolFailed  # noqa: E402
+from pydantic_ai.messages import ToolReturn  # noqa: E402
+from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset  # noqa: E402
+
+__all__ = ["GuardstackToolset"]
+
+OWNER = "GuardstackToolset"
+
+_RUNS = RunKeys("pydantic-ai-run")
+
+#: pydantic-ai's own ways for a tool to answer: kept, and raised again when unchanged.
+_SIGNALS = (ModelRetry, ToolFailed, CallDeferred, ApprovalRequired)
+
+
+def _signal_text(signal: Exception) -> str:
+    message = getattr(signal, "message", None)
+    return message if isinstance(message, str) else str(signal)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, ToolReturn):
+        return _text(value.return_value)
+    return pydantic_core.to_json(value, fallback=str).decode()
+
+
+@dataclasses.dataclass
+class GuardstackToolset(WrapperToolset[Any]):
+    """Every call of the wrapped toolset through a guardstack harness."""
+
+    harness: Harness
+    timeouts_ms: Mapping[str, int] | None = dataclasses.field(default=None, kw_only=True)
+    #: shared by the copies pydantic-ai makes per run (``for_run``), so runs are tracked
+    _calls: FrameworkCalls | None = dataclasses.field(default=None, kw_only=True, repr=False)
+
+    def __post_init__(self) -> None:
+        if self._calls is None:
+            self._calls = FrameworkCalls(self.harness, OWNER, self.timeouts_ms)
+
+    async def call_tool(
+        self,
+        name: str,
+        tool_args: dict[str, Any],
+        ctx: RunContext[Any],
+        tool: ToolsetTool[Any],
+    ) -> Any:
+        calls = self._calls
+        assert calls is not None  # set in __post_init__
+        run_id = ctx.run_id or _RUNS.key(ctx.usage)  # every agent run has an id
+        conversation = ctx.conversation_id or run_id
+        calls.start_run(conversation, run_id)
+        wrapped: AbstractToolset[Any] = self.wrapped
+
+        async def run(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
+            try:
+                value = await wrapped.call_tool(name, tool_args, ctx, tool)
+            except _SIGNALS as signal:
+                text = _signal_text(signal)
+                error = ToolError(text, type(signal).__name__, TOOL_FAILED)
+                return ToolResult(f"Error: {text}", True, error, signal)
+            return ToolResult(_text(value), value=value)
+
+        outcome = await calls.execute(
+            name,
+            tool_args,
+            ctx.tool_call_id or "",
+            conversation,
+            run,
+            description=tool.tool_def.description or "",
+            parameters=tool.tool_def.parameters_json_schema,
+        )
+        if outcome.ends_turn:
+            error = outcome.result.error
+            raise TurnBlocked(error.message if error is not None else outcome.result.content)
+        return _answer(outcome)
+
+
+def _answer(outcome: ToolOutcome) -> Any:
+    """pydantic-ai's own answer when guardstack left it as it was; reminders after it."""
+    result = outcome.result
+    value = result.value
+    if isinstance(value, _SIGNALS) and result.content == f"Error: {_signal_text(value)}":
+        if isinstance(value, ModelRetry | ToolFailed) and outcome.contexts:
+            raise type(value)(with_contexts(_signal_text(value), outcome))
+        raise value  # deferred calls keep pydantic-ai's meaning (reminders wait for a result)
+    if result.is_error:
+        raise ToolFailed(with_contexts(result.content, outcome))
+    unchanged = _text(value) == result.content
+    if not outcome.contexts:
+        return value if unchanged else result.content
+    reminders = [context.text for context in outcome.contexts]
+    if unchanged and isinstance(value, ToolReturn):
+        content = value.content
+        earlier = [content] if isinstance(content, str) else list(content or ())
+        return dataclasses.replace(value, content=[*earlier, *reminders])
+    return ToolReturn(return_value=value if unchanged else result.content, content=reminders)

@@ -1,0 +1,268 @@
+"""GuardstackMiddleware inside LangChain v1's own agent loop (``create_agent``)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatResult
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import Field
+
+from guardstack.guards import GENTLE_TEXT
+from guardstack.integrations.langchain import GuardstackMiddleware
+from guardstack.pipeline import Harness
+from tests.frameworks.scenario import (
+    FLAKY_TREE,
+    HANG_BUDGET_MS,
+    TIMEOUT_TEXT,
+    harness,
+    layer_tree,
+    traced_harness,
+)
+from tests.wrappers.otel import SpanRig
+
+
+class ScriptedChat(GenericFakeChatModel):
+    """LangChain's fake chat model, recording what it was sent, with tools bound as is."""
+
+    requests: list[list[BaseMessage]] = Field(default_factory=list)
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        self.requests.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> ChatResult:
+        return self._generate(messages, *args, **kwargs)
+
+
+def asks(*calls: tuple[str, dict[str, Any]], text: str = "") -> AIMessage:
+    return AIMessage(
+        content=text,
+        tool_calls=[
+            {"name": name, "args": args, "id": f"{name}-{index}-{id(args)}"}
+            for index, (name, args) in enumerate(calls)
+        ],
+    )
+
+
+def script(*replies: AIMessage) -> Iterator[AIMessage]:
+    yield from replies
+    yield AIMessage(content="done")
+
+
+@tool
+async def search(query: str, page: int = 1) -> str:
+    """Search the notes."""
+    return f"results for {query} page {page}"
+
+
+@tool
+async def todo(item: str) -> str:
+    """Note a to-do item."""
+    return "noted"
+
+
+@tool
+async def hang(query: str) -> str:
+    """Never answers."""
+    await anyio.sleep(3600)
+    return "never"
+
+
+@tool
+async def broken(query: str) -> str:
+    """Always raises."""
+    raise RuntimeError("disk on fire")
+
+
+_attempts: list[str] = []
+
+
+@tool
+async def flaky(query: str) -> str:
+    """Hangs on its first attempt, answers on the second."""
+    _attempts.append(query)
+    if len(_attempts) % 2 == 1:
+        await anyio.sleep(3600)
+    return "answered"
+
+
+def agent(model: ScriptedChat, built: Harness, *middleware: AgentMiddleware[Any, Any, Any]) -> Any:
+    listed = list(middleware) or [GuardstackMiddleware(built)]
+    return create_agent(
+        model,
+        tools=[search, todo, hang, broken, flaky],
+        middleware=listed,
+        checkpointer=InMemorySaver(),
+    )
+
+
+async def run(graph: Any, text: str, thread: str = "t1") -> list[BaseMessage]:
+    state = await graph.ainvoke(
+        {"messages": [HumanMessage(text)]}, {"configurable": {"thread_id": thread}}
+    )
+    return list(state["messages"])
+
+
+def answered(messages: list[BaseMessage]) -> bool:
+    """Every tool call of every assistant message has exactly one tool message."""
+    asked = [c["id"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls]
+    results = [m.tool_call_id for m in messages if isinstance(m, ToolMessage)]
+    return sorted(asked) == sorted(results)
+
+
+async def test_a_hung_tool_ends_at_its_declared_budget_with_the_seed_text() -> None:
+    model = ScriptedChat(messages=script(asks(("hang", {"query": "x"}))))
+    graph = agent(model, harness())
+    started = anyio.current_time()
+    messages = await run(graph, "find x")
+    assert anyio.current_time() - started == pytest.approx(HANG_BUDGET_MS / 1000)
+    [result] = [m for m in messages if isinstance(m, ToolMessage)]
+    assert result.content == TIMEOUT_TEXT
+    assert result.status == "error"
+    assert model.requests[1][-1].content == TIMEOUT_TEXT  # what the model read next
+    assert messages[-1].content == "done"
+
+
+async def test_a_langchain_tool_error_is_a_result_the_model_reads() -> None:
+    model = ScriptedChat(messages=script(asks(("broken", {"query": "x"}))))
+    messages = await run(agent(model, harness()), "go")
+    [result] = [m for m in messages if isinstance(m, ToolMessage)]
+    assert result.status == "error"
+    assert "disk on fire" in str(result.content)
+    assert messages[-1].content == "done"
+
+
+async def test_identical_calls_with_a_bookkeeping_tool_between_get_the_reminder() -> None:
+    model = ScriptedChat(
+        messages=script(
+            asks(("search", {"query": "q", "page": 1})),
+            asks(("todo", {"item": "remember"})),
+            asks(("search", {"page": 1, "query": "q"})),
+            asks(("search", {"query": "q", "page": 1})),
+        )
+    )
+    messages = await run(agent(model, harness()), "look it up")
+    reminders = [m for m in messages if isinstance(m, HumanMessage) and m.content == GENTLE_TEXT]
+    assert len(reminders) == 1
+    position = messages.index(reminders[0])
+    assert isinstance(messages[position - 1], ToolMessage)  # right after the third result
+    assert messages[position + 1].content == "done"
+    assert model.requests[-1][-1].content == GENTLE_TEXT
+    assert reminders[0].response_metadata["guardstack"]["plugin"] == "repeat-tool-reminder"
+
+
+async def test_reminders_of_a_parallel_step_follow_all_its_results_in_call_order() -> None:
+    triple = asks(("search", {"query": "a"}), ("search", {"query": "a"}), ("todo", {"item": "x"}))
+    model = ScriptedChat(messages=script(triple, asks(("search", {"query": "a"}))))
+    messages = await run(agent(model, harness()), "go")
+    kinds = [type(m).__name__ for m in messages]
+    assert kinds == [
+        "HumanMessage",
+        "AIMessage",
+        "ToolMessage",
+        "ToolMessage",
+        "ToolMessage",
+        "AIMessage",
+        "ToolMessage",
+        "HumanMessage",
+        "AIMessage",
+    ]
+    assert messages[7].content == GENTLE_TEXT
+    assert answered(messages)
+
+
+async def test_a_cap_that_ends_the_turn_ends_a_looping_run() -> None:
+    looping = [asks(("search", {"query": f"attempt {n}"})) for n in range(50)]
+    model = ScriptedChat(messages=iter(looping))
+    messages = await run(agent(model, harness(cap=3)), "loop")
+    assert len(model.requests) == 4  # three calls, the fourth denied, no fifth request
+    final = messages[-1]
+    assert isinstance(final, AIMessage)
+    assert str(final.content).startswith("Stopped: tool call limit reached")
+    denied = [m for m in messages if isinstance(m, ToolMessage)][-1]
+    assert denied.status == "error"
+    assert answered(messages)
+
+
+async def test_the_thread_is_the_conversation_and_each_run_a_new_turn() -> None:
+    built = harness()
+    same = ("search", {"query": "q"})
+    model = ScriptedChat(
+        messages=iter(
+            [
+                asks(same),
+                asks(same),
+                AIMessage(content="first run done"),
+                asks(same),
+                asks(same),
+                AIMessage(content="second run done"),
+                asks(same),
+                asks(same),
+                asks(same),
+                AIMessage(content="other thread done"),
+            ]
+        )
+    )
+    graph = agent(model, built)
+    first = await run(graph, "one", thread="a")
+    second = await run(graph, "two", thread="a")  # four identical calls in the thread…
+    other = await run(graph, "three", thread="b")
+    assert GENTLE_TEXT not in [m.content for m in first + second]  # …but two per run
+    assert [m.content for m in other].count(GENTLE_TEXT) == 1
+
+
+async def test_each_call_gets_a_span_tree_with_one_span_per_layer() -> None:
+    rig = SpanRig()
+    _attempts.clear()
+    model = ScriptedChat(messages=script(asks(("flaky", {"query": "x"}))))
+    messages = await run(agent(model, traced_harness(rig)), "go")
+    assert [m.content for m in messages if isinstance(m, ToolMessage)] == ["answered"]
+    assert layer_tree(rig.spans) == [FLAKY_TREE]
+
+
+async def test_middleware_before_it_wraps_the_call_and_after_it_each_attempt() -> None:
+    seen: list[str] = []
+
+    class Recording(AgentMiddleware[Any, Any, Any]):
+        def __init__(self, label: str) -> None:
+            super().__init__()
+            self.label = label
+
+        @property
+        def name(self) -> str:
+            return self.label
+
+        async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+            seen.append(self.label)
+            return await handler(request)
+
+    _attempts.clear()
+    rig = SpanRig()
+    built = traced_harness(rig)
+    model = ScriptedChat(messages=script(asks(("flaky", {"query": "x"}))))
+    graph = agent(model, built, Recording("outside"), GuardstackMiddleware(built), Recording("in"))
+    await run(graph, "go")
+    assert seen == ["outside", "in", "in"]  # guardstack's retry re-ran what is inside it
+
+
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "langchain.agents.middleware", None)
+    monkeypatch.delitem(sys.modules, "guardstack.integrations.langchain")
+    with pytest.raises(ImportError, match=r"pip install 'guardstack\[langchain\]'"):
+        importlib.import_module("guardstack.integrations.langchain")
