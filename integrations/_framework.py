@@ -21,6 +21,7 @@ new person's prompt does in guardstack's own loop.
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping
@@ -30,7 +31,7 @@ from guardstack.pipeline import Harness, ToolCall, ToolDefinition, ToolOutcome, 
 from guardstack.pipeline.validate import compile_patterns, invalid
 from guardstack.pipeline.values import validate_timeout_ms
 
-__all__ = ["FrameworkCalls", "RunKeys", "RunTool", "budgets", "with_contexts"]
+__all__ = ["FrameworkCalls", "RunKeys", "RunTool", "budget_ms", "budgets", "with_contexts"]
 
 #: ``async (arguments, call) -> ToolResult``: the framework executing the call.
 RunTool = Callable[[Mapping[str, Any], ToolCall], Awaitable[ToolResult]]
@@ -51,6 +52,13 @@ def budgets(owner: str, timeouts_ms: Mapping[str, int] | None) -> list[tuple[Any
             raise invalid(owner, "timeouts_ms", timeouts_ms, "keyed by tool-name patterns")
         compiled.append((compile_patterns((pattern,)), validate_timeout_ms(owner, pattern, ms)))
     return compiled
+
+
+def budget_ms(seconds: float | None) -> int | None:
+    """A framework's own per-tool timeout in seconds as a guardstack budget (or none)."""
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return max(1, round(seconds * 1000))
 
 
 def with_contexts(text: str, outcome: ToolOutcome) -> str:

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from guardstack.integrations._extras import require
-from guardstack.integrations._framework import FrameworkCalls, RunKeys
+from guardstack.integrations._framework import FrameworkCalls, RunKeys, budget_ms
 from guardstack.pipeline import ToolCall, ToolOutcome, ToolResult, TurnBlocked
 from guardstack.pipeline.harness import Harness
 
@@ -41,6 +40,7 @@ require("agents", "openai-agents")
 
 from agents import FunctionTool, ToolOutputText  # noqa: E402
 from agents.exceptions import AgentsException  # noqa: E402
+from agents.tool import Tool  # noqa: E402
 from agents.tool_context import ToolContext  # noqa: E402
 
 __all__ = ["RunBlocked", "guard_tools"]
@@ -53,15 +53,15 @@ class RunBlocked(AgentsException, TurnBlocked):
 
 
 def guard_tools(
-    tools: Iterable[FunctionTool],
+    tools: Iterable[Tool],
     harness: Harness,
     *,
     timeouts_ms: Mapping[str, int] | None = None,
-) -> list[FunctionTool]:
-    """Copies of ``tools`` whose every invocation runs through ``harness``."""
+) -> list[Tool]:
+    """Copies of ``tools`` (function tools) whose every invocation runs through ``harness``."""
     calls = FrameworkCalls(harness, OWNER, timeouts_ms)
     runs = RunKeys("openai-agents-run")
-    guarded = []
+    guarded: list[Tool] = []
     for tool in tools:
         if not isinstance(tool, FunctionTool):
             raise TypeError(
@@ -72,16 +72,9 @@ def guard_tools(
     return guarded
 
 
-def _budget_ms(tool: FunctionTool) -> int | None:
-    seconds = tool.timeout_seconds
-    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        return None
-    return max(1, round(seconds * 1000))
-
-
 def _guarded(tool: FunctionTool, calls: FrameworkCalls, runs: RunKeys) -> FunctionTool:
     invoke_tool = tool.on_invoke_tool
-    declared_ms = _budget_ms(tool)
+    declared_ms = budget_ms(tool.timeout_seconds)
 
     async def on_invoke_tool(context: ToolContext[Any], arguments: str) -> Any:
         group = context.run_config.group_id if context.run_config is not None else None

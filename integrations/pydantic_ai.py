@@ -9,7 +9,11 @@ validates the arguments and runs the tool innermost), so the harness's
 pre-execute, dispatch and post-execute stages see every call.
 
 * the budget: a harness ``ToolDefinition`` of the same name (never executed), else
-  ``timeouts_ms``;
+  ``timeouts_ms``, else the tool's own ``timeout`` — which guardstack then owns (the
+  wrapped toolset runs the tool without it), so the model reads the seed's
+  ``TOOL_TIMEOUT`` text and a ``Retry`` can retry it. A toolset-wide
+  ``FunctionToolset(timeout=…)`` stays pydantic-ai's: it fires inside guardstack's
+  layers, as pydantic-ai's own retry prompt;
 * a guardstack error result — a timeout, a denial, a tool that raised — reaches
   the model as a failed tool return (``ToolFailed``, outcome ``failed``), which
   pydantic-ai shows the model without spending the tool's retry budget;
@@ -31,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from guardstack.integrations._extras import require
-from guardstack.integrations._framework import FrameworkCalls, RunKeys, with_contexts
+from guardstack.integrations._framework import FrameworkCalls, RunKeys, budget_ms, with_contexts
 from guardstack.pipeline import Harness, ToolCall, ToolError, ToolOutcome, ToolResult, TurnBlocked
 from guardstack.pipeline.values import TOOL_FAILED
 
@@ -92,10 +96,16 @@ class GuardstackToolset(WrapperToolset[Any]):
         conversation = ctx.conversation_id or run_id
         calls.start_run(conversation, run_id)
         wrapped: AbstractToolset[Any] = self.wrapped
+        declared = budget_ms(tool.tool_def.timeout)
+        if declared is not None:  # guardstack owns the tool's own timeout from here
+            tool = dataclasses.replace(
+                tool, tool_def=dataclasses.replace(tool.tool_def, timeout=None)
+            )
+        inner = tool
 
         async def run(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
             try:
-                value = await wrapped.call_tool(name, tool_args, ctx, tool)
+                value = await wrapped.call_tool(name, tool_args, ctx, inner)
             except _SIGNALS as signal:
                 text = _signal_text(signal)
                 error = ToolError(text, type(signal).__name__, TOOL_FAILED)
@@ -110,6 +120,7 @@ class GuardstackToolset(WrapperToolset[Any]):
             run,
             description=tool.tool_def.description or "",
             parameters=tool.tool_def.parameters_json_schema,
+            timeout_ms=declared,
         )
         if outcome.ends_turn:
             error = outcome.result.error

@@ -39,6 +39,10 @@ PRINTS = {
     "docs/order.md": [
         "warning: retry waits for TOOL_TIMOUT, which no layer in this stack produces"
     ],
+    "docs/frameworks.md": [
+        "Error: tool call timed out after 50ms\nError: tool call timed out after 50ms\n"
+        "failed Error: tool call timed out after 50ms\n"
+    ],
     "docs/telemetry.md": [],
     "docs/index.md": [],
     "docs/testing.md": [],

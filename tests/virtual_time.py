@@ -32,7 +32,9 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
         self._clock_resolution = 1e-9
         self._in_executor = 0
 
-    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(  # type: ignore[override]
+        self, executor: Any, func: Any, *args: Any
+    ) -> asyncio.Future[Any]:
         future = super().run_in_executor(executor, func, *args)
         self._in_executor += 1
         future.add_done_callback(self._executor_done)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware
+from langchain.agents.middleware import AgentMiddleware, ToolCallLimitMiddleware
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatResult
@@ -54,8 +55,7 @@ def asks(*calls: tuple[str, dict[str, Any]], text: str = "") -> AIMessage:
     return AIMessage(
         content=text,
         tool_calls=[
-            {"name": name, "args": args, "id": f"{name}-{index}-{id(args)}"}
-            for index, (name, args) in enumerate(calls)
+            {"name": name, "args": args, "id": f"{name}-{next(_ids)}"} for name, args in calls
         ],
     )
 
@@ -90,6 +90,7 @@ async def broken(query: str) -> str:
     raise RuntimeError("disk on fire")
 
 
+_ids = itertools.count(1)
 _attempts: list[str] = []
 
 
@@ -121,8 +122,8 @@ async def run(graph: Any, text: str, thread: str = "t1") -> list[BaseMessage]:
 
 def answered(messages: list[BaseMessage]) -> bool:
     """Every tool call of every assistant message has exactly one tool message."""
-    asked = [c["id"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls]
-    results = [m.tool_call_id for m in messages if isinstance(m, ToolMessage)]
+    asked = [str(c["id"]) for m in messages if isinstance(m, AIMessage) for c in m.tool_calls]
+    results = [str(m.tool_call_id) for m in messages if isinstance(m, ToolMessage)]
     return sorted(asked) == sorted(results)
 
 
@@ -259,6 +260,16 @@ async def test_middleware_before_it_wraps_the_call_and_after_it_each_attempt() -
     graph = agent(model, built, Recording("outside"), GuardstackMiddleware(built), Recording("in"))
     await run(graph, "go")
     assert seen == ["outside", "in", "in"]  # guardstack's retry re-ran what is inside it
+
+
+async def test_it_works_beside_langchains_own_middleware() -> None:
+    model = ScriptedChat(messages=iter([asks(("search", {"query": "q"})) for _ in range(10)]))
+    limit = ToolCallLimitMiddleware(run_limit=3, exit_behavior="end")
+    built = harness()
+    messages = await run(agent(model, built, limit, GuardstackMiddleware(built)), "go")
+    assert [m.content for m in messages].count(GENTLE_TEXT) == 1  # guardstack's, at the third
+    assert "limit" in str(messages[-1].content)  # LangChain's cap ended the run
+    assert answered(messages)
 
 
 def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

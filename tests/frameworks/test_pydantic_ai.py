@@ -1,0 +1,191 @@
+"""GuardstackToolset inside pydantic-ai's own agent graph, with its FunctionModel."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from pydantic_ai import Agent, FunctionToolset, ModelRetry
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from guardstack.guards import GENTLE_TEXT
+from guardstack.integrations.pydantic_ai import GuardstackToolset
+from guardstack.pipeline import Harness, TurnBlocked
+from tests.frameworks.scenario import (
+    FLAKY_TREE,
+    HANG_BUDGET_MS,
+    TIMEOUT_TEXT,
+    harness,
+    layer_tree,
+    traced_harness,
+)
+from tests.wrappers.otel import SpanRig
+
+_ids = itertools.count(1)
+_attempts: list[str] = []
+
+
+async def search(query: str, page: int = 1) -> str:
+    """Search the notes."""
+    return f"results for {query} page {page}"
+
+
+async def todo(item: str) -> str:
+    """Note a to-do item."""
+    return "noted"
+
+
+async def hang(query: str) -> str:
+    """Never answers."""
+    await anyio.sleep(3600)
+    return "never"
+
+
+async def picky(query: str) -> str:
+    """Asks for a better query (pydantic-ai's own retry signal)."""
+    if query == "vague":
+        raise ModelRetry("be more specific")
+    return f"found {query}"
+
+
+async def flaky(query: str) -> str:
+    """Hangs on its first attempt, answers on the second."""
+    _attempts.append(query)
+    if len(_attempts) % 2 == 1:
+        await anyio.sleep(3600)
+    return "answered"
+
+
+async def slow(query: str) -> str:
+    """Declares its own 1.5 s timeout to pydantic-ai."""
+    await anyio.sleep(3600)
+    return "never"
+
+
+class Script:
+    """A FunctionModel that asks for each step's tool calls, then answers "done"."""
+
+    def __init__(self, *steps: list[tuple[str, dict[str, Any]]]) -> None:
+        self._steps: Iterator[list[tuple[str, dict[str, Any]]]] = iter(steps)
+        self.requests: list[list[ModelMessage]] = []
+
+    def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.requests.append(list(messages))
+        step = next(self._steps, None)
+        if step is None:
+            return ModelResponse(parts=[TextPart("done")])
+        parts = [ToolCallPart(name, args, f"{name}-{next(_ids)}") for name, args in step]
+        return ModelResponse(parts=list(parts))
+
+    def last_parts(self) -> list[Any]:
+        """The parts of the last request the model was sent."""
+        last = self.requests[-1][-1]
+        assert isinstance(last, ModelRequest)
+        return list(last.parts)
+
+
+def agent(script: Script, built: Harness) -> Agent[None, str]:
+    tools = FunctionToolset([search, todo, hang, picky, flaky])
+    tools.add_function(slow, timeout=1.5)
+    return Agent(FunctionModel(script), toolsets=[GuardstackToolset(tools, built)])
+
+
+async def test_a_hung_tool_ends_at_its_declared_budget_with_the_seed_text() -> None:
+    script = Script([("hang", {"query": "x"})])
+    started = anyio.current_time()
+    result = await agent(script, harness()).run("go")
+    assert anyio.current_time() - started == pytest.approx(HANG_BUDGET_MS / 1000)
+    [returned] = script.last_parts()
+    assert isinstance(returned, ToolReturnPart)
+    assert returned.outcome == "failed"
+    assert returned.content == TIMEOUT_TEXT
+    assert result.output == "done"
+
+
+async def test_the_tools_own_timeout_becomes_the_budget_guardstack_owns() -> None:
+    script = Script([("slow", {"query": "x"})])
+    started = anyio.current_time()
+    await agent(script, harness()).run("go")
+    assert anyio.current_time() - started == pytest.approx(1.5)
+    [returned] = script.last_parts()
+    assert isinstance(returned, ToolReturnPart)
+    assert returned.outcome == "failed"  # not pydantic-ai's retry prompt: the seed's text
+    assert returned.content == "Error: tool call timed out after 1500ms"
+
+
+async def test_pydantic_ai_signals_pass_through_unchanged() -> None:
+    script = Script([("picky", {"query": "vague"})], [("picky", {"query": "exact"})])
+    result = await agent(script, harness()).run("go")
+    asked_again = script.requests[1][-1].parts[0]
+    assert isinstance(asked_again, ToolReturnPart)
+    assert asked_again.outcome == "retried"  # pydantic-ai's own retry prompt
+    assert "be more specific" in str(asked_again.content)
+    assert result.output == "done"
+
+
+async def test_identical_calls_with_a_bookkeeping_tool_between_get_the_reminder() -> None:
+    script = Script(
+        [("search", {"query": "q", "page": 1})],
+        [("todo", {"item": "remember"})],
+        [("search", {"page": 1, "query": "q"})],
+        [("search", {"query": "q", "page": 1})],
+    )
+    await agent(script, harness()).run("go")
+    returned, reminder = script.last_parts()
+    assert isinstance(returned, ToolReturnPart)
+    assert returned.content == "results for q page 1"
+    assert isinstance(reminder, UserPromptPart)  # a separate message after the result
+    assert reminder.content == [GENTLE_TEXT]
+    earlier = [part for request in script.requests[:-1] for part in request[-1].parts]
+    assert [GENTLE_TEXT] not in [getattr(part, "content", None) for part in earlier]
+
+
+async def test_a_cap_that_ends_the_turn_stops_a_looping_model() -> None:
+    script = Script(*([("search", {"query": f"attempt {n}"})] for n in range(50)))
+    with pytest.raises(TurnBlocked, match="tool call limit reached"):
+        await agent(script, harness(cap=3)).run("loop")
+    assert len(script.requests) == 4  # three calls ran; the fourth ended the run
+
+
+async def test_the_conversation_id_is_the_conversation_and_each_run_a_new_turn() -> None:
+    built = harness()
+    same = ("search", {"query": "q"})
+    first = Script([same], [same])
+    await agent(first, built).run("one", conversation_id="thread-a")
+    second = Script([same], [same])
+    await agent(second, built).run("two", conversation_id="thread-a")
+    assert not any(isinstance(part, UserPromptPart) for part in second.last_parts())
+    third = Script([same], [same], [same])
+    await agent(third, built).run("three")  # its own conversation
+    assert isinstance(third.last_parts()[-1], UserPromptPart)
+
+
+async def test_each_call_gets_a_span_tree_with_one_span_per_layer() -> None:
+    rig = SpanRig()
+    _attempts.clear()
+    script = Script([("flaky", {"query": "x"})])
+    await agent(script, traced_harness(rig)).run("go")
+    [returned] = script.last_parts()
+    assert returned.content == "answered"
+    assert layer_tree(rig.spans) == [FLAKY_TREE]
+
+
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pydantic_ai", None)
+    monkeypatch.delitem(sys.modules, "guardstack.integrations.pydantic_ai")
+    with pytest.raises(ImportError, match=r"pip install 'guardstack\[pydantic-ai\]'"):
+        importlib.import_module("guardstack.integrations.pydantic_ai")
