@@ -345,9 +345,11 @@ class Agent:
                     for context in outcome.contexts:
                         log(UserMessage(context.text, context.source))
                 log(StepEnd(turn, step))
-                if any(outcome.ends_turn for outcome in outcomes):
-                    log(TurnEnd(turn, "blocked"))
-                    return self._result("blocked", last_text, None, step)
+                ended = next((outcome for outcome in outcomes if outcome.ends_turn), None)
+                if ended is not None:
+                    why = ended.result.error.message if ended.result.error else ended.result.content
+                    log(TurnEnd(turn, "blocked", why))
+                    return self._result("blocked", last_text, why, step)
             log(TurnEnd(turn, "max-steps"))
             return self._result("max-steps", last_text, None, step)
         except BaseException as error:

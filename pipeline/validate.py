@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, TypeAlias
 
 from guardstack.pipeline.errors import ConfigError
@@ -130,6 +130,19 @@ def patterns(owner: str, key: str, value: object) -> tuple[str, ...]:
             owner, key, value, "a list of tool-name patterns (non-empty strings, `*` wildcards)"
         )
     return tuple(value)
+
+
+def codes(owner: str, key: str, value: object) -> frozenset[str]:
+    """A non-empty collection of result codes (one code alone is accepted too)."""
+    if isinstance(value, str):
+        value = (value,)
+    if (
+        not isinstance(value, Collection)
+        or not value
+        or not all(isinstance(code, str) and code for code in value)
+    ):
+        raise invalid(owner, key, value, "a non-empty list of result codes")
+    return frozenset(value)
 
 
 def compile_patterns(names: tuple[str, ...]) -> re.Pattern[str] | None:

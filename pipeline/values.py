@@ -29,7 +29,10 @@ __all__ = [
     "TOOL_ABORTED_BEFORE_DISPATCH",
     "TOOL_DENIED",
     "TOOL_FAILED",
+    "TOOL_OVERLOADED",
+    "TOOL_RATE_LIMITED",
     "TOOL_TIMEOUT",
+    "TOOL_UNAVAILABLE",
     "UNKNOWN_TOOL",
     "Accept",
     "Allow",
@@ -61,6 +64,12 @@ UNKNOWN_TOOL: Final = "UNKNOWN_TOOL"
 TOOL_DENIED: Final = "TOOL_DENIED"
 INVALID_ARGUMENTS: Final = "INVALID_ARGUMENTS"
 TOOL_FAILED: Final = "TOOL_FAILED"
+#: A circuit breaker is open: the tool's backend is down; the text says when to try again.
+TOOL_UNAVAILABLE: Final = "TOOL_UNAVAILABLE"
+#: A concurrency limit (bulkhead) and its queue are full.
+TOOL_OVERLOADED: Final = "TOOL_OVERLOADED"
+#: A rate limit had no token and was told not to wait.
+TOOL_RATE_LIMITED: Final = "TOOL_RATE_LIMITED"
 
 #: The largest budget a timer can hold in the original (2**31 - 1 ms, about 24.8 days).
 MAX_TIMEOUT_MS: Final = 2_147_483_647

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -323,13 +324,24 @@ async def test_content_is_captured_only_when_asked_and_cut_to_size(
     attributes = dict(tool.attributes or {})
     assert attributes["gen_ai.tool.call.arguments"] == '{"q": "' + "x" * 33 + "… (+19 chars)"
     assert str(attributes["gen_ai.tool.call.result"]).startswith("found found")
-    first_chat = by_name(on.spans, "chat")[0]
-    assert '"role": "user"' in str((first_chat.attributes or {})["gen_ai.input.messages"])
-    assert str((first_chat.attributes or {})["gen_ai.output.messages"]).endswith("chars)")
-    last_chat = by_name(on.spans, "chat")[1]
-    assert (last_chat.attributes or {})["gen_ai.output.messages"] == (
-        '[{"role": "assistant", "content": "ok"}]'
-    )
+    assert attributes["input.value"] == attributes["gen_ai.tool.call.arguments"]
+    first_chat, last_chat = by_name(on.spans, "chat")
+    assert json.loads(str((first_chat.attributes or {})["gen_ai.input.messages"])) == [
+        {"role": "user", "parts": [{"type": "text", "content": "look"}]}
+    ]
+    [asked] = json.loads(str((first_chat.attributes or {})["gen_ai.output.messages"]))
+    assert asked["finish_reason"] == "tool_call"
+    assert asked["parts"] == [
+        {"type": "tool_call", "id": "c1", "name": "grep", "arguments": {"q": "x" * 50}}
+    ]
+    sent = json.loads(str((last_chat.attributes or {})["gen_ai.input.messages"]))
+    assert [message["role"] for message in sent] == ["user", "assistant", "tool"]
+    [response] = sent[2]["parts"]
+    assert response["type"] == "tool_call_response"
+    assert response["response"] == ("found " * 20)[:40] + "… (+80 chars)"  # the JSON stays whole
+    assert json.loads(str((last_chat.attributes or {})["gen_ai.output.messages"])) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": "ok"}], "finish_reason": "stop"}
+    ]
 
 
 async def test_cap_decisions_are_span_events() -> None:

@@ -1,0 +1,80 @@
+"""What the resilience layers share: state per tool (or model), bounded; stage plumbing.
+
+A breaker's window, a limiter's queue and a bucket's tokens are kept per key: the
+tool's name on the dispatch stage, the model's name on the model stage, or one
+shared state when the layer is given ``key=``. The map is bounded: beyond
+``MAX_KEYS`` the least recently used *idle* states are forgotten (a state with
+calls in flight or waiting is never dropped, so no limit is ever lost), and a
+forgotten key starts afresh.
+
+State lives in one process, created when the layer is applied, as in Polly and
+resilience4j: one application is shared by every agent of that harness.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Final, Generic, Protocol, TypeVar
+
+from guardstack.pipeline.contract import ModelRequest
+from guardstack.pipeline.validate import invalid, non_empty_text
+from guardstack.pipeline.values import ToolCall
+
+__all__ = ["MAX_KEYS", "Keyed", "check_key", "model_key", "tool_key"]
+
+#: How many keys a layer keeps state for before forgetting idle ones.
+MAX_KEYS: Final = 10_000
+
+
+class _Idle(Protocol):
+    def idle(self) -> bool: ...
+
+
+S = TypeVar("S", bound=_Idle)
+
+
+class Keyed(Generic[S]):
+    """One state per key, made on first use, least recently used idle ones forgotten."""
+
+    def __init__(self, factory: Callable[[], S], max_keys: int = MAX_KEYS) -> None:
+        self._factory = factory
+        self._max_keys = max_keys
+        self._states: OrderedDict[Hashable, S] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, key: Hashable) -> S:
+        state = self._states.get(key)
+        if state is not None:
+            self._states.move_to_end(key)
+            return state
+        state = self._states[key] = self._factory()
+        if len(self._states) > self._max_keys:
+            self._forget_idle()
+        return state
+
+    def _forget_idle(self) -> None:
+        for key in [key for key, state in self._states.items() if state.idle()]:
+            if len(self._states) <= self._max_keys:
+                return
+            del self._states[key]
+
+
+def tool_key(call: ToolCall) -> str:
+    return call.name
+
+
+def model_key(request: ModelRequest) -> str:
+    name = getattr(request.agent.model, "model", None)
+    return name if isinstance(name, str) and name else "model"
+
+
+def check_key(plugin: str, value: object) -> str | None:
+    """``key=``: ``None`` (per tool or model) or the name of one shared state."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(plugin, "key", value, "a name shared by every call, or None (per tool)")
+    return non_empty_text(plugin, "key", value)
