@@ -13,15 +13,28 @@ resilience4j: one application is shared by every agent of that harness.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from guardstack.pipeline.contract import ModelRequest
 from guardstack.pipeline.validate import invalid, non_empty_text
 from guardstack.pipeline.values import ToolCall
 
-__all__ = ["MAX_KEYS", "Keyed", "check_key", "model_key", "tool_key"]
+__all__ = [
+    "MAX_KEYS",
+    "Keyed",
+    "Validator",
+    "check_key",
+    "model_key",
+    "positive",
+    "ratio",
+    "tool_key",
+]
+
+#: An attrs validator.
+Validator = Callable[[Any, Any, Any], None]
 
 #: How many keys a layer keeps state for before forgetting idle ones.
 MAX_KEYS: Final = 10_000
@@ -78,3 +91,28 @@ def check_key(plugin: str, value: object) -> str | None:
     if not isinstance(value, str):
         raise invalid(plugin, "key", value, "a name shared by every call, or None (per tool)")
     return non_empty_text(plugin, "key", value)
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def positive(plugin: str, key: str) -> Validator:
+    """A number > 0."""
+
+    def check(_: Any, __: Any, value: Any) -> None:
+        if not _finite(value) or value <= 0:
+            raise invalid(plugin, key, value, "a number > 0")
+
+    return check
+
+
+def ratio(plugin: str, key: str, *, zero: bool = False) -> Validator:
+    """A number in (0, 1], or [0, 1] with ``zero``."""
+    lowest = "[0" if zero else "(0"
+
+    def check(_: Any, __: Any, value: Any) -> None:
+        if not _finite(value) or value > 1 or value < 0 or (value == 0 and not zero):
+            raise invalid(plugin, key, value, f"a number in {lowest}, 1]")
+
+    return check

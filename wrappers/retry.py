@@ -38,6 +38,7 @@ a global), for tests.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Awaitable, Callable, Collection, Iterator
@@ -73,7 +74,7 @@ from guardstack.pipeline.validate import (
     patterns,
     stage,
 )
-from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
+from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolError, ToolResult, message_of
 
 __all__ = ["Retry", "RetryBudget", "no_backoff"]
 
@@ -185,6 +186,10 @@ def _check_jitter(_: object, __: object, value: Any) -> None:
     boolean(PLUGIN, "jitter", value)
 
 
+def _check_respect_deadline(_: object, __: object, value: Any) -> None:
+    boolean(PLUGIN, "respect_deadline", value)
+
+
 def _check_budget(_: object, __: object, value: Any) -> None:
     if value is not None and not isinstance(value, RetryBudget):
         raise invalid(PLUGIN, "budget", value, "a RetryBudget")
@@ -217,6 +222,8 @@ class Retry:
     tools: tuple[str, ...] = attrs.field(default=(), converter=_tools)
     #: ... and never these.
     exclude: tuple[str, ...] = attrs.field(default=(), converter=_exclude)
+    #: Never start an attempt that cannot finish inside an enclosing deadline.
+    respect_deadline: bool = attrs.field(default=False, validator=_check_respect_deadline)
     _direct: _RetryRun = attrs.field(init=False, repr=False, eq=False)
     _tools: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
@@ -288,11 +295,24 @@ class Retry:
             for key, value in (("tools", self.tools), ("exclude", self.exclude))
             if value
         )
+        deadline = ", respect_deadline=True" if self.respect_deadline else ""
         return (
             f"Retry(attempts={self.attempts}{where}, retry_on={cut(retry_on)}, "
             f"backoff_ms={self.backoff_ms}, max_backoff_ms={self.max_backoff_ms}, "
-            f"jitter={self.jitter}, budget={self.budget!r}, seed={self.seed!r}{names})"
+            f"jitter={self.jitter}, budget={self.budget!r}, seed={self.seed!r}{names}{deadline})"
         )
+
+
+def _stopped(result: ToolResult, why: str) -> ToolResult:
+    """The last attempt's result, saying why there is no other."""
+    error = result.error
+    message = f"{error.message if error else result.content} ({why})"
+    return ToolResult(
+        f"{result.content} ({why})",
+        True,
+        ToolError(message, error.name if error else None, result.code),
+        result.value,
+    )
 
 
 async def _before_attempt() -> None:
@@ -333,6 +353,10 @@ class _RetryRun:
                 return result
             if attempt == 1 and not policy.may_retry(call):
                 return result
+            budget_ms = call.tool.timeout_ms if call.tool is not None else None
+            stop = self._deadline_stop(attempt, budget_ms)
+            if stop is not None:
+                return _stopped(result, stop)
             if not await self._pause(attempt):
                 return result
             attempt += 1
@@ -354,9 +378,41 @@ class _RetryRun:
                 if attempt >= policy.attempts or not policy.should_retry_error(error):
                     raise
                 retry_after = error.retry_after_s if isinstance(error, ModelError) else None
+                stop = self._deadline_stop(attempt, None, retry_after)
+                if stop is not None:
+                    code = model_error_code(error)
+                    raise ModelError(f"{message_of(error)} ({stop})", code) from error
                 if not await self._pause(attempt, retry_after):
                     raise
             attempt += 1
+
+    def _deadline_stop(
+        self, attempt: int, budget_ms: int | None, retry_after_s: float | None = None
+    ) -> str | None:
+        """With ``respect_deadline``: why the next attempt must not start, or ``None``.
+
+        The wait before it is its ceiling (the longest the backoff may draw, or the
+        provider's ``retry_after_s``); the attempt then needs the tool's declared
+        budget, when it has one. Either running past the enclosing deadline stops.
+        """
+        if not self.policy.respect_deadline:
+            return None
+        deadline = anyio.current_effective_deadline()
+        if deadline == math.inf:
+            return None
+        left_ms = max(0.0, (deadline - anyio.current_time()) * 1000)
+        wait_s = self.policy.ceiling_s(attempt) if _BACKOFF_ENABLED.get() else 0.0
+        if retry_after_s is not None:
+            wait_s = max(wait_s, min(retry_after_s, self.policy.max_backoff_ms / 1000))
+        needed_ms = wait_s * 1000 + (budget_ms or 0)
+        if needed_ms < left_ms:
+            return None
+        what = f"a {budget_ms}ms attempt" if budget_ms else "the next attempt"
+        wait = f" after a {round(wait_s * 1000)}ms wait" if wait_s else ""
+        return (
+            f"not retried: {what}{wait} cannot finish in the {round(left_ms)}ms "
+            "left of the deadline"
+        )
 
     async def _pause(self, attempt: int, retry_after_s: float | None = None) -> bool:
         """Between attempts, on both stages: ``False`` if the budget refuses a retry;
