@@ -36,6 +36,7 @@ bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of 
 	$(BIN)/python -m benchmarks.wrappers
 	$(BIN)/python -m benchmarks.stack
 	$(BIN)/python -m benchmarks.loop
+	$(BIN)/python -m benchmarks.resilience
 
 ci: check test
 

@@ -10,6 +10,9 @@ its position*, plus warnings for stacks that are probably not what was meant:
 * a retry waits for an error code no layer produces (a misspelt code);
 * a retry with no per-attempt timeout inside it, for tools that declare budgets;
 * metrics inside a retry (they count attempts, not operations);
+* a circuit breaker inside a retry (it counts attempts: one failing operation
+  counts several times — resilience4j's warning);
+* chaos in the stack (it injects faults on purpose);
 * no cap on tool calls, model calls or usage; no loop guard.
 
 Call it from your own tests (``assert not check(harness).warnings``); the command
@@ -33,10 +36,24 @@ from guardstack.pipeline.values import (
     TOOL_ABORTED,
     TOOL_DENIED,
     TOOL_FAILED,
+    TOOL_OVERLOADED,
+    TOOL_RATE_LIMITED,
     TOOL_TIMEOUT,
+    TOOL_UNAVAILABLE,
     UNKNOWN_TOOL,
 )
-from guardstack.wrappers import Metrics, Retry, Timeout, Tracing
+from guardstack.wrappers import (
+    Chaos,
+    CircuitBreaker,
+    ConcurrencyLimit,
+    Fallback,
+    Hedge,
+    Metrics,
+    RateLimit,
+    Retry,
+    Timeout,
+    Tracing,
+)
 
 __all__ = ["Report", "check"]
 
@@ -94,6 +111,8 @@ def check(harness: Harness) -> Report:
             "no cap: nothing limits tool calls, model calls or tokens per turn (only max_steps="
             f"{harness.loop.max_steps}); add tool-call-limit, model-call-limit or usage-limit"
         )
+    if any(isinstance(p, Chaos) for p in plugins):
+        warnings.append("chaos injects faults on purpose: for tests and game days, not production")
     if not any(isinstance(p, RepeatToolReminder) for p in plugins):
         warnings.append("no loop guard: repeat-tool-reminder is not applied")
     return Report(tuple(lines), tuple(warnings))
@@ -119,6 +138,9 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
         if inside:
             return "metrics: counts attempts (it is inside the retry), not operations"
         return f"metrics: counts operations — {what} once, however many attempts"
+    resilience = _explain_resilience(plugin, inside, outside, what)
+    if resilience is not None:
+        return resilience
     if isinstance(plugin, ToolCallLimit):
         return f"tool-call-limit: {plugin.on_exceeded} past {plugin.per_turn or '-'} calls a turn"
     if isinstance(plugin, RepeatToolReminder):
@@ -128,6 +150,38 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
     if isinstance(plugin, ModelCallLimit | UsageLimit):
         return f"{plugin.name}: ends the turn blocked at its limit, before the next model request"
     return f"{getattr(plugin, 'name', type(plugin).__name__)}: (no explanation known)"
+
+
+def _explain_resilience(plugin: object, inside: bool, outside: bool, what: str) -> str | None:
+    if isinstance(plugin, CircuitBreaker):
+        counts = "attempts (it is inside the retry)" if inside else "operations"
+        return (
+            f"circuit-breaker: counts {counts}; opens at {plugin.failure_ratio:g} failures of "
+            f"{plugin.minimum_calls}+ calls in {plugin.window_s:g}s, then answers at once for "
+            f"{plugin.break_s:g}s"
+        )
+    if isinstance(plugin, ConcurrencyLimit):
+        held = "each attempt queues for a slot" if inside else "one slot per operation"
+        return (
+            f"concurrency-limit: {plugin.max_concurrent} at once, {plugin.queue} queued; "
+            f"{held}; queue time counts against timeouts outside it, not inside"
+        )
+    if isinstance(plugin, RateLimit):
+        paid = "every attempt takes a token" if inside else "one token per operation"
+        how = "waits for a token" if plugin.wait else "answers TOOL_RATE_LIMITED at once"
+        return f"rate-limit: {plugin.per_second:g}/s, burst {plugin.burst}; {paid}; {how}"
+    if isinstance(plugin, Fallback):
+        when = "after each failed attempt" if inside else "once, after every attempt failed"
+        return f"fallback: answers with {plugin!r} {when}"
+    if isinstance(plugin, Hedge):
+        scope = "each attempt is hedged" if inside else "the whole operation is hedged"
+        return (
+            f"hedge: another attempt after {plugin.delay_ms} ms without an answer (up to "
+            f"{plugin.max_hedges}); {scope}; never for tools declared idempotent=False"
+        )
+    if isinstance(plugin, Chaos):
+        return f"chaos: injects {plugin.fault} into {what} at rate {plugin.rate:g}"
+    return None
 
 
 def _budget_warnings(plugins: list[object], budgets: dict[str, int]) -> list[str]:
@@ -156,6 +210,21 @@ def _retry_warnings(plugins: list[object], budgets: dict[str, int]) -> list[str]
     outer, inner = dispatch[:retry_at], dispatch[retry_at + 1 :]
     produced = set(_REGISTRY_CODES)
     produced |= {p.code for p in dispatch if isinstance(p, Timeout)}
+    produced |= {
+        code
+        for p in dispatch
+        for kind, code in (
+            (CircuitBreaker, TOOL_UNAVAILABLE),
+            (ConcurrencyLimit, TOOL_OVERLOADED),
+            (RateLimit, TOOL_RATE_LIMITED),
+        )
+        if isinstance(p, kind)
+    }
+    produced |= {
+        p.fault.split(":", 1)[1]
+        for p in dispatch
+        if isinstance(p, Chaos) and ":" in p.fault and p.fault.startswith("fail:")
+    }
     if any(isinstance(p, ToolCallTimeoutPolicy) for p in dispatch):
         produced.add(TOOL_TIMEOUT)
     if any(isinstance(p, ToolCallLimit) for p in plugins):
@@ -187,6 +256,12 @@ def _retry_warnings(plugins: list[object], budgets: dict[str, int]) -> list[str]
                 f"longer than one attempt's budget ({min(attempt_budgets)} ms): a hung attempt "
                 "uses it all and the retry never runs"
             )
+    if any(isinstance(p, CircuitBreaker) for p in inner):
+        warnings.append(
+            "the circuit breaker inside the retry counts attempts: one failing operation counts "
+            f"up to {retry.attempts} times and opens it that much sooner; register it before "
+            "the retry to count operations"
+        )
     if any(isinstance(p, Metrics) for p in inner):
         warnings.append(
             "metrics inside the retry count attempts, not operations; register them before the "

@@ -19,8 +19,8 @@ from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.model import ModelReply, ToolCallRequest
 from guardstack.pipeline.session import ToolCallEvent, ToolResultEvent, TurnEnd, UserMessage
 from guardstack.pipeline.testing import Hang, Reply, ScriptedModel, ScriptedTool
-from guardstack.pipeline.values import ToolCall
-from guardstack.wrappers import Retry, Timeout, Tracing
+from guardstack.pipeline.values import TOOL_UNAVAILABLE, ToolCall
+from guardstack.wrappers import CircuitBreaker, Retry, Timeout, Tracing
 
 __all__ = ["SEED_CONFIG", "DemoTelemetry", "order_stacks", "run_demo"]
 
@@ -273,12 +273,41 @@ async def _caps_section(out: TextIO, telemetry: DemoTelemetry) -> None:
     )
 
 
+async def _breaker_section(out: TextIO, telemetry: DemoTelemetry) -> None:
+    out.write("5. A circuit breaker: an agent that keeps calling a dead tool\n\n")
+    loops = 8
+    model = ScriptedModel(
+        [ModelReply(tool_calls=[ToolCallRequest("status", {"job": 7})]) for _ in range(loops)]
+        + [ModelReply("The status service is down; I will report that.")]
+    )
+    harness = Harness(model=model, max_steps=20)
+    dead = ScriptedTool("status", [Hang()], timeout_ms=100)
+    dead.register(harness.tools)
+    telemetry.trace(harness)
+    harness.plugin(CircuitBreaker(minimum_calls=3, failure_ratio=1.0, break_s=30))
+    harness.plugin(ToolCallTimeoutPolicy())
+    started = anyio.current_time()
+    agent = harness.loop.create("dead-tool")
+    await agent.prompt("Is job 7 done?")
+    spent = anyio.current_time() - started
+    results = [e.result for e in agent.session.events if isinstance(e, ToolResultEvent)]
+    refused = [r for r in results if r.code == TOOL_UNAVAILABLE]
+    out.write(
+        f"   circuit-breaker -> tool-call-timeout-policy: the first {len(dead.runs)} calls waited "
+        f"out\n   their 100 ms budget; then the breaker opened and the other {len(refused)} "
+        "were answered at once:\n"
+        f"     {refused[0].content[:94]}…\n"
+        f"   {spent:.2f} s spent on the dead tool (without the breaker: {loops * 0.1:.2f} s, "
+        f"and {loops} hung calls).\n\n"
+    )
+
+
 async def run_demo(
     out: TextIO,
     *,
     save_to: Path | None = None,
     otlp_endpoint: str | None = None,
-    sections: Sequence[str] = ("order", "agent", "tracing", "caps"),
+    sections: Sequence[str] = ("order", "agent", "tracing", "caps", "breaker"),
 ) -> None:
     """Write the demo to ``out``; with ``otlp_endpoint``, also send every span there."""
     telemetry = DemoTelemetry(otlp_endpoint)
@@ -292,6 +321,8 @@ async def run_demo(
             await _tracing_section(out, telemetry)
         if "caps" in sections:
             await _caps_section(out, telemetry)
+        if "breaker" in sections:
+            await _breaker_section(out, telemetry)
     finally:
         telemetry.shutdown()
     if telemetry.otlp_endpoint is not None:

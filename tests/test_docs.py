@@ -43,6 +43,7 @@ PRINTS = {
         "Error: tool call timed out after 50ms\nError: tool call timed out after 50ms\n"
         "failed Error: tool call timed out after 50ms\n"
     ],
+    "docs/resilience.md": ['0.1s\nError: tool "status" is unavailable: it has been failing, so\n'],
     "docs/telemetry.md": [],
     "docs/index.md": [],
     "docs/testing.md": [],

@@ -154,11 +154,13 @@ class _Circuit:
             self.probing = True
         return True, 0.0
 
-    def record(self, config: CircuitBreaker, now: float, failed: bool, probe: bool) -> None:
+    def record(self, config: CircuitBreaker, started: float, failed: bool, probe: bool) -> None:
+        """A call's outcome, kept by when it started (one clock read per call)."""
+        now = started
         if probe:
             self.probing = False
             if failed:
-                self._open(now)
+                self._open(anyio.current_time())
             else:
                 self.state = "closed"
                 self.outcomes.clear()
@@ -172,7 +174,7 @@ class _Circuit:
             self.failures -= self.outcomes.popleft()[1]
         calls = len(self.outcomes)
         if calls >= config.minimum_calls and self.failures >= config.failure_ratio * calls:
-            self._open(now)
+            self._open(anyio.current_time())  # the break runs from now, not the call's start
 
     def release_probe(self) -> None:
         """The probe was cancelled: the next call probes instead."""
@@ -211,7 +213,8 @@ class _Breakers:
     async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
         config = self.config
         circuit = self._circuit(tool_key(call))
-        admitted, wait_s = circuit.admit(config, anyio.current_time())
+        now = anyio.current_time()  # outcomes are kept by when the call started
+        admitted, wait_s = circuit.admit(config, now)
         if not admitted:
             return ToolResult.failure(
                 _why(f'tool "{call.name}"', wait_s), name="CircuitOpenError", code=TOOL_UNAVAILABLE
@@ -224,14 +227,15 @@ class _Breakers:
                 circuit.release_probe()
             raise
         failed = result.is_error and result.code in config.on
-        circuit.record(config, anyio.current_time(), failed, probe)
+        circuit.record(config, now, failed, probe)
         return result
 
     async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
         config = self.config
         key = model_key(request)
         circuit = self._circuit(key)
-        admitted, wait_s = circuit.admit(config, anyio.current_time())
+        now = anyio.current_time()
+        admitted, wait_s = circuit.admit(config, now)
         if not admitted:
             raise ModelError(
                 _why(f"model {key}", wait_s), MODEL_UNAVAILABLE, retry_after_s=wait_s or None
@@ -241,13 +245,13 @@ class _Breakers:
             reply = await call_next(request)
         except Exception as error:
             failed = model_error_code(error) in config.on
-            circuit.record(config, anyio.current_time(), failed, probe)
+            circuit.record(config, now, failed, probe)
             raise
         except BaseException:
             if probe:
                 circuit.release_probe()
             raise
-        circuit.record(config, anyio.current_time(), False, probe)
+        circuit.record(config, now, False, probe)
         return reply
 
     def __repr__(self) -> str:

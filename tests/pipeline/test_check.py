@@ -108,3 +108,41 @@ def test_the_command_and_strict(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "1. retry: runs the layers after it again, up to 3 attempts, on TOOL_TIMOUT" in printed
     assert "warning: retry waits for TOOL_TIMOUT" in printed
     assert main(["check", "--strict", str(config)]) == 1
+
+
+def test_the_resilience_layers_are_explained_by_position_and_warned_about() -> None:
+    from guardstack.wrappers import (
+        Chaos,
+        CircuitBreaker,
+        ConcurrencyLimit,
+        Fallback,
+        Hedge,
+        RateLimit,
+    )
+
+    outside = stack(*GUARDS, CircuitBreaker(), Retry(), ToolCallTimeoutPolicy())
+    assert warnings_of(outside) == []
+    assert "circuit-breaker: counts operations" in check(outside).lines[2]
+    inside = stack(*GUARDS, Retry(), CircuitBreaker(), ToolCallTimeoutPolicy())
+    assert any("breaker inside the retry counts attempts" in w for w in warnings_of(inside))
+    assert "counts attempts (it is inside the retry)" in check(inside).lines[3]
+    others = stack(
+        *GUARDS,
+        ConcurrencyLimit(4),
+        Retry(retry_on=["TOOL_OVERLOADED", "TOOL_RATE_LIMITED", "TOOL_TIMEOUT"]),
+        RateLimit(2, wait=False),
+        Fallback("search"),
+        Hedge(delay_ms=100),
+        ToolCallTimeoutPolicy(),
+        Chaos(rate=0.1, fault="latency:10"),
+    )
+    lines = check(others).lines[2:]  # after the two guards
+    assert lines[0].startswith("concurrency-limit: 4 at once, 0 queued; one slot per operation")
+    assert lines[2].startswith("rate-limit: 2/s, burst 1; every attempt takes a token")
+    assert lines[3].startswith("fallback: answers with Fallback(to='search'")
+    assert "after each failed attempt" in lines[3]
+    assert lines[4].startswith("hedge: another attempt after 100 ms")
+    assert lines[6].startswith("chaos: injects latency:10")
+    assert warnings_of(others) == [
+        "chaos injects faults on purpose: for tests and game days, not production"
+    ]  # the codes the retry waits for are produced here: no "misspelt?" warning
