@@ -28,12 +28,14 @@ _COUNT = re.compile(r"consecutive_calls: (\d+)")
 
 @attrs.frozen
 class Reminder:
-    """A reminder the guards added after ``call_id`` (the call it follows)."""
+    """A reminder a guard added after ``call_id`` (the call it follows)."""
 
     call_id: str
     tool: str
     count: int | None
     text: str
+    #: The guard that added it (``repeat-tool-reminder``, ``loop-detector``, …).
+    plugin: str = "repeat-tool-reminder"
 
 
 @attrs.frozen
@@ -93,10 +95,14 @@ async def replay(session: Session, harness: Harness) -> ReplayReport:
         call = ToolCall(event.name, event.arguments, event.call_id, agent)
         outcome = await harness.tools.execute(call)
         for context in outcome.contexts:
-            if context.source.plugin == "repeat-tool-reminder":
+            plugin = context.source.plugin
+            if context.source.kind != "plugin" or plugin is None:
+                continue
+            count = None
+            if plugin == "repeat-tool-reminder":
                 found = _COUNT.search(context.text)
                 count = int(found.group(1)) if found else first_threshold
-                reminders.append(Reminder(event.call_id, event.name, count, context.text))
+            reminders.append(Reminder(event.call_id, event.name, count, context.text, plugin))
         result = outcome.result
         # A call denied live is answered with its recorded denial: only a denial made
         # now (a new result, not the recorded one passed back) is this stack's cap.
@@ -119,9 +125,9 @@ def render(report: ReplayReport) -> str:
     lines = [f"{report.calls} tool calls replayed"]
     for reminder in report.reminders:
         first = reminder.text.splitlines()[0]
+        repeats = f", {reminder.count} in a row" if reminder.count is not None else ""
         lines.append(
-            f"reminder after {reminder.call_id} ({reminder.tool}, {reminder.count} in a row): "
-            f"{first[:100]}"
+            f"{reminder.plugin} after {reminder.call_id} ({reminder.tool}{repeats}): {first[:100]}"
         )
     for cap in report.caps:
         lines.append(f"cap {cap.decision} at {cap.call_id}: {cap.limit[:120]}")

@@ -2,6 +2,7 @@
 
 from guardstack.guards.agent_limit import AgentLimit
 from guardstack.guards.canonical import canonical_json
+from guardstack.guards.loop_detector import DETECTED_EVENT, Detection, LoopDetector
 from guardstack.guards.model_call_limit import ModelCallLimit
 from guardstack.guards.repeat_tool_reminder import (
     DETAILED_TEMPLATE,
@@ -14,8 +15,11 @@ from guardstack.guards.usage_limit import UsageLimit
 
 __all__ = [
     "DETAILED_TEMPLATE",
+    "DETECTED_EVENT",
     "GENTLE_TEXT",
     "AgentLimit",
+    "Detection",
+    "LoopDetector",
     "ModelCallLimit",
     "RepeatToolReminder",
     "ToolCallLimit",

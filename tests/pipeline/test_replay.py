@@ -94,7 +94,9 @@ def test_the_command_prints_text_and_json(
     args = ["replay", str(tmp_path / "live.jsonl"), "--config", str(tmp_path / "guards.json")]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert text.startswith("12 tool calls replayed\nreminder after call_1_2_0 (read, 2 in a row)")
+    assert text.startswith(
+        "12 tool calls replayed\nrepeat-tool-reminder after call_1_2_0 (read, 2 in a row)"
+    )
     assert "cap deny at call_2_7_0: tool call limit reached" in text
     assert main([*args, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
