@@ -1,4 +1,4 @@
-"""LoopDetector: each pattern on its shape and not on legitimate look-alikes; the ladder; properties."""
+"""LoopDetector: each pattern on its shape, not on legitimate look-alikes; the ladder; properties."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ async def test_a_cycle_of_two_fires_and_pagination_does_not() -> None:
 async def test_a_test_fix_cycle_that_makes_progress_is_not_a_cycle() -> None:
     tools = Tools()
     built = detector_harness(LoopDetector(), tools)
-    sequence = []
+    sequence: list[tuple[str, dict[str, Any]]] = []
     for attempt in range(8):
         sequence += [("edit", {"f": "x", "patch": f"fix {attempt}"}), ("test", {"run": attempt})]
     assert first_detection(await calls(built, *sequence)) is None
@@ -184,9 +184,9 @@ async def test_identical_calls_in_one_parallel_step_count_once() -> None:
 
 
 def test_bad_config_names_the_plugin_key_and_value() -> None:
-    with pytest.raises(ConfigError, match="loop-detector.*identical.*1"):
+    with pytest.raises(ConfigError, match=r"loop-detector.*identical.*1"):
         LoopDetector(identical=1)
-    with pytest.raises(ConfigError, match="loop-detector.*end_turn"):
+    with pytest.raises(ConfigError, match=r"loop-detector.*end_turn"):
         LoopDetector(deny=4, end_turn=2)
     with pytest.raises(ConfigError, match="loop-detector"):
         Harness().load([{"id": "x", "name": "loop-detector", "config": {"noProgress": "many"}}])
