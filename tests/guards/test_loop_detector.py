@@ -1,4 +1,4 @@
-"""LoopDetector: each pattern on its shape, not on legitimate look-alikes; the ladder; properties."""
+"""LoopDetector: each pattern on its shape, not on look-alikes; the ladder; properties."""
 
 from __future__ import annotations
 
