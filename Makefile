@@ -37,6 +37,7 @@ bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of 
 	$(BIN)/python -m benchmarks.stack
 	$(BIN)/python -m benchmarks.loop
 	$(BIN)/python -m benchmarks.resilience
+	$(BIN)/python -m benchmarks.loops
 
 ci: check test
 

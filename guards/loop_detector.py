@@ -35,9 +35,12 @@ Each detection is logged on the ``guardstack`` logger (INFO) naming the pattern,
 and its reminder is a span event when ``Tracing`` is applied. It never raises on
 any arguments or results: canonicalisation is the reminder's.
 
-Defaults (``identical=5, cycle=4, no_progress=4, repeated_error=3, remind=1,
-deny=3, end_turn=5``) were chosen from ``benchmarks/loops.py``'s table on a
-labelled corpus; the README gives the table and the reasons.
+Defaults (``identical=5, cycle=3, no_progress=4, repeated_error=3, remind=1,
+deny=5, end_turn=10``) were chosen from the table ``python -m benchmarks.loops``
+prints on a labelled corpus; the README gives the table and the reasons. The one
+look-alike no detector can tell from a loop is a poll that legitimately answers
+"running" many times: exclude polling tools (``exclude=["poll*"]``), which is why
+the ladder waits for the fifth detection before it denies anything.
 """
 
 from __future__ import annotations
@@ -144,12 +147,12 @@ class LoopDetector:
     name: ClassVar[str] = PLUGIN
 
     identical: int | None = attrs.field(default=5, validator=_threshold("identical"))
-    cycle: int | None = attrs.field(default=4, validator=_threshold("cycle"))
+    cycle: int | None = attrs.field(default=3, validator=_threshold("cycle"))
     no_progress: int | None = attrs.field(default=4, validator=_threshold("no_progress"))
     repeated_error: int | None = attrs.field(default=3, validator=_threshold("repeated_error"))
     remind: int | None = attrs.field(default=1, validator=optional_integer(PLUGIN, "remind"))
-    deny: int | None = attrs.field(default=3, validator=optional_integer(PLUGIN, "deny"))
-    end_turn: int | None = attrs.field(default=5, validator=optional_integer(PLUGIN, "end_turn"))
+    deny: int | None = attrs.field(default=5, validator=optional_integer(PLUGIN, "deny"))
+    end_turn: int | None = attrs.field(default=10, validator=optional_integer(PLUGIN, "end_turn"))
     include: tuple[str, ...] = attrs.field(default=(), converter=_include)
     exclude: tuple[str, ...] = attrs.field(default=(), converter=_exclude)
     count_parallel_once: bool = attrs.field(default=True, validator=_flag)

@@ -51,3 +51,20 @@ async def test_the_stack_benchmarks_peers_answer_like_ours() -> None:
             assert await peer.execute(call, loop) == outcome.result.content == "ok"
     finally:
         telemetry.shutdown()
+
+
+async def test_the_loop_corpus_is_what_its_seed_makes_and_the_defaults_hold() -> None:
+    import json
+
+    from benchmarks.loops import corpus, score
+
+    labels = json.loads(corpus.LABELS.read_text(encoding="utf-8"))
+    made = {case.name: case.loop_start for case in corpus.cases()}
+    assert made == {name: label["loop_start"] for name, label in labels.items()}
+    everything = score.detectors()
+    chosen = {name: everything[name] for name in ("seed reminder @3", "LoopDetector (defaults)")}
+    score_of = await score.score(chosen)
+    ours, seed = score_of["LoopDetector (defaults)"], score_of["seed reminder @3"]
+    assert ours["recall"] == 1.0
+    assert ours["precision"] > seed["precision"]
+    assert ours["false_shapes"] == ["poll_until_done"]

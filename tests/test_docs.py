@@ -35,6 +35,7 @@ PRINTS = {
         "0. tool-call-timeout-policy",
         "thread-a None\nthread-a None\nthread-a TOOL_DENIED\nthread-b None\n",
         "thread-a after reset None",
+        'Potential loop detected: the sequence "read" → "edit" repeated 3 times',
     ],
     "docs/order.md": [
         "warning: retry waits for TOOL_TIMOUT, which no layer in this stack produces"
