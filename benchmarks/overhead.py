@@ -13,14 +13,11 @@ model directly.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
-import anyio
-
-from benchmarks.timing import Operation, median, per_call_ns, ratio, runs_of, table
+from benchmarks.timing import Operation, median, per_call_ns, ratio, run_and_report, table
 from guardstack.pipeline import (
     AgentLoop,
     ModelReply,
@@ -153,9 +150,7 @@ def _of(name: str) -> Callable[[Mapping[str, float]], float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--runs", type=int, default=3)
-    print(report(anyio.run(runs_of, measure, parser.parse_args().runs)))
+    run_and_report(__doc__, measure, report)
 
 
 if __name__ == "__main__":

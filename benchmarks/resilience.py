@@ -18,19 +18,17 @@ variant wraps: ours on top of an empty ``registry.execute``, a peer on top of
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiobreaker
 import aiolimiter
-import anyio
 from limits import RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 
-from benchmarks.timing import median, per_call_ns, ratio, runs_of, table
+from benchmarks.timing import median, per_call_ns, ratio, run_and_report, table
 from guardstack.pipeline import Harness, ToolCall, ToolDefinition
 from guardstack.wrappers import Chaos, CircuitBreaker, ConcurrencyLimit, Fallback, Hedge, RateLimit
 
@@ -140,9 +138,7 @@ def report(runs: list[dict[str, float]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--runs", type=int, default=3)
-    print(report(anyio.run(runs_of, measure, parser.parse_args().runs)))
+    run_and_report(__doc__, measure, report)
 
 
 if __name__ == "__main__":

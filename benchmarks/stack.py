@@ -22,7 +22,6 @@ drops tracing and metrics from both sides.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -42,7 +41,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Tracer
 
-from benchmarks.timing import median, per_call_ns, ratio, runs_of, table
+from benchmarks.timing import median, per_call_ns, ratio, run_and_report, table
 from guardstack.guards import ToolCallTimeoutPolicy
 from guardstack.pipeline import Harness, ToolCall, ToolDefinition
 from guardstack.wrappers import Metrics, Retry, Tracing
@@ -253,10 +252,7 @@ def report(runs: list[dict[str, float]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--runs", type=int, default=3)
-    runs = parser.parse_args().runs
-    print(report(anyio.run(runs_of, measure, runs)))
+    run_and_report(__doc__, measure, report)
 
 
 if __name__ == "__main__":

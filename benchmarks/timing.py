@@ -77,3 +77,18 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
         for row in rows
     ]
     return "\n".join(lines)
+
+
+def run_and_report(
+    doc: str | None,
+    measure: Callable[[], Awaitable[dict[str, float]]],
+    report: Callable[[list[dict[str, float]]], str],
+) -> None:
+    """The command line every per-call benchmark shares: ``--runs N``, then its report."""
+    import argparse
+
+    import anyio
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--runs", type=int, default=3)
+    print(report(anyio.run(runs_of, measure, parser.parse_args().runs)))

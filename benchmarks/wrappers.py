@@ -21,7 +21,6 @@ Goals: Retry <= 0.1x tenacity; Timeout <= 1.2x a bare cancel scope; tracing <=
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -32,7 +31,7 @@ import tenacity
 from opentelemetry.util.types import AttributeValue
 
 from benchmarks.stack import Telemetry
-from benchmarks.timing import median, per_call_ns, ratio, runs_of, table
+from benchmarks.timing import median, per_call_ns, ratio, run_and_report, table
 from guardstack.pipeline import Harness, ToolCall, ToolDefinition
 from guardstack.wrappers import Retry, Timeout, Tracing
 
@@ -166,9 +165,7 @@ def report(runs: list[dict[str, float]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--runs", type=int, default=3)
-    print(report(anyio.run(runs_of, measure, parser.parse_args().runs)))
+    run_and_report(__doc__, measure, report)
 
 
 if __name__ == "__main__":

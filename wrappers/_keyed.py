@@ -18,19 +18,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Final, Generic, Protocol, TypeVar
 
-from guardstack.pipeline.contract import ModelRequest
+from guardstack.pipeline.contract import ModelNext, ModelRequest, Scope
 from guardstack.pipeline.validate import invalid, non_empty_text
 from guardstack.pipeline.values import ToolCall
 
 __all__ = [
     "MAX_KEYS",
     "Keyed",
+    "PerKey",
+    "StageLayers",
     "Validator",
     "check_key",
     "model_key",
     "positive",
     "ratio",
     "tool_key",
+    "use_on_stage",
 ]
 
 #: An attrs validator.
@@ -73,6 +76,51 @@ class Keyed(Generic[S]):
             if len(self._states) <= self._max_keys:
                 return
             del self._states[key]
+
+
+class _Keyed(Protocol):
+    @property
+    def key(self) -> str | None: ...
+
+
+C = TypeVar("C", bound=_Keyed)
+
+
+class PerKey(Generic[C, S]):
+    """One application of a keyed layer: its configuration and a state per key.
+
+    ``state(key)`` is the state of a tool (or model), or the one shared state when
+    the layer was given ``key=``.
+    """
+
+    __slots__ = ("config", "states")
+
+    def __init__(self, config: C, factory: Callable[[], S]) -> None:
+        self.config = config
+        self.states: Keyed[S] = Keyed(factory)
+
+    def state(self, key: Hashable) -> S:
+        shared = self.config.key
+        return self.states.get(shared if shared is not None else key)
+
+    def __repr__(self) -> str:
+        return repr(self.config)
+
+
+class StageLayers(Protocol):
+    """A layer object for both stages: called on tool calls, ``model_layer`` on model calls."""
+
+    def __call__(self, call: ToolCall, call_next: Any) -> Any: ...
+
+    def model_layer(self, request: ModelRequest, call_next: ModelNext) -> Any: ...
+
+
+def use_on_stage(scope: Scope, stage: str, layers: StageLayers, name: str) -> None:
+    """Register ``layers`` on the stage a plugin names: ``dispatch`` or ``model``."""
+    if stage == "model":
+        scope.use(scope.loop.model_call, layers.model_layer, name=name)
+    else:
+        scope.use(scope.tools.dispatch, layers, name=name)
 
 
 def tool_key(call: ToolCall) -> str:

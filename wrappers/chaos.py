@@ -39,7 +39,7 @@ from guardstack.pipeline.contract import (
 from guardstack.pipeline.errors import GuardstackError
 from guardstack.pipeline.validate import StageName, invalid, stage
 from guardstack.pipeline.values import ToolCall, ToolResult
-from guardstack.wrappers._keyed import ratio
+from guardstack.wrappers._keyed import ratio, use_on_stage
 
 __all__ = ["Chaos", "ChaosError"]
 
@@ -73,11 +73,7 @@ class Chaos:
 
     def apply(self, scope: Scope) -> None:
         """Register with its own random draws (seeded with ``seed``) on its stage."""
-        run = _ChaosRun(self)
-        if self.stage == "model":
-            scope.use(scope.loop.model_call, run.model_layer, name=PLUGIN)
-        else:
-            scope.use(scope.tools.dispatch, run, name=PLUGIN)
+        use_on_stage(scope, self.stage, _ChaosRun(self), PLUGIN)
 
 
 class _ChaosRun:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable
 from typing import Any, ClassVar, Literal
 
 import anyio
@@ -56,12 +55,13 @@ from guardstack.pipeline.values import (
     ToolResult,
 )
 from guardstack.wrappers._keyed import (
-    Keyed,
+    PerKey,
     check_key,
     model_key,
     positive,
     ratio,
     tool_key,
+    use_on_stage,
 )
 
 __all__ = ["CircuitBreaker"]
@@ -119,11 +119,7 @@ class CircuitBreaker:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of breakers (closed) on the stage it names."""
-        breakers = _Breakers(self)
-        if self.stage == "model":
-            scope.use(scope.loop.model_call, breakers.model_layer, name=PLUGIN)
-        else:
-            scope.use(scope.tools.dispatch, breakers, name=PLUGIN)
+        use_on_stage(scope, self.stage, _Breakers(self, _Circuit), PLUGIN)
 
 
 class _Circuit:
@@ -198,21 +194,14 @@ def _why(what: str, wait_s: float) -> str:
     )
 
 
-class _Breakers:
+class _Breakers(PerKey[CircuitBreaker, _Circuit]):
     """One application: a breaker per key, and the layers that consult them."""
 
-    __slots__ = ("circuits", "config")
-
-    def __init__(self, config: CircuitBreaker) -> None:
-        self.config = config
-        self.circuits: Keyed[_Circuit] = Keyed(_Circuit)
-
-    def _circuit(self, key: Hashable) -> _Circuit:
-        return self.circuits.get(self.config.key if self.config.key is not None else key)
+    __slots__ = ()
 
     async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
         config = self.config
-        circuit = self._circuit(tool_key(call))
+        circuit = self.state(tool_key(call))
         now = anyio.current_time()  # outcomes are kept by when the call started
         admitted, wait_s = circuit.admit(config, now)
         if not admitted:
@@ -233,7 +222,7 @@ class _Breakers:
     async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
         config = self.config
         key = model_key(request)
-        circuit = self._circuit(key)
+        circuit = self.state(key)
         now = anyio.current_time()
         admitted, wait_s = circuit.admit(config, now)
         if not admitted:
@@ -253,6 +242,3 @@ class _Breakers:
             raise
         circuit.record(config, now, False, probe)
         return reply
-
-    def __repr__(self) -> str:
-        return repr(self.config)

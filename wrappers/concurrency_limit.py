@@ -40,7 +40,7 @@ from guardstack.pipeline.contract import (
 )
 from guardstack.pipeline.validate import StageName, integer, optional_integer, stage
 from guardstack.pipeline.values import TOOL_OVERLOADED, ToolCall, ToolResult
-from guardstack.wrappers._keyed import Keyed, check_key, model_key, tool_key
+from guardstack.wrappers._keyed import PerKey, check_key, model_key, tool_key, use_on_stage
 
 __all__ = ["ConcurrencyLimit"]
 
@@ -81,11 +81,7 @@ class ConcurrencyLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of limits (all slots free) on the stage it names."""
-        limits = _Limits(self)
-        if self.stage == "model":
-            scope.use(scope.loop.model_call, limits.model_layer, name=PLUGIN)
-        else:
-            scope.use(scope.tools.dispatch, limits, name=PLUGIN)
+        use_on_stage(scope, self.stage, _Limits(self, _Bulkhead), PLUGIN)
 
 
 class _Overloaded(Exception):
@@ -147,20 +143,13 @@ class _Bulkhead:
             self.running -= 1
 
 
-class _Limits:
+class _Limits(PerKey[ConcurrencyLimit, _Bulkhead]):
     """One application: a bulkhead per key, and the layers that use them."""
 
-    __slots__ = ("bulkheads", "config")
-
-    def __init__(self, config: ConcurrencyLimit) -> None:
-        self.config = config
-        self.bulkheads: Keyed[_Bulkhead] = Keyed(_Bulkhead)
-
-    def _bulkhead(self, key: Hashable) -> _Bulkhead:
-        return self.bulkheads.get(self.config.key if self.config.key is not None else key)
+    __slots__ = ()
 
     async def _run(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
-        bulkhead = self._bulkhead(key)
+        bulkhead = self.state(key)
         await bulkhead.acquire(self.config)
         try:
             return await work()
@@ -185,6 +174,3 @@ class _Limits:
             raise ModelError(
                 f"model {key} is overloaded: {overloaded.reason}", MODEL_UNAVAILABLE
             ) from None
-
-    def __repr__(self) -> str:
-        return repr(self.config)

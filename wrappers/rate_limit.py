@@ -36,7 +36,14 @@ from guardstack.pipeline.contract import (
 )
 from guardstack.pipeline.validate import StageName, boolean, integer, stage
 from guardstack.pipeline.values import TOOL_RATE_LIMITED, ToolCall, ToolResult
-from guardstack.wrappers._keyed import Keyed, check_key, model_key, positive, tool_key
+from guardstack.wrappers._keyed import (
+    PerKey,
+    check_key,
+    model_key,
+    positive,
+    tool_key,
+    use_on_stage,
+)
 
 __all__ = ["RateLimit"]
 
@@ -74,11 +81,8 @@ class RateLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of buckets (full) on the stage it names."""
-        buckets = _Buckets(self)
-        if self.stage == "model":
-            scope.use(scope.loop.model_call, buckets.model_layer, name=PLUGIN)
-        else:
-            scope.use(scope.tools.dispatch, buckets, name=PLUGIN)
+        buckets = _Buckets(self, lambda: _Bucket(self.per_second, self.burst))
+        use_on_stage(scope, self.stage, buckets, PLUGIN)
 
 
 class _Bucket:
@@ -121,18 +125,14 @@ class _Bucket:
         self.tokens += 1
 
 
-class _Buckets:
+class _Buckets(PerKey[RateLimit, _Bucket]):
     """One application: a bucket per key, and the layers that draw from them."""
 
-    __slots__ = ("buckets", "config")
-
-    def __init__(self, config: RateLimit) -> None:
-        self.config = config
-        self.buckets: Keyed[_Bucket] = Keyed(lambda: _Bucket(config.per_second, config.burst))
+    __slots__ = ()
 
     async def _token(self, key: Hashable) -> float:
         """Wait for a token (``0.0``), or with ``wait=False`` say how long one would take."""
-        bucket = self.buckets.get(self.config.key if self.config.key is not None else key)
+        bucket = self.state(key)
         now = anyio.current_time()
         if not self.config.wait:
             return bucket.try_take(now)
@@ -167,6 +167,3 @@ class _Buckets:
                 self._why(f"model {key}", wait_s), MODEL_RATE_LIMITED, retry_after_s=wait_s
             )
         return await call_next(request)
-
-    def __repr__(self) -> str:
-        return repr(self.config)

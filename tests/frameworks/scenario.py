@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from opentelemetry.sdk.trace import ReadableSpan
 
 from guardstack.guards import RepeatToolReminder, ToolCallLimit, ToolCallTimeoutPolicy
@@ -18,6 +19,42 @@ TIMEOUT_TEXT = f"Error: tool call timed out after {HANG_BUDGET_MS}ms"
 
 async def _never(arguments: Any, call: Any) -> str:
     raise AssertionError("guardstack never runs a framework tool's harness definition")
+
+
+# -- the tools every framework's agent gets (each wraps them its own way) ---------------
+
+#: Arguments ``flaky`` was run with; odd runs hang, even runs answer.
+ATTEMPTS: list[str] = []
+
+
+async def search(query: str, page: int = 1) -> str:
+    """Search the notes."""
+    return f"results for {query} page {page}"
+
+
+async def todo(item: str) -> str:
+    """Note a to-do item."""
+    return "noted"
+
+
+async def hang(query: str) -> str:
+    """Never answers."""
+    await anyio.sleep(3600)
+    return "never"
+
+
+async def slow(query: str) -> str:
+    """Declares its own 1.5 s budget to the framework."""
+    await anyio.sleep(3600)
+    return "never"
+
+
+async def flaky(query: str) -> str:
+    """Hangs on its first attempt, answers on the second."""
+    ATTEMPTS.append(query)
+    if len(ATTEMPTS) % 2 == 1:
+        await anyio.sleep(3600)
+    return "answered"
 
 
 def harness(*, cap: int | None = None, rig: SpanRig | None = None) -> Harness:

@@ -23,11 +23,16 @@ from guardstack.guards import GENTLE_TEXT
 from guardstack.integrations.langchain import GuardstackMiddleware
 from guardstack.pipeline import Harness
 from tests.frameworks.scenario import (
+    ATTEMPTS,
     FLAKY_TREE,
     HANG_BUDGET_MS,
     TIMEOUT_TEXT,
+    flaky,
+    hang,
     harness,
     layer_tree,
+    search,
+    todo,
     traced_harness,
 )
 from tests.wrappers.otel import SpanRig
@@ -66,48 +71,19 @@ def script(*replies: AIMessage) -> Iterator[AIMessage]:
 
 
 @tool
-async def search(query: str, page: int = 1) -> str:
-    """Search the notes."""
-    return f"results for {query} page {page}"
-
-
-@tool
-async def todo(item: str) -> str:
-    """Note a to-do item."""
-    return "noted"
-
-
-@tool
-async def hang(query: str) -> str:
-    """Never answers."""
-    await anyio.sleep(3600)
-    return "never"
-
-
-@tool
 async def broken(query: str) -> str:
     """Always raises."""
     raise RuntimeError("disk on fire")
 
 
 _ids = itertools.count(1)
-_attempts: list[str] = []
-
-
-@tool
-async def flaky(query: str) -> str:
-    """Hangs on its first attempt, answers on the second."""
-    _attempts.append(query)
-    if len(_attempts) % 2 == 1:
-        await anyio.sleep(3600)
-    return "answered"
 
 
 def agent(model: ScriptedChat, built: Harness, *middleware: AgentMiddleware[Any, Any, Any]) -> Any:
     listed = list(middleware) or [GuardstackMiddleware(built)]
     return create_agent(
         model,
-        tools=[search, todo, hang, broken, flaky],
+        tools=[tool(search), tool(todo), tool(hang), broken, tool(flaky)],
         middleware=listed,
         checkpointer=InMemorySaver(),
     )
@@ -230,7 +206,7 @@ async def test_the_thread_is_the_conversation_and_each_run_a_new_turn() -> None:
 
 async def test_each_call_gets_a_span_tree_with_one_span_per_layer() -> None:
     rig = SpanRig()
-    _attempts.clear()
+    ATTEMPTS.clear()
     model = ScriptedChat(messages=script(asks(("flaky", {"query": "x"}))))
     messages = await run(agent(model, traced_harness(rig)), "go")
     assert [m.content for m in messages if isinstance(m, ToolMessage)] == ["answered"]
@@ -253,7 +229,7 @@ async def test_middleware_before_it_wraps_the_call_and_after_it_each_attempt() -
             seen.append(self.label)
             return await handler(request)
 
-    _attempts.clear()
+    ATTEMPTS.clear()
     rig = SpanRig()
     built = traced_harness(rig)
     model = ScriptedChat(messages=script(asks(("flaky", {"query": "x"}))))

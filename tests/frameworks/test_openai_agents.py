@@ -17,56 +17,31 @@ from guardstack.guards import GENTLE_TEXT
 from guardstack.integrations.openai_agents import RunBlocked, guard_tools
 from guardstack.pipeline import Harness, TurnBlocked
 from tests.frameworks.scenario import (
+    ATTEMPTS,
     FLAKY_TREE,
     HANG_BUDGET_MS,
     TIMEOUT_TEXT,
+    flaky,
+    hang,
     harness,
     layer_tree,
+    search,
+    slow,
+    todo,
     traced_harness,
 )
 from tests.wrappers.otel import SpanRig
 
-
-@function_tool
-async def search(query: str, page: int = 1) -> str:
-    """Search the notes."""
-    return f"results for {query} page {page}"
-
-
-@function_tool
-async def todo(item: str) -> str:
-    """Note a to-do item."""
-    return "noted"
-
-
-@function_tool
-async def hang(query: str) -> str:
-    """Never answers."""
-    await anyio.sleep(3600)
-    return "never"
-
-
-@function_tool(timeout=1.5)
-async def slow(query: str) -> str:
-    """Declares its own 1.5 s budget to the SDK."""
-    await anyio.sleep(3600)
-    return "never"
-
-
 _ids = itertools.count(1)
-_attempts: list[str] = []
 
 
-@function_tool
-async def flaky(query: str) -> str:
-    """Hangs on its first attempt, answers on the second."""
-    _attempts.append(query)
-    if len(_attempts) % 2 == 1:
-        await anyio.sleep(3600)
-    return "answered"
-
-
-TOOLS: list[Tool] = [search, todo, hang, slow, flaky]
+TOOLS: list[Tool] = [
+    function_tool(search),
+    function_tool(todo),
+    function_tool(hang),
+    function_tool(slow, timeout=1.5),
+    function_tool(flaky),
+]
 
 
 def calls(*requests: tuple[str, dict[str, Any]]) -> list[Any]:
@@ -154,7 +129,7 @@ async def test_the_group_is_the_conversation_and_each_run_a_new_turn() -> None:
 
 async def test_each_call_gets_a_span_tree_with_one_span_per_layer() -> None:
     rig = SpanRig()
-    _attempts.clear()
+    ATTEMPTS.clear()
     scripted = model(calls(("flaky", {"query": "x"})))
     await run(scripted, traced_harness(rig))
     assert outputs(scripted) == ["answered"]

@@ -26,33 +26,22 @@ from guardstack.guards import GENTLE_TEXT
 from guardstack.integrations.pydantic_ai import GuardstackToolset
 from guardstack.pipeline import Harness, TurnBlocked
 from tests.frameworks.scenario import (
+    ATTEMPTS,
     FLAKY_TREE,
     HANG_BUDGET_MS,
     TIMEOUT_TEXT,
+    flaky,
+    hang,
     harness,
     layer_tree,
+    search,
+    slow,
+    todo,
     traced_harness,
 )
 from tests.wrappers.otel import SpanRig
 
 _ids = itertools.count(1)
-_attempts: list[str] = []
-
-
-async def search(query: str, page: int = 1) -> str:
-    """Search the notes."""
-    return f"results for {query} page {page}"
-
-
-async def todo(item: str) -> str:
-    """Note a to-do item."""
-    return "noted"
-
-
-async def hang(query: str) -> str:
-    """Never answers."""
-    await anyio.sleep(3600)
-    return "never"
 
 
 async def picky(query: str) -> str:
@@ -60,20 +49,6 @@ async def picky(query: str) -> str:
     if query == "vague":
         raise ModelRetry("be more specific")
     return f"found {query}"
-
-
-async def flaky(query: str) -> str:
-    """Hangs on its first attempt, answers on the second."""
-    _attempts.append(query)
-    if len(_attempts) % 2 == 1:
-        await anyio.sleep(3600)
-    return "answered"
-
-
-async def slow(query: str) -> str:
-    """Declares its own 1.5 s timeout to pydantic-ai."""
-    await anyio.sleep(3600)
-    return "never"
 
 
 class Script:
@@ -176,7 +151,7 @@ async def test_the_conversation_id_is_the_conversation_and_each_run_a_new_turn()
 
 async def test_each_call_gets_a_span_tree_with_one_span_per_layer() -> None:
     rig = SpanRig()
-    _attempts.clear()
+    ATTEMPTS.clear()
     script = Script([("flaky", {"query": "x"})])
     await agent(script, traced_harness(rig)).run("go")
     [returned] = script.last_parts()
