@@ -38,6 +38,7 @@ bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of 
 	$(BIN)/python -m benchmarks.loop
 	$(BIN)/python -m benchmarks.resilience
 	$(BIN)/python -m benchmarks.loops
+	$(BIN)/python -m benchmarks.temporal
 
 ci: check test
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -90,6 +91,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     proxy.add_argument(
         "server", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the MCP server to start"
+    )
+    serve = commands.add_parser(
+        "worker",
+        help="run a Temporal worker for agents (needs guardstack[temporal])",
+        description="Serve the agents made by each AGENT (module:function, called with no "
+        "arguments, returning a TemporalAgent: your own code, imported on purpose) on a "
+        "Temporal task queue until interrupted.",
+    )
+    serve.add_argument("agents", nargs="+", metavar="AGENT", help="module:function")
+    serve.add_argument("--task-queue", required=True)
+    serve.add_argument("--address", default="localhost:7233", help="the Temporal frontend")
+    serve.add_argument("--namespace", default="default")
+    serve.add_argument(
+        "--sticky-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds before a lost worker's workflows move to another (Temporal's default: 10)",
     )
     return parser
 
@@ -190,6 +209,18 @@ def _run(arguments: argparse.Namespace) -> int:
         harness.load(arguments.config, allow_imports=arguments.allow_imports)
         report = anyio.run(replay, session, harness)
         _print(json.dumps(report.to_dict(), indent=2) if arguments.json else render(report))
+    elif arguments.command == "worker":
+        from guardstack.integrations.temporal import serve
+
+        asyncio.run(
+            serve(
+                arguments.agents,
+                arguments.task_queue,
+                address=arguments.address,
+                namespace=arguments.namespace,
+                sticky_timeout_s=arguments.sticky_timeout,
+            )
+        )
     elif arguments.command == "describe":
         harness = Harness()
         harness.load(arguments.config, allow_imports=arguments.allow_imports)

@@ -19,6 +19,7 @@ PAGES = ["README.md", *sorted(f"docs/{page.name}" for page in (ROOT / "docs").gl
 ELSEWHERE = {
     "docs/models.md": "tests/integrations/test_docs_models.py",
     "docs/mcp.md": "tests/integrations/test_docs_mcp.py",
+    "docs/temporal.md": "tests/integrations/test_docs_temporal.py",
 }
 
 #: What each page's examples must print (a page without examples lists nothing).
@@ -52,6 +53,7 @@ PRINTS = {
     "docs/design.md": [],
     "docs/models.md": [],
     "docs/mcp.md": [],
+    "docs/temporal.md": [],
 }
 
 

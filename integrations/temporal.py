@@ -1,0 +1,442 @@
+"""Durable agents on Temporal: each turn a workflow, each model call and tool attempt an activity.
+
+::
+
+    agent = TemporalAgent("researcher", tools=[search, fetch], model=model,
+                          plugins=lambda: [Retry(attempts=3), ToolCallTimeoutPolicy(),
+                                           RepeatToolReminder(), ToolCallLimit(per_turn=40)])
+    async with worker(client, "agents", [agent]):                 # on every worker host
+        conversation = Conversation(client, "researcher", "thread-1", "agents")
+        result = await conversation.prompt("Find the TODOs")       # from any process
+
+**What runs where.** The turn — the agent loop, the session log, caps, the
+reminder, ``Retry`` and its backoff, every timeout — runs in the workflow, so it
+is durable: a backoff or a per-attempt deadline is a Temporal timer, and a worker
+that dies mid-turn costs nothing but the call in flight. Each model call and each
+tool attempt is an activity, run by whichever worker picks it up.
+
+**How order maps to Temporal's timeouts.** guardstack's layers keep their
+meaning: a per-attempt timeout (inside a ``Retry``) is a workflow timer around one
+activity, which it cancels when it fires; a whole-operation timeout (outside) is a
+timer around all of them, backoff included. The activity's own options are derived
+so that Temporal never decides in guardstack's place: start-to-close is the tool's
+declared budget plus ``grace_ms`` (guardstack's timer always fires first, so the
+model reads the seed's ``TOOL_TIMEOUT``, not an activity failure), a heartbeat
+timeout of ``heartbeat_ms`` notices a lost worker, and the retry policy is one
+attempt — guardstack alone retries, so every attempt is its own activity in the
+history. A worker lost mid-call answers the call ``ABORTED`` (a ``Retry`` may run it
+again elsewhere, never a tool declared ``idempotent=False``).
+
+Refused at start-up (``ConfigError``): an engine limit (``start_to_close_cap_ms``)
+shorter than a tool's budget plus grace, which would cut the budget so the model
+never learns it timed out; and activity retries (``activity_attempts`` > 1) in a
+stack with a ``Retry``, which would retry in two places.
+
+Determinism: the guard stack is built inside the workflow by ``plugins()``; a
+``Retry`` with jitter and no seed gets one from the workflow's random source, and
+all time is the workflow's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any, Final
+
+import attrs
+
+from guardstack.integrations._extras import require
+from guardstack.pipeline import (
+    MODEL_FAILED,
+    TOOL_ABORTED,
+    ConfigError,
+    Harness,
+    ModelError,
+    ModelReply,
+    Session,
+    ToolCall,
+    ToolCallRequest,
+    ToolDefinition,
+    ToolRegistry,
+    ToolResult,
+    Usage,
+)
+from guardstack.pipeline.values import message_of
+from guardstack.wrappers import Retry
+
+require("temporalio", "temporal")
+
+from temporalio import activity, workflow  # noqa: E402
+from temporalio.client import Client  # noqa: E402
+from temporalio.common import RetryPolicy  # noqa: E402
+from temporalio.exceptions import ActivityError, ApplicationError  # noqa: E402
+from temporalio.service import RPCError  # noqa: E402
+from temporalio.worker import Worker  # noqa: E402
+from temporalio.workflow import ActivityCancellationType  # noqa: E402
+
+__all__ = ["Conversation", "TemporalAgent", "TurnOutcome", "serve", "worker"]
+
+OWNER: Final = "temporal"
+TOOL_ACTIVITY: Final = "guardstack.tool"
+MODEL_ACTIVITY: Final = "guardstack.model"
+WORKFLOW: Final = "guardstack.turn"
+#: How long an activity for a tool without a declared budget may run.
+NO_BUDGET_MS: Final = 24 * 3_600_000
+
+
+def _tools(tools: Sequence[ToolDefinition]) -> tuple[ToolDefinition, ...]:
+    return tuple(tools)
+
+
+def _no_plugins() -> Sequence[Any]:
+    return ()
+
+
+@attrs.frozen
+class TemporalAgent:
+    """An agent the workers can run: its real tools and model, and its guard stack."""
+
+    name: str
+    tools: tuple[ToolDefinition, ...] = attrs.field(converter=_tools)
+    model: Any
+    #: Builds the guard stack, in the workflow, for each turn (layers in onion order).
+    plugins: Callable[[], Sequence[Any]] = _no_plugins
+    max_steps: int = 50
+    system: str | None = None
+    grace_ms: int = 5_000
+    heartbeat_ms: int = 10_000
+    #: An engine limit on any activity's start-to-close (e.g. a namespace's maximum).
+    start_to_close_cap_ms: int | None = None
+    #: Temporal's own attempts per activity; 1 leaves retrying to guardstack.
+    activity_attempts: int = 1
+
+    def tool(self, name: str) -> ToolDefinition:
+        for definition in self.tools:
+            if definition.name == name:
+                return definition
+        raise KeyError(name)
+
+    def check(self) -> None:
+        """Refuse a stack the engine would cut or retry twice (``ConfigError``)."""
+        cap = self.start_to_close_cap_ms
+        for tool in self.tools:
+            if cap is not None and tool.timeout_ms is not None:
+                needed = tool.timeout_ms + self.grace_ms
+                if cap < needed:
+                    raise ConfigError(
+                        f"{OWNER}: agent {self.name!r}: start_to_close_cap_ms={cap} would cut "
+                        f"tool {tool.name!r}'s {tool.timeout_ms} ms budget (it needs {needed} ms "
+                        "with the grace period): the model would never learn it timed out",
+                        plugin=OWNER,
+                        key="start_to_close_cap_ms",
+                        value=cap,
+                    )
+        if self.activity_attempts != 1 and any(isinstance(p, Retry) for p in self.plugins()):
+            raise ConfigError(
+                f"{OWNER}: agent {self.name!r}: activity_attempts={self.activity_attempts} with "
+                "a Retry in the stack would retry in two places; keep activity_attempts=1",
+                plugin=OWNER,
+                key="activity_attempts",
+                value=self.activity_attempts,
+            )
+
+    def activity_options(self, tool: ToolDefinition) -> dict[str, Any]:
+        """Temporal's options for one attempt of ``tool``."""
+        budget = tool.timeout_ms
+        limit = NO_BUDGET_MS if budget is None else budget + self.grace_ms
+        if self.start_to_close_cap_ms is not None:
+            limit = min(limit, self.start_to_close_cap_ms)
+        return {
+            "start_to_close_timeout": timedelta(milliseconds=limit),
+            "heartbeat_timeout": timedelta(milliseconds=self.heartbeat_ms),
+            "retry_policy": RetryPolicy(maximum_attempts=self.activity_attempts),
+            "cancellation_type": ActivityCancellationType.TRY_CANCEL,
+        }
+
+
+#: The agents this process's workers run, by name.
+_AGENTS: dict[str, TemporalAgent] = {}
+
+
+# -- wire shapes -------------------------------------------------------------------------------
+
+
+def _reply_to_wire(reply: ModelReply) -> dict[str, Any]:
+    usage = reply.usage
+    return {
+        "text": reply.text,
+        "tool_calls": [
+            {"name": c.name, "arguments": c.arguments_json, "call_id": c.call_id}
+            for c in reply.tool_calls
+        ],
+        "usage": attrs.asdict(usage) if usage is not None else None,
+        "reasoning": reply.reasoning,
+        "model": reply.model,
+        "finish_reason": reply.finish_reason,
+    }
+
+
+def _reply_from_wire(wire: Mapping[str, Any]) -> ModelReply:
+    usage = wire.get("usage")
+    return ModelReply(
+        wire.get("text") or "",
+        tuple(
+            ToolCallRequest(c["name"], c["arguments"], c.get("call_id") or "")
+            for c in wire.get("tool_calls") or ()
+        ),
+        Usage(**usage) if usage else None,
+        wire.get("reasoning"),
+        wire.get("model"),
+        wire.get("finish_reason"),
+    )
+
+
+# -- activities ----------------------------------------------------------------------------
+
+
+@activity.defn(name=TOOL_ACTIVITY)
+async def tool_attempt(agent: str, name: str, arguments: Any, call_id: str) -> dict[str, Any]:
+    """One attempt of a tool, heartbeating while it runs; any failure becomes a result."""
+    spec = _AGENTS[agent]
+    registry = ToolRegistry()
+    registry.register(spec.tool(name))
+    interval = max(spec.heartbeat_ms / 4000, 0.05)
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(interval)
+
+    beating = asyncio.create_task(beat())
+    try:
+        outcome = await registry.execute(ToolCall(name, arguments, call_id))
+    finally:
+        beating.cancel()
+    return outcome.result.to_dict()
+
+
+@activity.defn(name=MODEL_ACTIVITY)
+async def model_call(
+    agent: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """One model call; a failure carries its ``ModelError`` code for the workflow's layers."""
+    try:
+        reply = await _AGENTS[agent].model.complete(messages, tools)
+    except ModelError as error:
+        raise ApplicationError(
+            error.message, error.code, error.retry_after_s, type="ModelError", non_retryable=True
+        ) from error
+    except Exception as error:
+        raise ApplicationError(
+            message_of(error), MODEL_FAILED, None, type=type(error).__name__, non_retryable=True
+        ) from error
+    return _reply_to_wire(reply)
+
+
+# -- the workflow ----------------------------------------------------------------------------
+
+
+class _ActivityModel:
+    """The agent's model, as seen from the workflow: each call an activity."""
+
+    def __init__(self, spec: TemporalAgent) -> None:
+        self.spec = spec
+        self.model = getattr(spec.model, "model", None)
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        handle = workflow.start_activity(
+            model_call,
+            args=[self.spec.name, messages, tools],
+            start_to_close_timeout=timedelta(milliseconds=NO_BUDGET_MS),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+            cancellation_type=ActivityCancellationType.TRY_CANCEL,
+        )
+        try:
+            wire = await asyncio.shield(handle)  # see the tool's: a model timeout cancels it
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        except ActivityError as error:
+            cause = error.cause
+            if isinstance(cause, ApplicationError) and cause.type == "ModelError":
+                code, retry_after = [*cause.details, MODEL_FAILED, None][:2]
+                raise ModelError(cause.message, str(code), retry_after) from None
+            raise ModelError(message_of(cause or error), MODEL_FAILED) from None
+        return _reply_from_wire(wire)
+
+
+def _activity_tool(spec: TemporalAgent, tool: ToolDefinition) -> Any:
+    """The tool as the workflow runs it: one activity per attempt."""
+    options = spec.activity_options(tool)
+
+    async def execute(arguments: Any, call: ToolCall) -> ToolResult:
+        handle = workflow.start_activity(
+            tool_attempt, args=[spec.name, tool.name, dict(arguments), call.call_id], **options
+        )
+        try:
+            # Shielded: a guardstack timeout cancels this await at once and asks Temporal to
+            # cancel the activity, instead of waiting inside the activation for it to stop
+            # (anyio would redeliver its cancellation until then: a workflow deadlock).
+            wire = await asyncio.shield(handle)
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        except ActivityError as error:
+            why = message_of(error.cause or error)
+            return ToolResult.failure(
+                f"the worker running the tool was lost ({why})",
+                name="WorkerLost",
+                code=TOOL_ABORTED,
+            )
+        return ToolResult.from_dict(wire)
+
+    execute.__name__ = f"temporal_{tool.name}"
+    return execute
+
+
+def _deterministic(plugin: Any) -> Any:
+    """A plugin whose random draws come from the workflow's random source."""
+    if isinstance(plugin, Retry) and plugin.jitter and plugin.seed is None:
+        return attrs.evolve(plugin, seed=workflow.random().randint(0, 2**31 - 1))
+    return plugin
+
+
+@workflow.defn(name=WORKFLOW, sandboxed=False)
+class TurnWorkflow:
+    """One turn of one conversation: the guard stack and the loop, durably."""
+
+    @workflow.run
+    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        spec = _AGENTS[request["agent"]]
+        harness = Harness(_ActivityModel(spec), spec.max_steps, system=spec.system)
+        for tool in spec.tools:
+            harness.tools.register(attrs.evolve(tool, execute=_activity_tool(spec, tool)))
+        for plugin in spec.plugins():
+            harness.plugin(_deterministic(plugin))
+        log = request.get("log")
+        session = Session.from_jsonl(log) if log else None
+        agent = harness.loop.create(request["conversation"], session=session)
+        result = await agent.prompt(request["prompt"])
+        return {
+            "log": agent.session.to_jsonl(),
+            "reason": result.reason,
+            "text": result.text,
+            "error": result.error,
+        }
+
+
+# -- workers and clients ------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def worker(
+    client: Client, task_queue: str, agents: Sequence[TemporalAgent], **options: Any
+) -> AsyncIterator[Worker]:
+    """A running Temporal worker for ``agents`` (checked first: a bad stack never starts)."""
+    for agent in agents:
+        agent.check()
+        _AGENTS[agent.name] = agent
+    running = Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[TurnWorkflow],
+        activities=[tool_attempt, model_call],
+        **options,
+    )
+    async with running:
+        yield running
+
+
+@attrs.frozen
+class TurnOutcome:
+    """What a turn ended with, and the conversation's log after it."""
+
+    reason: str
+    text: str
+    error: str | None
+    log: str
+
+    def session(self) -> Session:
+        return Session.from_jsonl(self.log)
+
+
+class Conversation:
+    """Start or continue a conversation by id: each prompt is one workflow, ``{id}/turn-{n}``."""
+
+    def __init__(self, client: Client, agent: str, conversation_id: str, task_queue: str) -> None:
+        self.client = client
+        self.agent = agent
+        self.conversation_id = conversation_id
+        self.task_queue = task_queue
+        self.turns = 0
+        self.log: str | None = None
+
+    async def resume(self) -> Conversation:
+        """Pick up after the last finished turn recorded in Temporal, if any."""
+        while True:
+            handle = self.client.get_workflow_handle(self._workflow_id(self.turns + 1))
+            try:
+                wire = await handle.result()
+            except RPCError:
+                return self
+            self.turns += 1
+            self.log = wire["log"]
+
+    def _workflow_id(self, turn: int) -> str:
+        return f"{self.conversation_id}/turn-{turn}"
+
+    async def prompt(self, text: str) -> TurnOutcome:
+        wire = await self.client.execute_workflow(
+            TurnWorkflow.run,
+            {
+                "agent": self.agent,
+                "conversation": self.conversation_id,
+                "log": self.log,
+                "prompt": text,
+            },
+            id=self._workflow_id(self.turns + 1),
+            task_queue=self.task_queue,
+        )
+        self.turns += 1
+        self.log = wire["log"]
+        return TurnOutcome(wire["reason"], wire["text"], wire["error"], wire["log"])
+
+
+async def serve(
+    agents: Sequence[str],
+    task_queue: str,
+    *,
+    address: str = "localhost:7233",
+    namespace: str = "default",
+    sticky_timeout_s: float = 10.0,
+) -> None:
+    """``guardstack worker``: import each ``module:function``, serve its agent until stopped."""
+    import importlib
+
+    made = []
+    for reference in agents:
+        module, _, attribute = reference.partition(":")
+        if not module or not attribute:
+            raise ConfigError(
+                f"{OWNER}: {reference!r} is not module:function", key="agents", value=reference
+            )
+        agent = getattr(importlib.import_module(module), attribute)()
+        if not isinstance(agent, TemporalAgent):
+            raise ConfigError(
+                f"{OWNER}: {reference} returned {agent!r}, not a TemporalAgent",
+                key="agents",
+                value=reference,
+            )
+        made.append(agent)
+    client = await Client.connect(address, namespace=namespace)
+    async with worker(
+        client,
+        task_queue,
+        made,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_timeout_s),
+    ):
+        names = ", ".join(agent.name for agent in made)
+        print(f"worker ready: {names} on {task_queue} at {address}", flush=True)
+        await asyncio.Event().wait()
