@@ -275,6 +275,11 @@ def _cycle_repeats(entries: list[_Entry], length: int) -> int:
     return repeats
 
 
+def _key(call: ToolCall) -> str:
+    """A call's identity: its tool's name and canonical arguments (key order never matters)."""
+    return f"{len(call.name)}:{call.name}{canonical_json(call.arguments)}"
+
+
 def _result_key(result: ToolResult) -> tuple[str, str | None]:
     if result.is_error:
         error = result.error
@@ -312,12 +317,9 @@ class _Watcher:
             self.turns.set(call, turn)
         return turn
 
-    def _entry(self, call: ToolCall, result: ToolResult | None, step: object) -> _Entry:
-        key = f"{len(call.name)}:{call.name}{canonical_json(call.arguments)}"
-        if result is None:
-            return _Entry(key, call.name, "", None, step)
+    def _entry(self, call: ToolCall, result: ToolResult, step: object) -> _Entry:
         content, error = _result_key(result)
-        return _Entry(key, call.name, content, error, step)
+        return _Entry(_key(call), call.name, content, error, step)
 
     def _is_parallel_repeat(self, turn: _Turn, entry: _Entry) -> bool:
         if not self.config.count_parallel_once:
@@ -330,12 +332,13 @@ class _Watcher:
             return await call_next(call)
         turn = self._turn(call)
         # Would this call continue a loop? Assume it answers as its last identical call did.
-        previous = next((e for e in reversed(turn.entries) if e.key == self._key(call)), None)
+        key = _key(call)
+        previous = next((e for e in reversed(turn.entries) if e.key == key), None)
         step = _step(call)
         predicted = (
-            _Entry(previous.key, previous.name, previous.result, previous.error, step)
+            attrs.evolve(previous, step=step)
             if previous is not None
-            else self._entry(call, None, step)
+            else _Entry(key, call.name, "", None, step)
         )
         if self._is_parallel_repeat(turn, predicted):
             return await call_next(call)
@@ -349,9 +352,6 @@ class _Watcher:
             reason = f"{config.name}: {config.text(found)} ({what}: this loop was not broken)"
             return Deny(reason, end_turn=ends)
         return await call_next(call)
-
-    def _key(self, call: ToolCall) -> str:
-        return f"{len(call.name)}:{call.name}{canonical_json(call.arguments)}"
 
     async def post_execute(
         self, call: ToolCall, result: ToolResult, call_next: PostNext

@@ -150,9 +150,8 @@ class _Circuit:
             self.probing = True
         return True, 0.0
 
-    def record(self, config: CircuitBreaker, started: float, failed: bool, probe: bool) -> None:
-        """A call's outcome, kept by when it started (one clock read per call)."""
-        now = started
+    def record(self, config: CircuitBreaker, now: float, failed: bool, probe: bool) -> None:
+        """A call's outcome, kept by ``now``: when it started (one clock read per call)."""
         if probe:
             self.probing = False
             if failed:
