@@ -31,6 +31,7 @@ from guardstack.pipeline.harness import PLUGIN_GROUP, Harness, PluginHandle
 from guardstack.pipeline.loop import Agent, AgentLoop, TurnResult
 from guardstack.pipeline.model import (
     MODEL_FAILED,
+    MODEL_OVERLOADED,
     MODEL_RATE_LIMITED,
     MODEL_REJECTED,
     MODEL_TIMEOUT,
@@ -43,6 +44,7 @@ from guardstack.pipeline.model import (
     Usage,
 )
 from guardstack.pipeline.onion import Instrumentation, LayerInfo, Pipeline, Registration
+from guardstack.pipeline.outcome import Refusal
 from guardstack.pipeline.registry import Phase, PhaseOrder, ToolRegistry
 from guardstack.pipeline.session import (
     AssistantMessage,
@@ -58,6 +60,7 @@ from guardstack.pipeline.session import (
     TurnStart,
     UserMessage,
 )
+from guardstack.pipeline.store import MemoryStore, StateStore
 from guardstack.pipeline.testing import ScriptedModel
 from guardstack.pipeline.values import (
     INVALID_ARGUMENTS,
@@ -89,6 +92,7 @@ __all__ = [
     "INVALID_ARGUMENTS",
     "MAX_TIMEOUT_MS",
     "MODEL_FAILED",
+    "MODEL_OVERLOADED",
     "MODEL_RATE_LIMITED",
     "MODEL_REJECTED",
     "MODEL_TIMEOUT",
@@ -123,6 +127,7 @@ __all__ = [
     "Instrumentation",
     "Layer",
     "LayerInfo",
+    "MemoryStore",
     "MessageSource",
     "Model",
     "ModelError",
@@ -137,6 +142,7 @@ __all__ = [
     "PostNext",
     "PreNext",
     "PromptNext",
+    "Refusal",
     "Registration",
     "Scope",
     "ScriptExhaustedError",
@@ -144,6 +150,7 @@ __all__ = [
     "Session",
     "SessionCorruptError",
     "SessionTailWarning",
+    "StateStore",
     "StepEnd",
     "StepStart",
     "SystemMessage",

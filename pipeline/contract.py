@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 from guardstack.pipeline.deadline import model_within_budget, timed_dispatch, within_budget
 from guardstack.pipeline.model import (
     MODEL_FAILED,
+    MODEL_OVERLOADED,
     MODEL_RATE_LIMITED,
     MODEL_REJECTED,
     MODEL_TIMEOUT,
@@ -42,6 +43,19 @@ from guardstack.pipeline.model import (
     model_error_code,
 )
 from guardstack.pipeline.onion import Instrumentation, Layer, LayerInfo, Pipeline, Registration
+from guardstack.pipeline.outcome import (
+    DISPATCH,
+    MODEL,
+    UNKNOWN_KEY,
+    FailureKind,
+    ModelStage,
+    Outcome,
+    Refusal,
+    StageAdapter,
+    ToolStage,
+    adapter_for,
+)
+from guardstack.pipeline.store import Admission, BreakerState, MemoryStore, StateStore, StoreError
 from guardstack.pipeline.values import PostDecision, PreDecision, ToolCall, ToolOutcome, ToolResult
 
 if TYPE_CHECKING:
@@ -51,29 +65,45 @@ if TYPE_CHECKING:
     from guardstack.pipeline.registry import ToolRegistry
 
 __all__ = [
+    "DISPATCH",
+    "MODEL",
     "MODEL_FAILED",
+    "MODEL_OVERLOADED",
     "MODEL_RATE_LIMITED",
     "MODEL_REJECTED",
     "MODEL_TIMEOUT",
     "MODEL_UNAVAILABLE",
+    "UNKNOWN_KEY",
+    "Admission",
+    "BreakerState",
     "DispatchNext",
     "Execute",
+    "FailureKind",
     "Instrumentation",
     "Layer",
     "LayerInfo",
+    "MemoryStore",
     "ModelError",
     "ModelNext",
     "ModelReply",
     "ModelRequest",
+    "ModelStage",
+    "Outcome",
     "Pipeline",
     "Plugin",
     "PostNext",
     "PreNext",
     "PromptNext",
+    "Refusal",
     "Registration",
     "Scope",
+    "StageAdapter",
+    "StateStore",
+    "StoreError",
+    "ToolStage",
     "TurnRun",
     "Usage",
+    "adapter_for",
     "model_error_code",
     "model_within_budget",
     "timed_dispatch",
@@ -104,13 +134,33 @@ class Plugin(Protocol):
 
 
 class Scope:
-    """What a plugin registers through; all of it goes when the plugin's handle is disposed."""
+    """What a plugin registers through; all of it goes when the plugin's handle is disposed.
 
-    def __init__(self, tools: ToolRegistry, loop: AgentLoop, plugin_id: str) -> None:
+    ``store`` is where keyed layers and caps keep state (the harness's, unless a layer
+    is given its own), and ``namespace`` the prefix of this application's keys in it:
+    the plugin's id, numbered when one harness applies the same id more than once, so
+    the same stack built in two processes names the same state.
+    """
+
+    def __init__(
+        self,
+        tools: ToolRegistry,
+        loop: AgentLoop,
+        plugin_id: str,
+        *,
+        store: StateStore | None = None,
+        namespace: str | None = None,
+    ) -> None:
         self.tools = tools
         self.loop = loop
         self.plugin_id = plugin_id
+        self.store: StateStore = store if store is not None else MemoryStore()
+        self.namespace = namespace or plugin_id
         self._registrations: list[Registration] = []
+
+    def store_for(self, store: StateStore | None) -> StateStore:
+        """A layer's own ``store=`` if given, else the harness's."""
+        return store if store is not None else self.store
 
     def use(self, stage: Pipeline[Any], layer: Layer, *, name: str | None = None) -> Registration:
         """Add ``layer`` to ``stage`` (e.g. ``scope.tools.dispatch``) for this plugin."""

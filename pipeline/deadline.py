@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
 from opentelemetry import trace  # the API only: a no-op without an SDK
 
-from guardstack.pipeline.model import ModelError, ModelReply, ModelRequest
-from guardstack.pipeline.values import ToolCall, ToolResult, timeout_result
+from guardstack.pipeline.model import ModelReply, ModelRequest
+from guardstack.pipeline.outcome import DISPATCH, MODEL, StageAdapter
+from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 
 __all__ = [
     "OVERRUN_ATTRIBUTE",
     "budget_of",
     "model_within_budget",
+    "timed",
     "timed_dispatch",
+    "within",
     "within_budget",
 ]
 
@@ -47,23 +50,31 @@ def budget_of(call: ToolCall) -> int | None:
     return tool.timeout_ms if tool is not None else None
 
 
+def timed(
+    stage: StageAdapter[Any, Any],
+    item: Any,
+    call_next: Callable[[Any], Awaitable[Any]],
+    ms: int | None,
+    code: str,
+    layer: str = "timeout",
+) -> Awaitable[Any]:
+    """``call_next(item)`` under ``ms`` (``None``: the called thing's own budget, if any).
+
+    A plain function handing back the awaitable, so a call without a budget makes
+    no coroutine of its own: nothing to cancel, nothing to pay.
+    """
+    if ms is None:
+        ms = stage.budget_ms(item)
+        if ms is None:
+            return call_next(item)
+    return within(stage, item, call_next, ms, code, layer)
+
+
 def timed_dispatch(
     call: ToolCall, call_next: _Next, ms: int | None, code: str
 ) -> Awaitable[ToolResult]:
-    """``call_next(call)`` under ``ms`` (``None``: the tool's own budget, else untouched).
-
-    A plain function handing back the awaitable, so a call without a budget makes
-    no coroutine of its own. That is not cheaper than an ``async def`` pass-through:
-    measured per layer, the extra calls (the layer object's ``__call__``, this
-    function, ``budget_of``) cost about what the saved coroutine would, 100-300 ns
-    on a noisy 2-core machine. It is kept for what it means — no frame, nothing to
-    cancel — not for speed.
-    """
-    if ms is None:
-        ms = budget_of(call)
-        if ms is None:
-            return call_next(call)
-    return within_budget(call, call_next, ms, code)
+    """``timed`` on the dispatch stage (``ms=None``: the tool's declared budget)."""
+    return timed(DISPATCH, call, call_next, ms, code, "timeout")
 
 
 class _Fired:
@@ -90,13 +101,32 @@ async def _under_deadline(awaitable: Awaitable[T], ms: int) -> T | _Fired:
     return _Fired(anyio.current_time() - started)
 
 
-async def within_budget(call: ToolCall, call_next: _Next, ms: int, code: str) -> ToolResult:
-    """Run ``call_next(call)`` with a deadline of ``ms``; if that deadline fired, time out."""
-    outcome = await _under_deadline(call_next(call), ms)
+async def within(
+    stage: StageAdapter[Any, Any],
+    item: Any,
+    call_next: Callable[[Any], Awaitable[Any]],
+    ms: int,
+    code: str,
+    layer: str = "timeout",
+) -> Any:
+    """Run ``call_next(item)`` with a deadline of ``ms``; if that deadline fired, time out.
+
+    The timeout is the stage's: a ``ToolResult`` with ``code`` on tools, a raised
+    ``ModelError(code)`` on models (the failure a ``Retry`` outside may retry).
+    """
+    outcome = await _under_deadline(stage.attempt(call_next, item), ms)
     if not isinstance(outcome, _Fired):
-        return outcome
-    _report_overrun(call, ms, outcome.ran_s)
-    return timeout_result(ms, code)
+        return stage.deliver(outcome)
+    _report_overrun(stage.label(item), ms, outcome.ran_s)
+    return stage.deliver(stage.timed_out(item, ms, code, layer))
+
+
+async def within_budget(
+    call: ToolCall, call_next: _Next, ms: int, code: str = TOOL_TIMEOUT
+) -> ToolResult:
+    """``within`` on the dispatch stage."""
+    result: ToolResult = await within(DISPATCH, call, call_next, ms, code)
+    return result
 
 
 async def model_within_budget(
@@ -105,25 +135,16 @@ async def model_within_budget(
     ms: int,
     code: str,
 ) -> ModelReply:
-    """The model stage's timeout: ``call_next(request)`` under ``ms``, else ``ModelError(code)``.
-
-    The same rule as for tools: whose deadline fired is read from this scope; an
-    outer deadline or the caller's cancel propagates; a reply that arrives after our
-    deadline (a model that ignored the cancel) is still a timeout.
-    """
-    outcome = await _under_deadline(call_next(request), ms)
-    if not isinstance(outcome, _Fired):
-        return outcome
-    _report_overrun("model call", ms, outcome.ran_s)
-    raise ModelError(f"model call timed out after {ms}ms", code)
+    """``within`` on the model stage: ``ModelError(code)`` when ``ms`` runs out."""
+    reply: ModelReply = await within(MODEL, request, call_next, ms, code)
+    return reply
 
 
-def _report_overrun(call: ToolCall | str, ms: int, elapsed_s: float) -> None:
+def _report_overrun(what: str, ms: int, elapsed_s: float) -> None:
     """Tell the operator (never the model) when a call could not be stopped at its budget."""
     ran_ms = round(elapsed_s * 1000)
     if ran_ms <= ms + max(10, ms // 10):
         return  # stopped at the deadline, give or take scheduling
-    what = call if isinstance(call, str) else f"tool {call.name!r}"
     logger.warning(
         "%s ignored cancellation: budget %dms, ran %dms before it returned",
         what,

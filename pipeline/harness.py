@@ -37,6 +37,7 @@ from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.loop import AgentLoop
 from guardstack.pipeline.model import Model
 from guardstack.pipeline.registry import ToolRegistry
+from guardstack.pipeline.store import MemoryStore, StateStore
 from guardstack.pipeline.validate import cut
 
 __all__ = ["PLUGIN_GROUP", "Harness", "PluginHandle", "read_config_file", "resolve_plugin"]
@@ -85,10 +86,21 @@ class Harness:
         *,
         thread_limit: int = 40,
         system: str | None = None,
+        store: StateStore | None = None,
     ) -> None:
         self.tools = ToolRegistry(thread_limit=thread_limit)
         self.loop = AgentLoop(self.tools, model, max_steps, max_parallel_tool_calls, system=system)
         self.plugins: list[PluginHandle] = []
+        if store is not None and not isinstance(store, StateStore):
+            raise ConfigError(
+                f"Harness: `store` must be a StateStore (a MemoryStore, a RedisStore), "
+                f"got {cut(store)}",
+                key="store",
+                value=store,
+            )
+        #: Where every keyed layer and cap of this harness keeps state (unless given its own).
+        self.store: StateStore = store if store is not None else MemoryStore()
+        self._applied: dict[str, int] = {}
 
     def plugin(self, plugin: Plugin, *, id: str | None = None) -> PluginHandle:
         """Apply ``plugin`` in its own scope; later plugins sit inside earlier ones."""
@@ -96,7 +108,10 @@ class Harness:
         if not callable(apply):
             raise TypeError(f"{cut(plugin)} is not a plugin: it has no apply(scope) method")
         plugin_id = id or _plugin_name(plugin)
-        scope = Scope(self.tools, self.loop, plugin_id)
+        # The n-th application of one id gets its own state: ``retry``, ``retry#2``…
+        applied = self._applied[plugin_id] = self._applied.get(plugin_id, 0) + 1
+        namespace = plugin_id if applied == 1 else f"{plugin_id}#{applied}"
+        scope = Scope(self.tools, self.loop, plugin_id, store=self.store, namespace=namespace)
         try:
             apply(scope)
         except BaseException:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODEL_FAILED",
+    "MODEL_OVERLOADED",
     "MODEL_RATE_LIMITED",
     "MODEL_REJECTED",
     "MODEL_TIMEOUT",
@@ -45,6 +46,8 @@ MODEL_RATE_LIMITED: Final = "MODEL_RATE_LIMITED"
 MODEL_UNAVAILABLE: Final = "MODEL_UNAVAILABLE"
 #: The call took longer than a model-stage ``Timeout`` (or the client's own timeout).
 MODEL_TIMEOUT: Final = "MODEL_TIMEOUT"
+#: The provider says it is overloaded (Anthropic's 529), or a model-stage queue is full.
+MODEL_OVERLOADED: Final = "MODEL_OVERLOADED"
 #: The request was refused: bad request, authentication, context length. Not retried.
 MODEL_REJECTED: Final = "MODEL_REJECTED"
 #: Anything else: a reply that could not be used, an unexpected exception.
@@ -52,13 +55,28 @@ MODEL_FAILED: Final = "MODEL_FAILED"
 
 
 class ModelError(Exception):
-    """A model call failed; ``code`` says how, ``retry_after_s`` when the provider said."""
+    """A model call failed; ``code`` says how, ``retry_after_s`` when the provider said.
 
-    def __init__(self, message: str, code: str = MODEL_FAILED, retry_after_s: float | None = None):
+    ``layer`` names the guardstack layer that raised it (``None``: the model or its
+    adapter did); ``refused`` marks a guardstack layer's own refusal (an open breaker,
+    a full limit), which no breaker counts as the provider failing.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        code: str = MODEL_FAILED,
+        retry_after_s: float | None = None,
+        *,
+        layer: str | None = None,
+        refused: bool = False,
+    ):
         super().__init__(message)
         self.message = message
         self.code = code
         self.retry_after_s = retry_after_s
+        self.layer = layer
+        self.refused = refused
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -216,13 +234,16 @@ class ModelRequest:
 
     ``messages`` is the session's rebuilt request (read-only: pass a changed copy
     inward with ``attrs.evolve``); ``attempt`` is set by a model-stage ``Retry``
-    for the layers inside it.
+    for the layers inside it, ``hedge`` by a model-stage ``Hedge`` (0: the first).
+    The model itself is handed fresh copies of the messages: nothing it does to them
+    changes the log.
     """
 
     agent: Agent
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     attempt: int = 1
+    hedge: int = 0
 
 
 @runtime_checkable

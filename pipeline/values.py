@@ -122,6 +122,9 @@ class ToolError:
     message: str
     name: str | None = None
     code: str | None = None
+    #: When the failure said to try again (a rate limit, a provider's Retry-After), in
+    #: seconds. Not part of the seed's wire shape: ``to_dict`` leaves it out.
+    retry_after_s: float | None = attrs.field(default=None, eq=False, kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"message": self.message}
@@ -376,7 +379,8 @@ class ToolCall:
     ``arguments`` is a mapping, or the raw text a model produced when that text was
     not a JSON object (the registry answers such calls with ``INVALID_ARGUMENTS``).
     ``agent`` is ``None`` for a direct call; ``tool`` is set by the registry before
-    the dispatch stage; ``attempt`` is set by a retry for the layers inside it.
+    the dispatch stage; ``attempt`` is set by a retry for the layers inside it, and
+    ``hedge`` by a hedge.
     ``conversation`` (any hashable) says which conversation a call outside the agent
     loop belongs to — a framework's thread or session id — so per-conversation
     guards keep their state apart; the loop sets ``agent`` instead.
@@ -389,6 +393,9 @@ class ToolCall:
     tool: ToolDefinition | None = None
     attempt: int = 1
     conversation: Hashable | None = None
+    #: Set by a ``Hedge`` for the layers inside it: 0 is the first attempt, 1… its hedges
+    #: (``attempt`` stays Retry's, so inner layers can tell the two apart).
+    hedge: int = 0
 
     def resolved(self, tool: ToolDefinition | None) -> ToolCall:
         """The same call with ``tool`` set (cheaper than ``attrs.evolve`` on the hot path)."""
@@ -400,6 +407,7 @@ class ToolCall:
             tool,
             self.attempt,
             self.conversation,
+            self.hedge,
         )
 
 

@@ -1,81 +1,64 @@
-"""What the resilience layers share: state per tool (or model), bounded; stage plumbing.
+"""What the resilience layers share: a stage adapter, a state store, a key per call.
 
-A breaker's window, a limiter's queue and a bucket's tokens are kept per key: the
-tool's name on the dispatch stage, the model's name on the model stage, or one
-shared state when the layer is given ``key=``. The map is bounded: beyond
-``MAX_KEYS`` the least recently used *idle* states are forgotten (a state with
-calls in flight or waiting is never dropped, so no limit is ever lost), and a
-forgotten key starts afresh.
+A breaker's window, a limiter's slots and a bucket's tokens are kept per key — the
+tool's name on the dispatch stage (one ``<unknown>`` key for every name no tool is
+registered under), the model's name on the model stage, or one shared key when the
+layer is given ``key=`` — in a ``StateStore``: the harness's (a ``MemoryStore``
+unless it was given another), or the layer's own ``store=``. Keys are prefixed with
+the application's namespace, so two breakers in one harness never share a window.
 
-State lives in one process, created when the layer is applied, as in Polly and
-resilience4j: one application is shared by every agent of that harness.
+When the store fails (it is down, too slow, or answers garbage), a layer does what
+``on_error`` says — the store's, else the layer's default: ``"open"`` lets the call
+through (a ``GuardstackWarning`` at most once a minute per layer, a count kept),
+``"closed"`` answers the layer's own refusal naming the store.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import Any, Final, Generic, Protocol, TypeVar
+import warnings
+from collections.abc import Callable
+from typing import Any, Final, Literal, Protocol
 
-from guardstack.pipeline.contract import ModelNext, ModelRequest, Scope
+import anyio
+
+from guardstack.pipeline.contract import (
+    MODEL,
+    Layer,
+    Scope,
+    StageAdapter,
+    StateStore,
+    adapter_for,
+)
+from guardstack.pipeline.errors import GuardstackWarning
 from guardstack.pipeline.validate import invalid, non_empty_text
-from guardstack.pipeline.values import ToolCall
 
 __all__ = [
-    "MAX_KEYS",
-    "Keyed",
-    "PerKey",
-    "StageLayers",
+    "OnError",
+    "StoreFailures",
     "Validator",
     "check_key",
-    "model_key",
+    "check_store",
     "positive",
     "ratio",
-    "tool_key",
-    "use_on_stage",
+    "register",
+    "state_key",
 ]
+
+logger = logging.getLogger("guardstack")
 
 #: An attrs validator.
 Validator = Callable[[Any, Any, Any], None]
-
-#: How many keys a layer keeps state for before forgetting idle ones.
-MAX_KEYS: Final = 10_000
-
-
-class _Idle(Protocol):
-    def idle(self) -> bool: ...
+OnError = Literal["open", "closed"]
+#: A store failure warns at most this often per layer application.
+_WARN_EVERY_S: Final = 60.0
 
 
-S = TypeVar("S", bound=_Idle)
-
-
-class Keyed(Generic[S]):
-    """One state per key, made on first use, least recently used idle ones forgotten."""
-
-    def __init__(self, factory: Callable[[], S], max_keys: int = MAX_KEYS) -> None:
-        self._factory = factory
-        self._max_keys = max_keys
-        self._states: OrderedDict[Hashable, S] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def get(self, key: Hashable) -> S:
-        state = self._states.get(key)
-        if state is not None:
-            self._states.move_to_end(key)
-            return state
-        state = self._states[key] = self._factory()
-        if len(self._states) > self._max_keys:
-            self._forget_idle()
-        return state
-
-    def _forget_idle(self) -> None:
-        for key in [key for key, state in self._states.items() if state.idle()]:
-            if len(self._states) <= self._max_keys:
-                return
-            del self._states[key]
+def register(scope: Scope, stage: str, layer: Layer, name: str) -> None:
+    """Register ``layer`` on the stage a plugin names: ``dispatch`` or ``model``."""
+    pipeline = scope.loop.model_call if adapter_for(stage) is MODEL else scope.tools.dispatch
+    scope.use(pipeline, layer, name=name)
 
 
 class _Keyed(Protocol):
@@ -83,53 +66,42 @@ class _Keyed(Protocol):
     def key(self) -> str | None: ...
 
 
-C = TypeVar("C", bound=_Keyed)
+class StoreFailures:
+    """One application's answer to a failing store, and its count of failures."""
+
+    __slots__ = ("_warned_at", "count", "layer", "policy", "store")
+
+    def __init__(self, layer: str, store: StateStore, default: OnError) -> None:
+        self.layer = layer
+        self.store = store
+        self.policy: OnError = store.on_error or default
+        self.count = 0
+        self._warned_at = -math.inf
+
+    def fails_open(self, error: BaseException) -> bool:
+        """Count a store failure; ``True`` to let the call through, ``False`` to refuse it."""
+        self.count += 1
+        now = anyio.current_time()
+        if now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            verdict = "let through" if self.policy == "open" else "refused"
+            message = (
+                f"{self.layer}: the {self.store.name} store failed "
+                f"({type(error).__name__}: {error}); calls are {verdict} (on_error={self.policy!r})"
+            )
+            logger.warning("%s", message)
+            warnings.warn(message, GuardstackWarning, stacklevel=3)
+        return self.policy == "open"
+
+    def reason(self) -> str:
+        return f"its {self.store.name} store is not answering"
 
 
-class PerKey(Generic[C, S]):
-    """One application of a keyed layer: its configuration and a state per key.
-
-    ``state(key)`` is the state of a tool (or model), or the one shared state when
-    the layer was given ``key=``.
-    """
-
-    __slots__ = ("config", "states")
-
-    def __init__(self, config: C, factory: Callable[[], S]) -> None:
-        self.config = config
-        self.states: Keyed[S] = Keyed(factory)
-
-    def state(self, key: Hashable) -> S:
-        shared = self.config.key
-        return self.states.get(shared if shared is not None else key)
-
-    def __repr__(self) -> str:
-        return repr(self.config)
-
-
-class StageLayers(Protocol):
-    """A layer object for both stages: called on tool calls, ``model_layer`` on model calls."""
-
-    def __call__(self, call: ToolCall, call_next: Any) -> Any: ...
-
-    def model_layer(self, request: ModelRequest, call_next: ModelNext) -> Any: ...
-
-
-def use_on_stage(scope: Scope, stage: str, layers: StageLayers, name: str) -> None:
-    """Register ``layers`` on the stage a plugin names: ``dispatch`` or ``model``."""
-    if stage == "model":
-        scope.use(scope.loop.model_call, layers.model_layer, name=name)
-    else:
-        scope.use(scope.tools.dispatch, layers, name=name)
-
-
-def tool_key(call: ToolCall) -> str:
-    return call.name
-
-
-def model_key(request: ModelRequest) -> str:
-    name = getattr(request.agent.model, "model", None)
-    return name if isinstance(name, str) and name else "model"
+def state_key(
+    namespace: str, shared: str | None, adapter: StageAdapter[Any, Any], item: Any
+) -> str:
+    """The store key of a call: the application's namespace and the call's key."""
+    return f"{namespace}:{shared if shared is not None else adapter.key(item)}"
 
 
 def check_key(plugin: str, value: object) -> str | None:
@@ -139,6 +111,16 @@ def check_key(plugin: str, value: object) -> str | None:
     if not isinstance(value, str):
         raise invalid(plugin, "key", value, "a name shared by every call, or None (per tool)")
     return non_empty_text(plugin, "key", value)
+
+
+def check_store(plugin: str) -> Validator:
+    """``store=``: ``None`` (the harness's) or a ``StateStore``."""
+
+    def check(_: Any, __: Any, value: Any) -> None:
+        if value is not None and not isinstance(value, StateStore):
+            raise invalid(plugin, "store", value, "a StateStore (MemoryStore, RedisStore) or None")
+
+    return check
 
 
 def _finite(value: Any) -> bool:

@@ -12,8 +12,11 @@ With probability ``rate`` a call gets ``fault`` instead of (or before) going on:
 * ``"hang"`` — never answers (until cancelled: a timeout outside ends it);
 * ``"fail:CODE"`` — an error result with that code (on the model stage a
   ``ModelError`` with it), without calling on;
-* ``"raise"`` — raises ``ChaosError`` (a layer that raises: the call gets a final
-  ``TOOL_FAILED`` naming this layer; on the model stage a ``MODEL_FAILED``).
+* ``"raise"`` — ``ChaosError``, reported as the stage reports a provider raising:
+  on tools the ``TOOL_FAILED`` result of a tool that raised, on the model stage the
+  exception itself (``MODEL_FAILED``). Either is a failure a ``Retry`` outside can
+  retry (``retry_on=("TOOL_FAILED",)``, ``retry_on=("MODEL_FAILED",)`` or a predicate):
+  testing a stack's retries is what this fault is for.
 
 Off unless configured (``rate`` and ``fault`` are required); ``seed`` makes the
 draws repeatable. For tests and game days, not for production traffic.
@@ -28,18 +31,9 @@ from typing import Any, ClassVar
 import anyio
 import attrs
 
-from guardstack.pipeline.contract import (
-    DispatchNext,
-    ModelError,
-    ModelNext,
-    ModelReply,
-    ModelRequest,
-    Scope,
-)
-from guardstack.pipeline.errors import GuardstackError
+from guardstack.pipeline.contract import Scope, StageAdapter, adapter_for
 from guardstack.pipeline.validate import StageName, invalid, stage
-from guardstack.pipeline.values import ToolCall, ToolResult
-from guardstack.wrappers._keyed import ratio, use_on_stage
+from guardstack.wrappers._keyed import ratio, register
 
 __all__ = ["Chaos", "ChaosError"]
 
@@ -47,8 +41,8 @@ PLUGIN = "chaos"
 _FAULT = re.compile(r"latency:(?P<ms>[1-9][0-9]{0,8})|hang|fail:(?P<code>\S+)|raise")
 
 
-class ChaosError(GuardstackError, RuntimeError):
-    """The fault ``Chaos(fault="raise")`` injects."""
+class ChaosError(RuntimeError):
+    """The fault ``Chaos(fault="raise")`` injects: a provider's failure, not guardstack's."""
 
 
 def _stage(value: object) -> StageName:
@@ -73,46 +67,36 @@ class Chaos:
 
     def apply(self, scope: Scope) -> None:
         """Register with its own random draws (seeded with ``seed``) on its stage."""
-        use_on_stage(scope, self.stage, _ChaosRun(self), PLUGIN)
+        register(scope, self.stage, _ChaosRun(self), PLUGIN)
 
 
 class _ChaosRun:
-    __slots__ = ("code", "config", "latency_s", "random")
+    __slots__ = ("code", "config", "latency_s", "random", "stage")
 
     def __init__(self, config: Chaos) -> None:
         self.config = config
         self.random = random.Random(config.seed)
+        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         match = _FAULT.fullmatch(config.fault)
         assert match is not None  # validated
         self.latency_s = int(match["ms"]) / 1000 if match["ms"] else None
         self.code: str | None = match["code"]
 
-    async def _strike(self) -> bool:
-        """Whether this call gets the fault (after its latency or hang, if that is the fault)."""
+    async def __call__(self, item: Any, call_next: Any) -> Any:
         if self.random.random() >= self.config.rate:
-            return False
-        fault = self.config.fault
+            return await call_next(item)
+        fault, stage = self.config.fault, self.stage
         if self.latency_s is not None:
             await anyio.sleep(self.latency_s)
-            return False
+            return await call_next(item)
         if fault == "hang":
             await anyio.sleep_forever()
         if fault == "raise":
-            raise ChaosError("chaos: injected exception")
-        return True
-
-    async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
-        if await self._strike():
-            return ToolResult.failure(
-                f"chaos: injected {self.code}", name="ChaosFault", code=self.code
-            )
-        return await call_next(call)
-
-    async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
-        if await self._strike():
-            assert self.code is not None
-            raise ModelError(f"chaos: injected {self.code}", self.code)
-        return await call_next(request)
+            return stage.deliver(stage.fault(item, ChaosError("chaos: injected exception")))
+        assert self.code is not None
+        return stage.deliver(
+            stage.failure(item, self.code, f"chaos: injected {self.code}", "ChaosFault")
+        )
 
     def __repr__(self) -> str:
         return repr(self.config)

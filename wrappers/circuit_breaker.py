@@ -10,26 +10,29 @@ cancelled before the breaker sees a result and counts as nothing.
 
 How it decides, per tool (per model; one shared breaker with ``key=``):
 
-* **closed**: calls pass; their outcomes are kept for ``window_s`` seconds. Once at
-  least ``minimum_calls`` are in the window and the share of results with a code in
+* **closed**: calls pass; their outcomes are kept for ``window_s`` seconds (by when
+  they finished; the window is pruned by the current time). Once at least
+  ``minimum_calls`` are in the window and the share of outcomes with a code in
   ``on`` reaches ``failure_ratio``, it opens;
-* **open**: for ``break_s`` seconds every call gets ``TOOL_UNAVAILABLE`` at once,
-  with a text telling the model the tool is down and when to try again — no call
+* **open**: for ``break_s`` seconds every call gets ``TOOL_UNAVAILABLE`` at once
+  (on the model stage ``ModelError(MODEL_UNAVAILABLE)``), with a text telling the
+  model the tool is down and when to try again, and ``retry_after_s`` — no call
   waits out its budget against a dead backend;
-* **half-open**: then one probe call goes through (others still get
-  ``TOOL_UNAVAILABLE``); its success closes the breaker, its failure opens it
-  again for another ``break_s``. A cancelled probe lets the next call probe.
+* **half-open**: then one probe call goes through (others are still refused; with a
+  shared store, one probe across every process); its success closes the breaker,
+  its failure opens it again for another ``break_s``. A cancelled probe lets the
+  next call probe.
 
-On the model stage an open breaker raises ``ModelError(MODEL_UNAVAILABLE)`` with
-``retry_after_s``, and a failure is a ``ModelError`` whose code is in ``on``
-(default ``MODEL_TIMEOUT``, ``MODEL_UNAVAILABLE``, ``MODEL_FAILED``).
+guardstack's own control flow is never counted: a cap's ``TurnBlocked``, a denial,
+another layer's refusal (a rate limit inside it that said no) pass through as they
+are. State is kept in the harness's ``StateStore`` (or ``store=``); a store that
+fails lets calls through (``on_error`` of the store says otherwise).
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import anyio
 import attrs
@@ -38,30 +41,22 @@ from guardstack.pipeline.contract import (
     MODEL_FAILED,
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
-    DispatchNext,
-    ModelError,
-    ModelNext,
-    ModelReply,
-    ModelRequest,
+    Outcome,
     Scope,
-    model_error_code,
+    StageAdapter,
+    StateStore,
+    adapter_for,
 )
 from guardstack.pipeline.validate import StageName, codes, integer, stage
-from guardstack.pipeline.values import (
-    TOOL_FAILED,
-    TOOL_TIMEOUT,
-    TOOL_UNAVAILABLE,
-    ToolCall,
-    ToolResult,
-)
+from guardstack.pipeline.values import TOOL_FAILED, TOOL_TIMEOUT
 from guardstack.wrappers._keyed import (
-    PerKey,
+    StoreFailures,
     check_key,
-    model_key,
+    check_store,
     positive,
     ratio,
-    tool_key,
-    use_on_stage,
+    register,
+    state_key,
 )
 
 __all__ = ["CircuitBreaker"]
@@ -107,6 +102,10 @@ class CircuitBreaker:
     )
     #: One breaker shared by every call under this name, instead of one per tool.
     key: str | None = attrs.field(default=None, converter=_key, kw_only=True)
+    #: Where the breakers live (``None``: the harness's store).
+    store: StateStore | None = attrs.field(
+        default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
+    )
 
     def __repr__(self) -> str:
         where = ", stage='model'" if self.stage == "model" else ""
@@ -119,66 +118,8 @@ class CircuitBreaker:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of breakers (closed) on the stage it names."""
-        use_on_stage(scope, self.stage, _Breakers(self, _Circuit), PLUGIN)
-
-
-class _Circuit:
-    """One breaker's state; every method runs without awaiting, so no update is lost."""
-
-    __slots__ = ("failures", "opened_at", "outcomes", "probing", "state")
-
-    def __init__(self) -> None:
-        self.state: Literal["closed", "open", "half_open"] = "closed"
-        self.outcomes: deque[tuple[float, bool]] = deque()
-        self.failures = 0
-        self.opened_at = -math.inf
-        self.probing = False
-
-    def idle(self) -> bool:
-        return self.state == "closed" and not self.outcomes
-
-    def admit(self, config: CircuitBreaker, now: float) -> tuple[bool, float]:
-        """``(True, 0)`` to let the call through (maybe as the probe), else ``(False, wait_s)``."""
-        if self.state == "open":
-            remaining = self.opened_at + config.break_s - now
-            if remaining > 0:
-                return False, remaining
-            self.state, self.probing = "half_open", False
-        if self.state == "half_open":
-            if self.probing:
-                return False, 0.0
-            self.probing = True
-        return True, 0.0
-
-    def record(self, config: CircuitBreaker, now: float, failed: bool, probe: bool) -> None:
-        """A call's outcome, kept by ``now``: when it started (one clock read per call)."""
-        if probe:
-            self.probing = False
-            if failed:
-                self._open(anyio.current_time())
-            else:
-                self.state = "closed"
-                self.outcomes.clear()
-                self.failures = 0
-            return
-        if self.state != "closed":
-            return  # admitted before it opened: the window starts afresh on closing
-        self.outcomes.append((now, failed))
-        self.failures += failed
-        while self.outcomes and self.outcomes[0][0] <= now - config.window_s:
-            self.failures -= self.outcomes.popleft()[1]
-        calls = len(self.outcomes)
-        if calls >= config.minimum_calls and self.failures >= config.failure_ratio * calls:
-            self._open(anyio.current_time())  # the break runs from now, not the call's start
-
-    def release_probe(self) -> None:
-        """The probe was cancelled: the next call probes instead."""
-        self.probing = False
-
-    def _open(self, now: float) -> None:
-        self.state, self.opened_at = "open", now
-        self.outcomes.clear()
-        self.failures = 0
+        store = scope.store_for(self.store)
+        register(scope, self.stage, _Breakers(self, store, scope.namespace), PLUGIN)
 
 
 def _why(what: str, wait_s: float) -> str:
@@ -193,51 +134,71 @@ def _why(what: str, wait_s: float) -> str:
     )
 
 
-class _Breakers(PerKey[CircuitBreaker, _Circuit]):
-    """One application: a breaker per key, and the layers that consult them."""
+class _Breakers:
+    """One application: the layer, on either stage, over breakers kept in a store."""
 
-    __slots__ = ()
+    __slots__ = ("config", "failures", "namespace", "stage", "store")
 
-    async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
-        config = self.config
-        circuit = self.state(tool_key(call))
-        now = anyio.current_time()  # outcomes are kept by when the call started
-        admitted, wait_s = circuit.admit(config, now)
-        if not admitted:
-            return ToolResult.failure(
-                _why(f'tool "{call.name}"', wait_s), name="CircuitOpenError", code=TOOL_UNAVAILABLE
-            )
-        probe = circuit.state == "half_open"
+    def __init__(self, config: CircuitBreaker, store: StateStore, namespace: str) -> None:
+        self.config = config
+        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.store = store
+        self.namespace = namespace
+        self.failures = StoreFailures(PLUGIN, store, "open")
+
+    def __repr__(self) -> str:
+        return repr(self.config)
+
+    async def __call__(self, item: Any, call_next: Any) -> Any:
+        config, stage, store = self.config, self.stage, self.store
+        key = state_key(self.namespace, config.key, stage, item)
         try:
-            result = await call_next(call)
-        except BaseException:
-            if probe:
-                circuit.release_probe()
-            raise
-        failed = result.is_error and result.code in config.on
-        circuit.record(config, now, failed, probe)
-        return result
-
-    async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
-        config = self.config
-        key = model_key(request)
-        circuit = self.state(key)
-        now = anyio.current_time()
-        admitted, wait_s = circuit.admit(config, now)
-        if not admitted:
-            raise ModelError(
-                _why(f"model {key}", wait_s), MODEL_UNAVAILABLE, retry_after_s=wait_s or None
-            )
-        probe = circuit.state == "half_open"
-        try:
-            reply = await call_next(request)
+            admission = await store.admit(key, config.break_s)
         except Exception as error:
-            failed = model_error_code(error) in config.on
-            circuit.record(config, now, failed, probe)
-            raise
+            if not self.failures.fails_open(error):
+                return stage.deliver(self._refusal(item, 0.0, self.failures.reason()))
+            return await call_next(item)
+        if not admission.admitted:
+            return stage.deliver(self._refusal(item, admission.wait_s))
+        try:
+            outcome = await stage.attempt(call_next, item)
         except BaseException:
-            if probe:
-                circuit.release_probe()
+            if admission.probe:
+                await self._release_probe(key)
             raise
-        circuit.record(config, now, False, probe)
-        return reply
+        if stage.is_control(outcome):
+            if admission.probe:  # guardstack's own answer says nothing about the backend
+                await self._release_probe(key)
+        else:
+            failed = stage.failed(outcome) and stage.code(outcome) in config.on
+            try:
+                await store.record(
+                    key,
+                    failed,
+                    admission.probe,
+                    window_s=config.window_s,
+                    minimum_calls=config.minimum_calls,
+                    failure_ratio=config.failure_ratio,
+                )
+            except Exception as error:
+                self.failures.fails_open(error)  # the call already ran: its outcome stands
+        return stage.deliver(outcome)
+
+    async def _release_probe(self, key: str) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.store.release_probe(key)
+        except Exception as error:
+            self.failures.fails_open(error)
+
+    def _refusal(self, item: Any, wait_s: float, why: str | None = None) -> Outcome:
+        what = self.stage.label(item)
+        message = f"{what} is unavailable: {why}" if why else _why(what, wait_s)
+        return self.stage.refusal(
+            item,
+            "UNAVAILABLE",
+            message,
+            layer=PLUGIN,
+            name="CircuitOpenError",
+            retry_after_s=wait_s or None,
+        )

@@ -12,40 +12,38 @@ Per tool (per model; one shared limit with ``key=``), at most ``max_concurrent``
 calls run; up to ``queue`` more wait, first come first served, each for at most
 ``queue_timeout_ms`` (``None``: as long as it takes, or until cancelled). Beyond
 that a call gets ``TOOL_OVERLOADED`` at once, a text the model can act on. On the
-model stage the same refusal is ``ModelError(MODEL_UNAVAILABLE)``.
+model stage the same refusal is ``ModelError(MODEL_OVERLOADED)``.
 
-A thousand agents sharing one harness share its limit: slots are handed over
-without an await in between, so no update is lost, and waiters are served in
-arrival order, so none starves. A waiter that is cancelled leaves the queue (and
-hands on a slot it was just given).
+A thousand agents sharing one harness share its limit: the slots are kept in the
+harness's ``StateStore`` (or ``store=``; with a shared store the count holds across
+processes, as leases, and the queue is per process), and waiters are served in
+arrival order, so none starves: a newcomer never takes a slot while others wait. A
+waiter that is cancelled leaves the queue; a slot is always given back, even when
+the call is cancelled. A store that fails lets calls through (its ``on_error`` may
+say otherwise).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import anyio
 import attrs
 
-from guardstack.pipeline.contract import (
-    MODEL_UNAVAILABLE,
-    DispatchNext,
-    ModelError,
-    ModelNext,
-    ModelReply,
-    ModelRequest,
-    Scope,
-)
+from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
 from guardstack.pipeline.validate import StageName, integer, optional_integer, stage
-from guardstack.pipeline.values import TOOL_OVERLOADED, ToolCall, ToolResult
-from guardstack.wrappers._keyed import PerKey, check_key, model_key, tool_key, use_on_stage
+from guardstack.wrappers._keyed import (
+    StoreFailures,
+    check_key,
+    check_store,
+    register,
+    state_key,
+)
 
 __all__ = ["ConcurrencyLimit"]
 
 PLUGIN = "concurrency-limit"
-T = TypeVar("T")
 
 
 def _stage(value: object) -> StageName:
@@ -78,10 +76,15 @@ class ConcurrencyLimit:
     )
     #: One limit shared by every call under this name, instead of one per tool.
     key: str | None = attrs.field(default=None, converter=_key, kw_only=True)
+    #: Where the slots live (``None``: the harness's store).
+    store: StateStore | None = attrs.field(
+        default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
+    )
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of limits (all slots free) on the stage it names."""
-        use_on_stage(scope, self.stage, _Limits(self, _Bulkhead), PLUGIN)
+        limits = _Limits(self, scope.store_for(self.store), scope.namespace)
+        register(scope, self.stage, limits, PLUGIN)
 
 
 class _Overloaded(Exception):
@@ -90,87 +93,124 @@ class _Overloaded(Exception):
         self.reason = reason
 
 
-class _Bulkhead:
-    """Slots and a FIFO queue; every state change happens without an await in between."""
-
-    __slots__ = ("running", "waiting")
+class _Waiter:
+    __slots__ = ("event",)
 
     def __init__(self) -> None:
-        self.running = 0
-        self.waiting: deque[anyio.Event] = deque()
+        self.event = anyio.Event()
 
-    def idle(self) -> bool:
-        return self.running == 0 and not self.waiting
 
-    async def acquire(self, config: ConcurrencyLimit) -> None:
-        if self.running < config.max_concurrent and not self.waiting:
-            self.running += 1
-            return
-        if len(self.waiting) >= config.queue:
+class SlotQueue:
+    """Slots in a store and a first-come-first-served queue of this process's waiters.
+
+    Shared with ``AdaptiveConcurrencyLimit``: ``acquire(key, limit, queue, timeout_s)``
+    gives a lease or raises ``_Overloaded``; ``release`` gives it back and wakes the
+    waiter at the head. With a store that other processes share, the head also asks
+    again every ``store.poll_s`` seconds (slots freed elsewhere wake no one here).
+    """
+
+    __slots__ = ("queues", "store")
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self.queues: dict[str, deque[_Waiter]] = {}
+
+    async def acquire(self, key: str, limit: int, queue: int, timeout_s: float | None) -> str:
+        waiting = self.queues.get(key)
+        if waiting is None:
+            lease = await self.store.acquire(key, limit)
+            if lease is not None:
+                return lease
+            waiting = self.queues[key] = deque()
+        if len(waiting) >= queue:
+            if not waiting:
+                del self.queues[key]
             raise _Overloaded(
-                f"{self.running} calls are running and {len(self.waiting)} waiting, the most "
+                f"{limit} calls are running and {len(waiting)} waiting, the most "
                 "allowed. Try again shortly, or do something else first."
             )
-        turn = anyio.Event()
-        self.waiting.append(turn)
+        waiter = _Waiter()
+        waiting.append(waiter)
         try:
-            if config.queue_timeout_ms is None:
-                await turn.wait()
-            else:
-                with anyio.move_on_after(config.queue_timeout_ms / 1000):
-                    await turn.wait()
-        except BaseException:
-            self._leave(turn)
-            raise
-        if not turn.is_set():
-            self._leave(turn)
-            raise _Overloaded(
-                f"it waited {config.queue_timeout_ms}ms for one of its "
-                f"{config.max_concurrent} slots. Try again shortly, or do something else first."
-            )
-        # release() handed this waiter its slot: ``running`` already counts it.
-
-    def _leave(self, turn: anyio.Event) -> None:
-        if turn.is_set():
-            self.release()  # the slot arrived as we were cancelled: pass it on
-        else:
-            self.waiting.remove(turn)
-
-    def release(self) -> None:
-        if self.waiting:
-            self.waiting.popleft().set()  # the slot passes straight to the next in line
-        else:
-            self.running -= 1
-
-
-class _Limits(PerKey[ConcurrencyLimit, _Bulkhead]):
-    """One application: a bulkhead per key, and the layers that use them."""
-
-    __slots__ = ()
-
-    async def _run(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
-        bulkhead = self.state(key)
-        await bulkhead.acquire(self.config)
-        try:
-            return await work()
+            with anyio.move_on_after(timeout_s if timeout_s is not None else float("inf")):
+                return await self._wait(key, limit, waiting, waiter)
         finally:
-            bulkhead.release()
+            at_head = waiting[0] is waiter
+            waiting.remove(waiter)
+            if not waiting:
+                if self.queues.get(key) is waiting:
+                    del self.queues[key]
+            elif at_head:
+                waiting[0].event.set()  # the next in line asks for the slot now
+        raise _Overloaded(
+            f"it waited {round((timeout_s or 0) * 1000)}ms for one of its "
+            f"{limit} slots. Try again shortly, or do something else first."
+        )
 
-    async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
+    async def _wait(self, key: str, limit: int, waiting: deque[_Waiter], waiter: _Waiter) -> str:
+        poll_s: float | None = getattr(self.store, "poll_s", None)
+        while True:
+            if waiting[0] is waiter:
+                lease = await self.store.acquire(key, limit)
+                if lease is not None:
+                    return lease
+            waiter.event = anyio.Event()
+            with anyio.move_on_after(poll_s if poll_s is not None else float("inf")):
+                await waiter.event.wait()
+
+    async def release(self, key: str, lease: str) -> None:
+        with anyio.CancelScope(shield=True):  # a slot always goes back, cancelled or not
+            await self.store.release(key, lease)
+        waiting = self.queues.get(key)
+        if waiting:
+            waiting[0].event.set()
+
+
+class _Limits:
+    """One application: the layer, on either stage, over slots kept in a store."""
+
+    __slots__ = ("config", "failures", "namespace", "slots", "stage")
+
+    def __init__(self, config: ConcurrencyLimit, store: StateStore, namespace: str) -> None:
+        self.config = config
+        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.slots = SlotQueue(store)
+        self.namespace = namespace
+        self.failures = StoreFailures(PLUGIN, store, "open")
+
+    def __repr__(self) -> str:
+        return repr(self.config)
+
+    async def __call__(self, item: Any, call_next: Any) -> Any:
+        config, stage = self.config, self.stage
+        key = state_key(self.namespace, config.key, stage, item)
+        timeout_ms = config.queue_timeout_ms
         try:
-            return await self._run(tool_key(call), lambda: call_next(call))
-        except _Overloaded as overloaded:
-            return ToolResult.failure(
-                f'tool "{call.name}" is overloaded: {overloaded.reason}',
-                name="OverloadedError",
-                code=TOOL_OVERLOADED,
+            lease = await self.slots.acquire(
+                key,
+                config.max_concurrent,
+                config.queue,
+                None if timeout_ms is None else timeout_ms / 1000,
             )
-
-    async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
-        key = model_key(request)
-        try:
-            return await self._run(key, lambda: call_next(request))
         except _Overloaded as overloaded:
-            raise ModelError(
-                f"model {key} is overloaded: {overloaded.reason}", MODEL_UNAVAILABLE
-            ) from None
+            return stage.deliver(self._refusal(item, overloaded.reason))
+        except Exception as error:
+            if not self.failures.fails_open(error):
+                return stage.deliver(self._refusal(item, self.failures.reason()))
+            return await call_next(item)
+        try:
+            return await call_next(item)
+        finally:
+            try:
+                await self.slots.release(key, lease)
+            except Exception as error:
+                self.failures.fails_open(error)
+
+    def _refusal(self, item: Any, reason: str) -> Outcome:
+        return self.stage.refusal(
+            item,
+            "OVERLOADED",
+            f"{self.stage.label(item)} is overloaded: {reason}",
+            layer=PLUGIN,
+            name="OverloadedError",
+        )

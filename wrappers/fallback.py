@@ -19,12 +19,16 @@ inside one, the breaker sees the fallback's answer instead of the failure.
 * on the model stage, another ``Model``: on a ``ModelError`` whose code is in
   ``on`` (default ``MODEL_UNAVAILABLE``, ``MODEL_RATE_LIMITED``, ``MODEL_TIMEOUT``),
   the request goes to it with the same messages and tools.
+
+guardstack's own control flow is never answered for: a cap's ``TurnBlocked`` or a
+denial passes through. A refusal a guardstack layer made (an open breaker, a full
+limit) is a failure with a code like any other: listed in ``on``, it falls back.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import attrs
@@ -33,12 +37,11 @@ from guardstack.pipeline.contract import (
     MODEL_RATE_LIMITED,
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
-    DispatchNext,
-    ModelNext,
     ModelReply,
     ModelRequest,
     Scope,
-    model_error_code,
+    StageAdapter,
+    adapter_for,
 )
 from guardstack.pipeline.validate import StageName, codes, cut, invalid, stage
 from guardstack.pipeline.values import (
@@ -49,12 +52,15 @@ from guardstack.pipeline.values import (
     TOOL_UNAVAILABLE,
     ToolCall,
     ToolDefinition,
-    ToolResult,
 )
+from guardstack.wrappers._keyed import register
 
 __all__ = ["Fallback"]
 
 PLUGIN = "fallback"
+
+#: The answer instead: ``(item, call_next) -> awaitable`` of the stage's value.
+_Instead = Callable[[Any, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 
 
 def _stage(value: object) -> StageName:
@@ -98,32 +104,28 @@ class Fallback:
 
     def apply(self, scope: Scope) -> None:
         """Register on the stage it names; a tool named by ``to`` is looked up per call."""
+        register(scope, self.stage, _Fallback(self, self._instead(scope)), PLUGIN)
+
+    def _instead(self, scope: Scope) -> _Instead:
+        """What answers instead, for what ``to`` is (checked at construction)."""
+        target = self.to
         if self.stage == "model":
-            scope.use(scope.loop.model_call, self.model_layer, name=PLUGIN)
-            return
-        if isinstance(self.to, str):
-            other: str = self.to
 
-            def tool(call: ToolCall) -> ToolCall:
-                return attrs.evolve(call, name=other, tool=scope.tools.get(other))
+            def other_model(request: ModelRequest, _: Any) -> Awaitable[ModelReply]:
+                return target.complete(list(request.messages), list(request.tools))  # type: ignore[no-any-return]
 
-            scope.use(scope.tools.dispatch, _Fallback(self, tool), name=PLUGIN)
-        else:
-            function: Callable[..., Any] = self.to
+            return other_model
+        if isinstance(target, str):
 
-            def function_call(call: ToolCall) -> ToolCall:
-                return call.resolved(ToolDefinition(call.name, function))
+            def other_tool(call: ToolCall, call_next: Callable[[ToolCall], Any]) -> Any:
+                return call_next(attrs.evolve(call, name=target, tool=scope.tools.get(target)))
 
-            scope.use(scope.tools.dispatch, _Fallback(self, function_call), name=PLUGIN)
+            return other_tool
 
-    async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
-        try:
-            return await call_next(request)
-        except Exception as error:
-            if model_error_code(error) not in self.on:
-                raise
-        reply: ModelReply = await self.to.complete(list(request.messages), list(request.tools))
-        return reply
+        def function(call: ToolCall, call_next: Callable[[ToolCall], Any]) -> Any:
+            return call_next(call.resolved(ToolDefinition(call.name, target)))
+
+        return function
 
     def __repr__(self) -> str:
         where = ", stage='model'" if self.stage == "model" else ""
@@ -132,19 +134,25 @@ class Fallback:
 
 
 class _Fallback:
-    """The dispatch layer: the call, then on a listed failure the fallback's call."""
+    """The layer, on either stage: the call, then on a listed failure the fallback's answer."""
 
-    __slots__ = ("config", "instead")
+    __slots__ = ("config", "instead", "stage")
 
-    def __init__(self, config: Fallback, instead: Callable[[ToolCall], ToolCall]) -> None:
+    def __init__(self, config: Fallback, instead: _Instead) -> None:
         self.config = config
         self.instead = instead
+        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
 
-    async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
-        result = await call_next(call)
-        if not result.is_error or result.code not in self.config.on:
-            return result
-        return await call_next(self.instead(call))
+    async def __call__(self, item: Any, call_next: Any) -> Any:
+        stage = self.stage
+        outcome = await stage.attempt(call_next, item)
+        if (
+            not stage.failed(outcome)
+            or stage.code(outcome) not in self.config.on
+            or (stage.is_control(outcome) and not stage.is_refusal(outcome))
+        ):
+            return stage.deliver(outcome)
+        return await self.instead(item, call_next)
 
     def __repr__(self) -> str:
         return repr(self.config)

@@ -11,7 +11,14 @@ After ``delay_ms`` without an answer it starts another attempt (up to
 starts the next at once). The first good answer wins and every other attempt is
 cancelled — all of them have stopped before the call returns (structured
 concurrency: none is left running). If all fail, the last failure is the result.
-Inner layers see each attempt's number as ``call.attempt`` (1 is the original).
+Inner layers see each attempt's hedge number as ``call.hedge`` (``request.hedge`` on
+the model stage): 0 is the original, 1… its hedges — ``attempt`` stays ``Retry``'s,
+so a layer inside both can tell a retried attempt from a hedged one.
+
+guardstack's own control flow ends the hedging: after a cap's ``TurnBlocked`` or
+another layer's refusal no further hedge starts (the attempts already running may
+still win). An exception an inner layer raises propagates as itself, with the blame
+where it was raised — never wrapped in an exception group.
 
 Cost: racing needs a task group and a task per call, about 0.1 ms even when the
 first attempt answers at once (``benchmarks/resilience.py``): hedge calls slow
@@ -26,20 +33,13 @@ pattern naming a non-idempotent registered tool outright is refused when applied
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeAlias
 
 import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from guardstack.pipeline.contract import (
-    DispatchNext,
-    ModelNext,
-    ModelReply,
-    ModelRequest,
-    Scope,
-)
+from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, adapter_for
 from guardstack.pipeline.validate import (
     StageName,
     compile_patterns,
@@ -48,12 +48,14 @@ from guardstack.pipeline.validate import (
     patterns,
     stage,
 )
-from guardstack.pipeline.values import ToolCall, ToolResult, validate_timeout_ms
+from guardstack.pipeline.values import validate_timeout_ms
+from guardstack.wrappers._keyed import register
 
 __all__ = ["Hedge"]
 
 PLUGIN = "hedge"
-T = TypeVar("T")
+
+_Kind: TypeAlias = Literal["won", "failed", "control", "raised"]
 
 
 def _stage(value: object) -> StageName:
@@ -84,24 +86,23 @@ class Hedge:
     #: Name patterns: hedge only these tools (empty: every tool not declared non-idempotent).
     tools: tuple[str, ...] = attrs.field(default=(), converter=_tools)
     _tools: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
+    _stage: StageAdapter[Any, Any] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.stage == "model" and self.tools:
             raise invalid(PLUGIN, "tools", self.tools, "empty on the model stage (no tools)")
         object.__setattr__(self, "_tools", compile_patterns(self.tools))
+        object.__setattr__(self, "_stage", adapter_for(self.stage))
 
-    def hedges(self, call: ToolCall) -> bool:
-        """Whether ``call`` may be hedged: not declared non-idempotent, and named if limited."""
-        tool = call.tool
-        if tool is not None and tool.idempotent is False:
+    def hedges(self, item: Any) -> bool:
+        """Whether a call may be hedged: not declared non-idempotent, and named if limited."""
+        if not self._stage.may_repeat(item):
             return False
-        return self._tools is None or bool(self._tools.fullmatch(call.name))
+        name = self._stage.name_of(item)
+        return self._tools is None or name is None or bool(self._tools.fullmatch(name))
 
     def apply(self, scope: Scope) -> None:
         """Register on the stage it names; refuse a named tool that must not run twice."""
-        if self.stage == "model":
-            scope.use(scope.loop.model_call, self.model_layer, name=PLUGIN)
-            return
         for pattern in self.tools:
             tool = scope.tools.get(pattern) if "*" not in pattern else None
             if tool is not None and tool.idempotent is False:
@@ -111,73 +112,67 @@ class Hedge:
                     list(self.tools),
                     f'tools that may run twice; "{pattern}" is declared idempotent=False',
                 )
-        scope.use(scope.tools.dispatch, self, name=PLUGIN)
+        register(scope, self.stage, self, PLUGIN)
 
-    async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
-        if not self.hedges(call):
-            return await call_next(call)
+    async def __call__(self, item: Any, call_next: Any) -> Any:
+        if not self.hedges(item):
+            return await call_next(item)
+        kind, outcome = await self._race(item, call_next)
+        if kind == "raised":
+            raise outcome  # as itself: the layer that raised it keeps the blame
+        return self._stage.deliver(outcome)
 
-        async def attempt(number: int) -> tuple[bool, Any]:
-            hedged = call if number == call.attempt else attrs.evolve(call, attempt=number)
-            result = await call_next(hedged)
-            return not result.is_error, result
-
-        _, result = await self._race(attempt, call.attempt)
-        return result  # type: ignore[no-any-return]
-
-    async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
-        async def attempt(number: int) -> tuple[bool, Any]:
-            hedged = request if number == request.attempt else attrs.evolve(request, attempt=number)
-            try:
-                return True, await call_next(hedged)
-            except Exception as error:
-                return False, error
-
-        won, outcome = await self._race(attempt, request.attempt)
-        if not won:
-            raise outcome
-        return outcome  # type: ignore[no-any-return]
-
-    async def _race(
-        self, attempt: Callable[[int], Awaitable[tuple[bool, T]]], first: int
-    ) -> tuple[bool, T]:
-        """Start ``attempt(first)``, hedge it; the first ``(True, …)`` wins, else the last."""
-        last: list[tuple[bool, T]] = []
+    async def _race(self, item: Any, call_next: Any) -> tuple[_Kind, Outcome]:
+        """Start the call, hedge it; the first win (or exception) ends the race."""
+        stage = self._stage
+        first = stage.hedge_of(item)
+        finished: list[tuple[_Kind, Outcome]] = []
         running = 0
         changed = anyio.Event()
 
         async def run(number: int, group: TaskGroup) -> None:
-            nonlocal running, changed
+            nonlocal running
+            kind: _Kind
             try:
-                outcome = await attempt(number)
+                outcome = await stage.attempt(call_next, stage.with_hedge(item, number))
+            except Exception as error:
+                kind, outcome = "raised", error
+            else:
+                if not stage.failed(outcome):
+                    kind = "won"
+                elif stage.is_control(outcome):
+                    kind = "control"
+                else:
+                    kind = "failed"
             finally:
                 running -= 1
-            last.append(outcome)
-            if outcome[0] and running:
+            finished.append((kind, outcome))
+            if kind in ("won", "raised") and running:
                 group.cancel_scope.cancel()  # the others stop before the race returns
             changed.set()
 
         async with anyio.create_task_group() as group:
-            started = 0
+            started, hedging = 0, True
             while True:
-                if started <= self.max_hedges:
+                if hedging and started <= self.max_hedges:
                     running += 1
                     group.start_soon(run, first + started, group)
                     started += 1
                 elif running == 0:
                     break
                 changed = anyio.Event()
-                if started <= self.max_hedges:
-                    with anyio.move_on_after(self.delay_ms / 1000):
-                        await changed.wait()
-                else:
+                more = hedging and started <= self.max_hedges
+                with anyio.move_on_after(self.delay_ms / 1000 if more else float("inf")):
                     await changed.wait()
-                if last and last[-1][0]:
+                if any(kind in ("won", "raised") for kind, _ in finished):
                     break
-                if running == 0 and started > self.max_hedges:
-                    break
-        winners = [outcome for outcome in last if outcome[0]]
-        return winners[0] if winners else last[-1]
+                if any(kind == "control" for kind, _ in finished):
+                    hedging = False  # guardstack said no: never hedge after it
+        for wanted in ("won", "raised"):
+            for kind, outcome in finished:
+                if kind == wanted:
+                    return kind, outcome
+        return finished[-1]
 
     def __repr__(self) -> str:
         names = f", tools={list(self.tools)!r}" if self.tools else ""

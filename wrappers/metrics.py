@@ -27,23 +27,26 @@ Cancellation always propagates; the point is recorded on the way out.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
 
 import anyio
 from opentelemetry import metrics
 from opentelemetry.metrics import MeterProvider
 
 from guardstack.pipeline.contract import (
+    MODEL,
     DispatchNext,
-    ModelNext,
     ModelReply,
     ModelRequest,
     Scope,
-    model_error_code,
+    StageAdapter,
+    adapter_for,
 )
 from guardstack.pipeline.validate import StageName, invalid
 from guardstack.pipeline.validate import stage as check_stage
 from guardstack.pipeline.values import ToolCall, ToolResult
+from guardstack.wrappers._keyed import register
 from guardstack.wrappers._otel import (
     VERSION,
     exception_error_type,
@@ -98,6 +101,15 @@ class Metrics:
             )
         self.meter_provider = meter_provider
         self.stage = check_stage("metrics", stage)
+        self._stage: StageAdapter[Any, Any] = adapter_for(self.stage)
+        # What a point records differs by stage (the GenAI tool metrics, or its client
+        # metrics); how a call is measured does not.
+        self._points: Callable[[Any, float, Any, str | None], None] = (
+            self._model_points if self._stage is MODEL else self._tool_points
+        )
+        self._error_type: Callable[[Any], str | None] = (
+            self._stage.code if self._stage is MODEL else result_error_type
+        )
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("guardstack", VERSION)
         self._duration = meter.create_histogram(
             DURATION_METRIC,
@@ -121,54 +133,53 @@ class Metrics:
             explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
 
-    async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
+    def __call__(self, call: ToolCall, call_next: DispatchNext) -> Awaitable[ToolResult]:
+        """Used directly as a dispatch layer (``registry.dispatch.use(Metrics())``)."""
+        return self._layer(call, call_next)
+
+    def apply(self, scope: Scope) -> None:
+        """Register on the stage it names."""
+        register(scope, self.stage, self._layer, self.name)
+
+    async def _layer(self, item: Any, call_next: Any) -> Any:
+        """The layer on either stage: time the inner chain, record one point."""
+        stage = self._stage
         started = anyio.current_time()
         try:
-            result = await call_next(call)
-        except BaseException as error:
-            self._record(call, started, exception_error_type(error))
+            outcome = await stage.attempt(call_next, item)
+        except BaseException as error:  # cancelled from outside
+            self._points(item, anyio.current_time() - started, None, exception_error_type(error))
             raise
-        self._record(call, started, result_error_type(result))
-        return result
+        error_type = self._error_type(outcome) if stage.failed(outcome) else None
+        self._points(item, anyio.current_time() - started, outcome, error_type)
+        return stage.deliver(outcome)
 
-    def _record(self, call: ToolCall, started: float, error_type: str | None) -> None:
+    def _tool_points(
+        self, call: ToolCall, seconds: float, result: ToolResult | None, error_type: str | None
+    ) -> None:
         attributes = {"gen_ai.tool.name": call.name}
         if error_type is not None:
             attributes["error.type"] = error_type
-        self._duration.record(anyio.current_time() - started, attributes)
+        self._duration.record(seconds, attributes)
         self._calls.add(1, attributes)
 
-    async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
-        """The model-stage layer: operation duration and token usage per model call."""
-        started = anyio.current_time()
+    def _model_points(
+        self, request: ModelRequest, seconds: float, reply: object, error_type: str | None
+    ) -> None:
         attributes = {"gen_ai.operation.name": "chat"}
         model = request_model(request)
         if model is not None:
             attributes["gen_ai.request.model"] = model
-        try:
-            reply = await call_next(request)
-        except BaseException as error:
-            is_exception = isinstance(error, Exception)
-            code = model_error_code(error) if is_exception else exception_error_type(error)
-            self._model_duration.record(
-                anyio.current_time() - started, {**attributes, "error.type": code}
-            )
-            raise
+        if error_type is not None:
+            self._model_duration.record(seconds, {**attributes, "error.type": error_type})
+            return
         if isinstance(reply, ModelReply) and reply.model:
             attributes["gen_ai.response.model"] = reply.model
-        self._model_duration.record(anyio.current_time() - started, attributes)
+        self._model_duration.record(seconds, attributes)
         usage = reply.usage if isinstance(reply, ModelReply) else None
         if usage is not None:
             self._tokens.record(usage.input_tokens, {**attributes, "gen_ai.token.type": "input"})
             self._tokens.record(usage.output_tokens, {**attributes, "gen_ai.token.type": "output"})
-        return reply
-
-    def apply(self, scope: Scope) -> None:
-        """Register on the stage it names."""
-        if self.stage == "model":
-            scope.use(scope.loop.model_call, self.model_layer, name=self.name)
-        else:
-            scope.use(scope.tools.dispatch, self)
 
     def __repr__(self) -> str:
         return "Metrics(stage='model')" if self.stage == "model" else "Metrics()"

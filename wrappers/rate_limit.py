@@ -9,40 +9,37 @@ does, and a call may time out still waiting.
 
 Per tool (per model; one shared bucket with ``key=``) the bucket holds up to
 ``burst`` tokens and refills at ``per_second``. A call takes one; with none left it
-waits its turn (cancellably; waiters are served in arrival order, each holding a
-reservation, so none starves and none is lost) or, with ``wait=False``, gets
-``TOOL_RATE_LIMITED`` at once with the time to wait. On the model stage that is
-``ModelError(MODEL_RATE_LIMITED, retry_after_s=…)``, which a model-stage ``Retry``
-outside honours.
+waits its turn in a queue (first come, first served; cancellably) or, with
+``wait=False``, gets ``TOOL_RATE_LIMITED`` at once with the time to wait (and
+``retry_after_s``). On the model stage that is ``ModelError(MODEL_RATE_LIMITED,
+retry_after_s=…)``, which a model-stage ``Retry`` outside honours.
+
+The queue is served by the bucket, as aiolimiter's is: only the waiter at its head
+asks the bucket, and takes a token only when one is there — nothing is reserved
+ahead, so a waiter that is cancelled simply leaves and the next moves up; never two
+starts where one is allowed. The bucket lives in the harness's ``StateStore`` (or
+``store=``; with a shared store the rate holds across processes, the queue is per
+process). A store that fails lets calls through (its ``on_error`` may say otherwise).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections import deque
 from typing import Any, ClassVar
 
 import anyio
 import attrs
 
-from guardstack.pipeline.contract import (
-    MODEL_RATE_LIMITED,
-    DispatchNext,
-    ModelError,
-    ModelNext,
-    ModelReply,
-    ModelRequest,
-    Scope,
-)
+from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
 from guardstack.pipeline.validate import StageName, boolean, integer, stage
-from guardstack.pipeline.values import TOOL_RATE_LIMITED, ToolCall, ToolResult
 from guardstack.wrappers._keyed import (
-    PerKey,
+    StoreFailures,
     check_key,
-    model_key,
+    check_store,
     positive,
-    tool_key,
-    use_on_stage,
+    register,
+    state_key,
 )
 
 __all__ = ["RateLimit"]
@@ -78,92 +75,95 @@ class RateLimit:
     wait: bool = attrs.field(default=True, validator=_wait)
     #: One bucket shared by every call under this name, instead of one per tool.
     key: str | None = attrs.field(default=None, converter=_key, kw_only=True)
+    #: Where the buckets live (``None``: the harness's store).
+    store: StateStore | None = attrs.field(
+        default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
+    )
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of buckets (full) on the stage it names."""
-        buckets = _Buckets(self, lambda: _Bucket(self.per_second, self.burst))
-        use_on_stage(scope, self.stage, buckets, PLUGIN)
+        limiter = _Buckets(self, scope.store_for(self.store), scope.namespace)
+        register(scope, self.stage, limiter, PLUGIN)
 
 
-class _Bucket:
-    """Tokens (negative: reserved by waiters), refilled lazily from the clock."""
+class _Buckets:
+    """One application: the layer, on either stage, and its queues of waiters per key."""
 
-    __slots__ = ("burst", "per_second", "tokens", "updated")
+    __slots__ = ("config", "failures", "namespace", "queues", "stage", "store")
 
-    def __init__(self, per_second: float, burst: int) -> None:
-        self.per_second = per_second
-        self.burst = burst
-        self.tokens = float(burst)
-        self.updated: float | None = None
+    def __init__(self, config: RateLimit, store: StateStore, namespace: str) -> None:
+        self.config = config
+        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.store = store
+        self.namespace = namespace
+        self.failures = StoreFailures(PLUGIN, store, "open")
+        #: Waiters per key, head first; a key is here only while someone waits.
+        self.queues: dict[str, deque[anyio.Event]] = {}
 
-    def _refill(self, now: float) -> None:
-        if self.updated is not None:
-            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.per_second)
-        self.updated = now
+    def __repr__(self) -> str:
+        return repr(self.config)
 
-    def idle(self) -> bool:
-        if self.updated is None:
-            return True
-        self._refill(anyio.current_time())
-        return self.tokens >= self.burst
+    async def _take(self, key: str) -> float:
+        config = self.config
+        return await self.store.take(key, config.per_second, config.burst)
 
-    def reserve(self, now: float) -> float:
-        """Take a token, borrowing against the future: how long to wait for it."""
-        self._refill(now)
-        self.tokens -= 1
-        return 0.0 if self.tokens >= 0 else -self.tokens / self.per_second
+    async def _wait_in_line(self, key: str, queue: deque[anyio.Event]) -> None:
+        """Wait for this caller's turn at the head of the queue, then for a token."""
+        turn = anyio.Event()
+        queue.append(turn)
+        try:
+            if queue[0] is not turn:
+                await turn.wait()  # set when the waiter ahead leaves, with a token or not
+            while True:
+                wait_s = await self._take(key)
+                if wait_s <= 0:
+                    return
+                await anyio.sleep(wait_s)
+        finally:
+            at_head = queue[0] is turn
+            queue.remove(turn)
+            if not queue:
+                del self.queues[key]
+            elif at_head:
+                queue[0].set()  # the next waiter moves up and asks the bucket itself
 
-    def try_take(self, now: float) -> float:
-        """Take a token if one is here (``0.0``), else how long until one is."""
-        self._refill(now)
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.per_second
+    async def __call__(self, item: Any, call_next: Any) -> Any:
+        stage = self.stage
+        key = state_key(self.namespace, self.config.key, stage, item)
+        refusal = None
+        try:
+            queue = self.queues.get(key)
+            if queue is not None:  # others are waiting: join the line behind them
+                await self._wait_in_line(key, queue)
+            else:
+                wait_s = await self._take(key)
+                if wait_s > 0:
+                    if not self.config.wait:
+                        refusal = self._refusal(item, wait_s)
+                    else:
+                        queue = self.queues[key] = deque()
+                        await self._wait_in_line(key, queue)
+        except Exception as error:
+            if not self.failures.fails_open(error):
+                refusal = self._refusal(item, 0.0, self.failures.reason())
+        if refusal is not None:
+            return stage.deliver(refusal)
+        return await call_next(item)
 
-    def give_back(self) -> None:
-        self.tokens += 1
-
-
-class _Buckets(PerKey[RateLimit, _Bucket]):
-    """One application: a bucket per key, and the layers that draw from them."""
-
-    __slots__ = ()
-
-    async def _token(self, key: Hashable) -> float:
-        """Wait for a token (``0.0``), or with ``wait=False`` say how long one would take."""
-        bucket = self.state(key)
-        now = anyio.current_time()
-        if not self.config.wait:
-            return bucket.try_take(now)
-        delay = bucket.reserve(now)
-        if delay > 0:
-            try:
-                await anyio.sleep(delay)
-            except BaseException:
-                bucket.give_back()  # cancelled while waiting: the reservation returns
-                raise
-        return 0.0
-
-    def _why(self, what: str, wait_s: float) -> str:
-        rate = f"{self.config.per_second:g} calls per second"
-        return f"{what} is rate limited ({rate}). Try again in {math.ceil(wait_s * 10) / 10:g}s."
-
-    async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
-        wait_s = await self._token(tool_key(call))
-        if wait_s > 0:
-            return ToolResult.failure(
-                self._why(f'tool "{call.name}"', wait_s),
-                name="RateLimitedError",
-                code=TOOL_RATE_LIMITED,
+    def _refusal(self, item: Any, wait_s: float, why: str | None = None) -> Outcome:
+        what = self.stage.label(item)
+        if why is None:
+            rate = f"{self.config.per_second:g} calls per second"
+            message = (
+                f"{what} is rate limited ({rate}). Try again in {math.ceil(wait_s * 10) / 10:g}s."
             )
-        return await call_next(call)
-
-    async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
-        key = model_key(request)
-        wait_s = await self._token(key)
-        if wait_s > 0:
-            raise ModelError(
-                self._why(f"model {key}", wait_s), MODEL_RATE_LIMITED, retry_after_s=wait_s
-            )
-        return await call_next(request)
+        else:
+            message = f"{what} is rate limited: {why}"
+        return self.stage.refusal(
+            item,
+            "RATE_LIMITED",
+            message,
+            layer=PLUGIN,
+            name="RateLimitedError",
+            retry_after_s=wait_s or None,
+        )

@@ -22,13 +22,21 @@ The *policy* (what to retry, how long to wait) is kept apart from the *mechanism
   given, only tools matching ``tools`` and not ``exclude`` (``*``-wildcard name
   patterns, as the reminder's ``include``/``exclude``).
 
-On the model stage (``stage="model"``) a failure is an exception: it retries a
-``ModelError`` whose code is in ``retry_on`` (default ``MODEL_RATE_LIMITED``,
-``MODEL_UNAVAILABLE``, ``MODEL_TIMEOUT``; any other exception counts as
-``MODEL_FAILED``), waits at least the provider's ``retry_after_s`` when it gave one
-(still capped by ``max_backoff_ms``), sets ``request.attempt`` for the layers
-inside, and re-raises the last attempt's error. A cap's ``TurnBlocked`` and
-guardstack's own errors are never retried.
+Defaults per stage: on the dispatch stage ``retry_on`` is ``("TOOL_TIMEOUT",)`` —
+only a timeout, the one failure that says nothing about the arguments; name the
+other codes you know are safe (``TOOL_FAILED``, ``TOOL_UNAVAILABLE``…). On the model
+stage (``stage="model"``) a failure is an exception: it retries a ``ModelError``
+whose code is in ``retry_on`` (default ``MODEL_RATE_LIMITED``, ``MODEL_UNAVAILABLE``,
+``MODEL_OVERLOADED``, ``MODEL_TIMEOUT``; any other exception counts as
+``MODEL_FAILED``), sets ``request.attempt`` for the layers inside, and re-raises the
+last attempt's error. On both, it waits at least the ``retry_after_s`` a failure
+carries (a provider's Retry-After, a rate limit's wait), still capped by
+``max_backoff_ms``.
+
+guardstack's own control flow is never retried: a cap's ``TurnBlocked`` and other
+guardstack errors, a denial, another layer's refusal — except a refusal that says
+when to come back (a rate limit's ``retry_after_s``), retried like any failure its
+codes name.
 
 Cancellation: the backoff wait is interrupted by it, and no attempt starts once the
 call is cancelled; cancellation always propagates. The last attempt's result is
@@ -51,18 +59,17 @@ import anyio.lowlevel
 import attrs
 
 from guardstack.pipeline.contract import (
+    DISPATCH,
+    MODEL_OVERLOADED,
     MODEL_RATE_LIMITED,
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
     DispatchNext,
-    ModelError,
-    ModelNext,
-    ModelReply,
-    ModelRequest,
+    Outcome,
     Scope,
-    model_error_code,
+    StageAdapter,
+    adapter_for,
 )
-from guardstack.pipeline.errors import GuardstackError
 from guardstack.pipeline.validate import (
     StageName,
     boolean,
@@ -74,7 +81,8 @@ from guardstack.pipeline.validate import (
     patterns,
     stage,
 )
-from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolError, ToolResult, message_of
+from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
+from guardstack.wrappers._keyed import register
 
 __all__ = ["Retry", "RetryBudget", "no_backoff"]
 
@@ -158,7 +166,7 @@ def _stage(value: object) -> StageName:
 
 def _default_retry_on(self: Retry) -> tuple[str, ...]:
     if self.stage == "model":
-        return (MODEL_RATE_LIMITED, MODEL_UNAVAILABLE, MODEL_TIMEOUT)
+        return (MODEL_RATE_LIMITED, MODEL_UNAVAILABLE, MODEL_OVERLOADED, MODEL_TIMEOUT)
     return (TOOL_TIMEOUT,)
 
 
@@ -243,30 +251,26 @@ class Retry:
         object.__setattr__(self, "_exclude", compile_patterns(self.exclude))
         object.__setattr__(self, "_direct", _RetryRun(self))
 
-    def may_retry(self, call: ToolCall) -> bool:
+    def may_retry(self, call: ToolCall, stage: StageAdapter[Any, Any] = DISPATCH) -> bool:
         """Whether ``call`` may run again at all (its idempotency, ``tools``, ``exclude``)."""
-        tool = call.tool
-        if tool is not None and tool.idempotent is False:
+        if not stage.may_repeat(call):
             return False
-        if self._tools is not None and not self._tools.fullmatch(call.name):
+        name = stage.name_of(call)
+        if name is None:
+            return True
+        if self._tools is not None and not self._tools.fullmatch(name):
             return False
-        return self._exclude is None or not self._exclude.fullmatch(call.name)
+        return self._exclude is None or not self._exclude.fullmatch(name)
 
-    def should_retry(self, result: ToolResult) -> bool:
-        """Whether ``result`` is a failure this policy retries."""
-        if not result.is_error:
+    def should_retry(self, outcome: Outcome, stage: StageAdapter[Any, Any] = DISPATCH) -> bool:
+        """Whether ``outcome`` (a result, or a model call's exception) is one to retry."""
+        if not stage.failed(outcome):
             return False
+        if stage.is_control(outcome) and stage.retry_after_s(outcome) is None:
+            return False  # guardstack's own answer; only a refusal that says when may retry
         if callable(self.retry_on):
-            return bool(self.retry_on(result))
-        return result.code in self.retry_on
-
-    def should_retry_error(self, error: Exception) -> bool:
-        """Whether a failed model call is one this policy retries (model stage)."""
-        if isinstance(error, GuardstackError):
-            return False  # a cap's TurnBlocked, a configuration mistake: never again
-        if callable(self.retry_on):
-            return bool(self.retry_on(error))
-        return model_error_code(error) in self.retry_on
+            return bool(self.retry_on(outcome))
+        return stage.code(outcome) in self.retry_on
 
     def ceiling_s(self, attempt: int) -> float:
         """The longest wait after failed attempt number ``attempt`` (1-based)."""
@@ -281,11 +285,7 @@ class Retry:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh run of this policy (its own random draws) on its stage."""
-        run = _RetryRun(self)
-        if self.stage == "model":
-            scope.use(scope.loop.model_call, run.model_layer, name=PLUGIN)
-        else:
-            scope.use(scope.tools.dispatch, run, name=PLUGIN)
+        register(scope, self.stage, _RetryRun(self), PLUGIN)
 
     def __repr__(self) -> str:
         retry_on = self.retry_on if callable(self.retry_on) else sorted(self.retry_on)
@@ -303,18 +303,6 @@ class Retry:
         )
 
 
-def _stopped(result: ToolResult, why: str) -> ToolResult:
-    """The last attempt's result, saying why there is no other."""
-    error = result.error
-    message = f"{error.message if error else result.content} ({why})"
-    return ToolResult(
-        f"{result.content} ({why})",
-        True,
-        ToolError(message, error.name if error else None, result.code),
-        result.value,
-    )
-
-
 async def _before_attempt() -> None:
     """Never start an attempt once cancelled — nor once an enclosing deadline has passed.
 
@@ -330,60 +318,35 @@ async def _before_attempt() -> None:
 class _RetryRun:
     """The mechanism: one application of a ``Retry`` policy, with its own random draws."""
 
-    __slots__ = ("policy", "random")
+    __slots__ = ("policy", "random", "stage")
 
     def __init__(self, policy: Retry) -> None:
         self.policy = policy
         self.random = random.Random(policy.seed)
+        self.stage: StageAdapter[Any, Any] = adapter_for(policy.stage)
 
     def delay_s(self, attempt: int) -> float:
         ceiling = self.policy.ceiling_s(attempt)
         return float(self.random.uniform(0, ceiling)) if self.policy.jitter else ceiling
 
-    async def __call__(self, call: ToolCall, call_next: DispatchNext) -> ToolResult:
-        policy = self.policy
+    async def __call__(self, item: Any, call_next: Any) -> Any:
+        policy, stage = self.policy, self.stage
         budget = policy.budget
         if budget is not None:
             budget.deposit()
         attempt = 1
         while True:
-            attempt_call = call if call.attempt == attempt else attrs.evolve(call, attempt=attempt)
-            result = await call_next(attempt_call)
-            if attempt >= policy.attempts or not policy.should_retry(result):
-                return result
-            if attempt == 1 and not policy.may_retry(call):
-                return result
-            budget_ms = call.tool.timeout_ms if call.tool is not None else None
-            stop = self._deadline_stop(attempt, budget_ms)
+            outcome = await stage.attempt(call_next, stage.with_attempt(item, attempt))
+            if attempt >= policy.attempts or not policy.should_retry(outcome, stage):
+                return stage.deliver(outcome)
+            if attempt == 1 and not policy.may_retry(item, stage):
+                return stage.deliver(outcome)
+            retry_after = stage.retry_after_s(outcome)
+            stop = self._deadline_stop(attempt, stage.budget_ms(item), retry_after)
             if stop is not None:
-                return _stopped(result, stop)
-            if not await self._pause(attempt):
-                return result
-            attempt += 1
-
-    async def model_layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
-        """The same loop on the model stage, where a failure is an exception."""
-        policy = self.policy
-        budget = policy.budget
-        if budget is not None:
-            budget.deposit()
-        attempt = 1
-        while True:
-            attempt_request = (
-                request if request.attempt == attempt else attrs.evolve(request, attempt=attempt)
-            )
-            try:
-                return await call_next(attempt_request)
-            except Exception as error:
-                if attempt >= policy.attempts or not policy.should_retry_error(error):
-                    raise
-                retry_after = error.retry_after_s if isinstance(error, ModelError) else None
-                stop = self._deadline_stop(attempt, None, retry_after)
-                if stop is not None:
-                    code = model_error_code(error)
-                    raise ModelError(f"{message_of(error)} ({stop})", code) from error
-                if not await self._pause(attempt, retry_after):
-                    raise
+                return stage.deliver(stage.explained(outcome, stop))
+            if not await self._pause(attempt, retry_after):
+                return stage.deliver(outcome)
             attempt += 1
 
     def _deadline_stop(

@@ -32,23 +32,16 @@ ignores cancellation is waited for, then still reported as ``TOOL_TIMEOUT``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import ClassVar
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
 
 import attrs
 
-from guardstack.pipeline.contract import (
-    MODEL_TIMEOUT,
-    DispatchNext,
-    ModelNext,
-    ModelReply,
-    ModelRequest,
-    Scope,
-    model_within_budget,
-    timed_dispatch,
-)
+from guardstack.pipeline.contract import MODEL_TIMEOUT, Scope, StageAdapter, adapter_for
+from guardstack.pipeline.deadline import timed
 from guardstack.pipeline.validate import StageName, invalid, non_empty_text, stage
-from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult, validate_timeout_ms
+from guardstack.pipeline.values import TOOL_TIMEOUT, validate_timeout_ms
+from guardstack.wrappers._keyed import register
 
 __all__ = ["Timeout"]
 
@@ -85,21 +78,17 @@ class Timeout:
         default=attrs.Factory(_default_code, takes_self=True), validator=_check_code
     )
 
+    _stage: StageAdapter[Any, Any] = attrs.field(init=False, repr=False, eq=False)
+
     def __attrs_post_init__(self) -> None:
-        if self.stage == "model" and self.ms is None:
+        adapter = adapter_for(self.stage)
+        if adapter.needs_budget and self.ms is None:
             raise invalid(PLUGIN, "ms", None, "set on the model stage (a model declares no budget)")
+        object.__setattr__(self, "_stage", adapter)
 
-    def __call__(self, call: ToolCall, call_next: DispatchNext) -> Awaitable[ToolResult]:
-        return timed_dispatch(call, call_next, self.ms, self.code)
-
-    def model_layer(self, request: ModelRequest, call_next: ModelNext) -> Awaitable[ModelReply]:
-        """The model-stage layer: ``ModelError(code)`` when ``ms`` runs out."""
-        assert self.ms is not None  # checked at construction for the model stage
-        return model_within_budget(request, call_next, self.ms, self.code)
+    def __call__(self, item: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Awaitable[Any]:
+        return timed(self._stage, item, call_next, self.ms, self.code, PLUGIN)
 
     def apply(self, scope: Scope) -> None:
         """Register on the stage it names."""
-        if self.stage == "model":
-            scope.use(scope.loop.model_call, self.model_layer, name=PLUGIN)
-        else:
-            scope.use(scope.tools.dispatch, self)
+        register(scope, self.stage, self, PLUGIN)

@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 from guardstack.pipeline import TOOL_FAILED, TOOL_TIMEOUT, TOOL_UNAVAILABLE, Harness, ToolResult
 from guardstack.pipeline.testing import Raise, Reply, ScriptedTool
 from guardstack.wrappers import CircuitBreaker, ConcurrencyLimit, Fallback, Hedge, Retry, Timeout
-from guardstack.wrappers._keyed import Keyed
 from tests.helpers import call
 
 ATTEMPTS = 3
@@ -261,24 +260,6 @@ async def test_the_first_good_answer_wins_and_no_hedge_outlives_the_call(
 
 
 # -- state is bounded ----------------------------------------------------------------------------
-
-
-class _State:
-    def __init__(self) -> None:
-        self.busy = False
-
-    def idle(self) -> bool:
-        return not self.busy
-
-
-def test_keyed_state_forgets_only_idle_keys_beyond_its_bound() -> None:
-    keyed: Keyed[_State] = Keyed(_State, max_keys=100)
-    busy = keyed.get("busy")
-    busy.busy = True
-    for index in range(10_000):
-        keyed.get(f"tool-{index}")
-    assert len(keyed) <= 100
-    assert keyed.get("busy") is busy  # in use: never forgotten
 
 
 async def test_many_agents_share_one_limit_without_losing_a_slot_or_starving() -> None:

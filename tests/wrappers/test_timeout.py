@@ -103,4 +103,4 @@ async def test_an_uncancellable_sync_tool_overrunning_its_budget_is_reported(
             outcome = await registry.execute(call("blocking"))
     assert outcome.result.content == "Error: tool call timed out after 200ms"
     warning = " ".join(record.getMessage() for record in caplog.records)
-    assert "'blocking' ignored cancellation: budget 200ms, ran" in warning
+    assert 'tool "blocking" ignored cancellation: budget 200ms, ran' in warning

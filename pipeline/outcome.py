@@ -1,0 +1,442 @@
+"""One outcome core: what an attempt produced, seen the same way on every stage.
+
+Every resilience layer (``Timeout``, ``Retry``, ``CircuitBreaker``, the limits,
+``Fallback``, ``Hedge``, ``Chaos``, ``Metrics``) is written once, against an
+*outcome*: what one pass through the rest of the chain produced. On the dispatch
+stage that is a ``ToolResult`` (the registry turns whatever a tool does into one);
+on the model stage it is a ``ModelReply`` or the ``Exception`` the call raised. A
+``StageAdapter`` says, for its stage, whether an outcome failed and with which
+code, and builds the layer's own answers (a refusal, a timeout, a fault) in that
+stage's form — a ``ToolResult`` with a code on tools, a raised ``ModelError`` on
+models. Layers never branch on their stage: they ask the adapter.
+
+**guardstack's own control flow is told apart in one place** (``is_control``):
+cancellation (never an outcome: it propagates), a cap's ``TurnBlocked`` and any
+other ``GuardstackError``, a pre-execute denial, and a refusal a guardstack layer
+made (an open breaker, a full limiter, a store that fails closed). A breaker never
+counts it, a retry never retries it (unless it is a refusal that says when to come
+back: a rate limit's ``retry_after_s``), a hedge never hedges after it, and a span
+never calls it a provider failure.
+
+An adapter answers without suspending: on the dispatch stage ``attempt`` hands back
+the inner chain's own awaitable, so the outcome core adds no coroutine there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
+
+import attrs
+
+from guardstack.pipeline.errors import GuardstackError
+from guardstack.pipeline.model import (
+    MODEL_FAILED,
+    MODEL_OVERLOADED,
+    MODEL_RATE_LIMITED,
+    MODEL_TIMEOUT,
+    MODEL_UNAVAILABLE,
+    ModelError,
+    ModelReply,
+    ModelRequest,
+    model_error_code,
+)
+from guardstack.pipeline.values import (
+    TOOL_ABORTED,
+    TOOL_ABORTED_BEFORE_DISPATCH,
+    TOOL_DENIED,
+    TOOL_FAILED,
+    TOOL_OVERLOADED,
+    TOOL_RATE_LIMITED,
+    TOOL_TIMEOUT,
+    TOOL_UNAVAILABLE,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    failure_from_exception,
+    message_of,
+    timeout_result,
+)
+
+__all__ = [
+    "DISPATCH",
+    "MODEL",
+    "UNKNOWN_KEY",
+    "FailureKind",
+    "ModelStage",
+    "Outcome",
+    "Refusal",
+    "StageAdapter",
+    "ToolStage",
+    "adapter_for",
+]
+
+ItemT = TypeVar("ItemT")
+ValueT = TypeVar("ValueT")
+
+#: What one attempt produced: a stage's value (``ToolResult``, ``ModelReply``) or an Exception.
+Outcome: TypeAlias = Any
+
+#: The kinds of failure a layer reports in its stage's own code (``TOOL_*`` / ``MODEL_*``).
+FailureKind: TypeAlias = Literal["UNAVAILABLE", "OVERLOADED", "RATE_LIMITED", "TIMEOUT", "FAILED"]
+
+#: The one key every call to a tool no registry holds shares: names a model makes up
+#: cannot fill a layer's state.
+UNKNOWN_KEY: Final = "<unknown>"
+
+_TOOL_CODES: Final = {
+    "UNAVAILABLE": TOOL_UNAVAILABLE,
+    "OVERLOADED": TOOL_OVERLOADED,
+    "RATE_LIMITED": TOOL_RATE_LIMITED,
+    "TIMEOUT": TOOL_TIMEOUT,
+    "FAILED": TOOL_FAILED,
+}
+_MODEL_CODES: Final = {
+    "UNAVAILABLE": MODEL_UNAVAILABLE,
+    "OVERLOADED": MODEL_OVERLOADED,
+    "RATE_LIMITED": MODEL_RATE_LIMITED,
+    "TIMEOUT": MODEL_TIMEOUT,
+    "FAILED": MODEL_FAILED,
+}
+#: Results the loop and the registry make for guardstack's own reasons, never a tool's failure.
+_CONTROL_CODES: Final = frozenset({TOOL_DENIED, TOOL_ABORTED, TOOL_ABORTED_BEFORE_DISPATCH})
+
+
+@attrs.frozen
+class Refusal:
+    """The ``value`` of a tool result a guardstack layer made instead of running the call.
+
+    It marks the result as guardstack's own: an outer breaker never counts it as the
+    tool failing, and a ``Retry`` retries it only when ``retry_after_s`` says when.
+    """
+
+    layer: str
+    retry_after_s: float | None = None
+
+
+class StageAdapter(Generic[ItemT, ValueT]):
+    """What a layer needs to know about its stage, and nothing else."""
+
+    #: ``"dispatch"`` or ``"model"``: the names users read in config and spans.
+    name: str
+    #: A fixed budget must be given (a model declares none).
+    needs_budget: bool
+
+    def attempt(
+        self, call_next: Callable[[ItemT], Awaitable[ValueT]], item: ItemT
+    ) -> Awaitable[Outcome]:
+        """Run the rest of the chain once; its outcome (cancellation propagates)."""
+        raise NotImplementedError
+
+    def deliver(self, outcome: Outcome) -> ValueT:
+        """Hand an outcome on in the stage's form: return the value, or raise the error."""
+        raise NotImplementedError
+
+    def failed(self, outcome: Outcome) -> bool:
+        raise NotImplementedError
+
+    def code(self, outcome: Outcome) -> str | None:
+        """The failure's code (``None`` for a success)."""
+        raise NotImplementedError
+
+    def is_control(self, outcome: Outcome) -> bool:
+        """guardstack's own control flow or refusal: never a provider's failure."""
+        raise NotImplementedError
+
+    def is_refusal(self, outcome: Outcome) -> bool:
+        """A guardstack layer's refusal (part of ``is_control``): it carries a code to act on."""
+        raise NotImplementedError
+
+    def retry_after_s(self, outcome: Outcome) -> float | None:
+        """How long the failure said to wait before trying again, if it said."""
+        raise NotImplementedError
+
+    def refusal(
+        self,
+        item: ItemT,
+        kind: FailureKind,
+        message: str,
+        *,
+        layer: str,
+        name: str,
+        retry_after_s: float | None = None,
+    ) -> Outcome:
+        """A layer's own refusal (an open breaker, a full limit), marked as guardstack's."""
+        raise NotImplementedError
+
+    def timed_out(self, item: ItemT, ms: int, code: str, layer: str) -> Outcome:
+        """What a call gets when a timeout layer's own deadline fired."""
+        raise NotImplementedError
+
+    def failure(self, item: ItemT, code: str, message: str, name: str) -> Outcome:
+        """A failure with ``code``, as if the provider had answered with it (chaos)."""
+        raise NotImplementedError
+
+    def fault(self, item: ItemT, error: Exception) -> Outcome:
+        """An exception, reported as the stage reports a provider raising it."""
+        raise NotImplementedError
+
+    def explained(self, outcome: Outcome, note: str) -> Outcome:
+        """The same failure, saying why nothing more was tried (``"… (not retried: …)"``)."""
+        raise NotImplementedError
+
+    def code_for(self, kind: FailureKind) -> str:
+        """The stage's code for a kind of failure (``TOOL_RATE_LIMITED``…)."""
+        raise NotImplementedError
+
+    def key(self, item: ItemT) -> str:
+        """The state key: the tool's name (``<unknown>`` for none), the model's name."""
+        raise NotImplementedError
+
+    def label(self, item: ItemT) -> str:
+        """How a message names what was called: ``tool "grep"``, ``model gpt-x``."""
+        raise NotImplementedError
+
+    def budget_ms(self, item: ItemT) -> int | None:
+        """The budget the called thing declares (a tool's ``timeout_ms``)."""
+        raise NotImplementedError
+
+    def may_repeat(self, item: ItemT) -> bool:
+        """Whether running it twice is allowed (not declared ``idempotent=False``)."""
+        raise NotImplementedError
+
+    def name_of(self, item: ItemT) -> str | None:
+        """The tool's name, for name patterns (``None`` on a stage without names)."""
+        raise NotImplementedError
+
+    def attempt_of(self, item: ItemT) -> int:
+        raise NotImplementedError
+
+    def with_attempt(self, item: ItemT, attempt: int) -> ItemT:
+        raise NotImplementedError
+
+    def hedge_of(self, item: ItemT) -> int:
+        raise NotImplementedError
+
+    def with_hedge(self, item: ItemT, hedge: int) -> ItemT:
+        raise NotImplementedError
+
+
+def _result_error(message: str, name: str, code: str, retry_after_s: float | None) -> ToolError:
+    return ToolError(message, name, code, retry_after_s=retry_after_s)
+
+
+class ToolStage(StageAdapter[ToolCall, ToolResult]):
+    """The dispatch stage: outcomes are ``ToolResult`` values; failures are error results."""
+
+    name = "dispatch"
+    needs_budget = False
+
+    def attempt(
+        self, call_next: Callable[[ToolCall], Awaitable[ToolResult]], item: ToolCall
+    ) -> Awaitable[Outcome]:
+        return call_next(item)  # layers only ever see results here: no wrapping needed
+
+    def deliver(self, outcome: Outcome) -> ToolResult:
+        result: ToolResult = outcome
+        return result
+
+    def failed(self, outcome: Outcome) -> bool:
+        return bool(outcome.is_error)
+
+    def code(self, outcome: Outcome) -> str | None:
+        if not outcome.is_error:
+            return None
+        code: str | None = outcome.code
+        return code
+
+    def is_control(self, outcome: Outcome) -> bool:
+        return isinstance(outcome.value, Refusal) or (
+            outcome.is_error and outcome.code in _CONTROL_CODES
+        )
+
+    def is_refusal(self, outcome: Outcome) -> bool:
+        return isinstance(outcome.value, Refusal)
+
+    def retry_after_s(self, outcome: Outcome) -> float | None:
+        error = outcome.error
+        wait: float | None = error.retry_after_s if error is not None else None
+        return wait
+
+    def refusal(
+        self,
+        item: ToolCall,
+        kind: FailureKind,
+        message: str,
+        *,
+        layer: str,
+        name: str,
+        retry_after_s: float | None = None,
+    ) -> Outcome:
+        error = _result_error(message, name, _TOOL_CODES[kind], retry_after_s)
+        return ToolResult(f"Error: {message}", True, error, Refusal(layer, retry_after_s))
+
+    def timed_out(self, item: ToolCall, ms: int, code: str, layer: str) -> Outcome:
+        return timeout_result(ms, code)
+
+    def failure(self, item: ToolCall, code: str, message: str, name: str) -> Outcome:
+        return ToolResult.failure(message, name=name, code=code)
+
+    def fault(self, item: ToolCall, error: Exception) -> Outcome:
+        return failure_from_exception(error)
+
+    def explained(self, outcome: Outcome, note: str) -> Outcome:
+        error = outcome.error
+        message = f"{error.message if error else outcome.content} ({note})"
+        name = error.name if error else None
+        return ToolResult(
+            f"{outcome.content} ({note})",
+            True,
+            ToolError(message, name, outcome.code),
+            outcome.value,
+        )
+
+    def code_for(self, kind: FailureKind) -> str:
+        return _TOOL_CODES[kind]
+
+    def key(self, item: ToolCall) -> str:
+        return item.name if item.tool is not None else UNKNOWN_KEY
+
+    def label(self, item: ToolCall) -> str:
+        return f'tool "{item.name}"'
+
+    def budget_ms(self, item: ToolCall) -> int | None:
+        tool = item.tool
+        return tool.timeout_ms if tool is not None else None
+
+    def may_repeat(self, item: ToolCall) -> bool:
+        tool = item.tool
+        return tool is None or tool.idempotent is not False
+
+    def name_of(self, item: ToolCall) -> str | None:
+        return item.name
+
+    def attempt_of(self, item: ToolCall) -> int:
+        return item.attempt
+
+    def with_attempt(self, item: ToolCall, attempt: int) -> ToolCall:
+        return item if item.attempt == attempt else attrs.evolve(item, attempt=attempt)
+
+    def hedge_of(self, item: ToolCall) -> int:
+        return item.hedge
+
+    def with_hedge(self, item: ToolCall, hedge: int) -> ToolCall:
+        return item if item.hedge == hedge else attrs.evolve(item, hedge=hedge)
+
+
+async def _caught(
+    call_next: Callable[[ModelRequest], Awaitable[ModelReply]], request: ModelRequest
+) -> Outcome:
+    try:
+        return await call_next(request)
+    except Exception as error:  # cancellation and other BaseExceptions propagate
+        return error
+
+
+def model_name(request: ModelRequest) -> str:
+    """The model a request goes to (its ``model`` attribute), else ``model``."""
+    name = getattr(request.agent.model, "model", None)
+    return name if isinstance(name, str) and name else "model"
+
+
+class ModelStage(StageAdapter[ModelRequest, ModelReply]):
+    """The model stage: outcomes are replies or the exceptions calls raised."""
+
+    name = "model"
+    needs_budget = True
+
+    def attempt(
+        self, call_next: Callable[[ModelRequest], Awaitable[ModelReply]], item: ModelRequest
+    ) -> Awaitable[Outcome]:
+        return _caught(call_next, item)
+
+    def deliver(self, outcome: Outcome) -> ModelReply:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        reply: ModelReply = outcome
+        return reply
+
+    def failed(self, outcome: Outcome) -> bool:
+        return isinstance(outcome, BaseException)
+
+    def code(self, outcome: Outcome) -> str | None:
+        return model_error_code(outcome) if isinstance(outcome, BaseException) else None
+
+    def is_control(self, outcome: Outcome) -> bool:
+        if isinstance(outcome, ModelError):
+            return outcome.refused
+        return isinstance(outcome, GuardstackError)
+
+    def is_refusal(self, outcome: Outcome) -> bool:
+        return isinstance(outcome, ModelError) and outcome.refused
+
+    def retry_after_s(self, outcome: Outcome) -> float | None:
+        return outcome.retry_after_s if isinstance(outcome, ModelError) else None
+
+    def refusal(
+        self,
+        item: ModelRequest,
+        kind: FailureKind,
+        message: str,
+        *,
+        layer: str,
+        name: str,
+        retry_after_s: float | None = None,
+    ) -> Outcome:
+        return ModelError(message, _MODEL_CODES[kind], retry_after_s, layer=layer, refused=True)
+
+    def timed_out(self, item: ModelRequest, ms: int, code: str, layer: str) -> Outcome:
+        return ModelError(f"model call timed out after {ms}ms", code, layer=layer)
+
+    def failure(self, item: ModelRequest, code: str, message: str, name: str) -> Outcome:
+        return ModelError(message, code)
+
+    def fault(self, item: ModelRequest, error: Exception) -> Outcome:
+        return error
+
+    def explained(self, outcome: Outcome, note: str) -> Outcome:
+        layer = outcome.layer if isinstance(outcome, ModelError) else None
+        explained = ModelError(
+            f"{message_of(outcome)} ({note})", model_error_code(outcome), layer=layer
+        )
+        explained.__cause__ = outcome
+        return explained
+
+    def code_for(self, kind: FailureKind) -> str:
+        return _MODEL_CODES[kind]
+
+    def key(self, item: ModelRequest) -> str:
+        return model_name(item)
+
+    def label(self, item: ModelRequest) -> str:
+        return f"model {model_name(item)}"
+
+    def budget_ms(self, item: ModelRequest) -> int | None:
+        return None
+
+    def may_repeat(self, item: ModelRequest) -> bool:
+        return True
+
+    def name_of(self, item: ModelRequest) -> str | None:
+        return None
+
+    def attempt_of(self, item: ModelRequest) -> int:
+        return item.attempt
+
+    def with_attempt(self, item: ModelRequest, attempt: int) -> ModelRequest:
+        return item if item.attempt == attempt else attrs.evolve(item, attempt=attempt)
+
+    def hedge_of(self, item: ModelRequest) -> int:
+        return item.hedge
+
+    def with_hedge(self, item: ModelRequest, hedge: int) -> ModelRequest:
+        return item if item.hedge == hedge else attrs.evolve(item, hedge=hedge)
+
+
+DISPATCH: Final = ToolStage()
+MODEL: Final = ModelStage()
+
+
+def adapter_for(stage: str) -> StageAdapter[Any, Any]:
+    """The adapter of a stage name as users write it (``dispatch`` or ``model``)."""
+    return MODEL if stage == "model" else DISPATCH

@@ -1,0 +1,366 @@
+"""State stores: where every keyed layer and cap keeps its state.
+
+A breaker's window, a bucket's tokens, a bulkhead's slots and a cap's counts are
+kept in a ``StateStore`` through a few operations, each atomic for its key (no
+other operation on that key runs in between), each taking the store's own clock —
+so a store shared by several processes (``integrations.redis.RedisStore``) gives
+them one limit, and the same layer code runs on either.
+
+``MemoryStore`` is the default, one per ``Harness``: it answers without suspending
+(its ``async`` operations never await), so using it adds no scheduling. It is
+bounded: past ``max_keys`` it forgets idle entries, least recently used first, in
+constant time per new key; an entry is never forgotten while it is busy — a slot
+held, a breaker open or with outcomes still in its window, a bucket not yet full
+again — nor the entry being created. When every entry is busy it grows and warns
+once. Windows are pruned by the current time, not by when a call started.
+
+Waiting is the layers' business, not the store's: a rate limit's and a bulkhead's
+queues of waiters live in the process (first come, first served there), and ask the
+store again when their turn comes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
+
+import anyio
+import attrs
+
+from guardstack.pipeline.errors import GuardstackWarning
+from guardstack.pipeline.validate import integer
+
+__all__ = [
+    "Admission",
+    "BreakerState",
+    "MemoryStore",
+    "StateStore",
+    "StoreError",
+]
+
+BreakerState: TypeAlias = Literal["closed", "open", "half_open"]
+
+#: How many of the oldest entries one new key may look at to find an idle one.
+_EVICTION_LOOKS: Final = 8
+
+
+class StoreError(Exception):
+    """A store could not answer (down, too slow, or garbage); layers apply their policy."""
+
+
+@attrs.frozen
+class Admission:
+    """A breaker's answer to one call: let it through (maybe as the probe), or how long to wait."""
+
+    admitted: bool
+    wait_s: float = 0.0
+    probe: bool = False
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """The operations keyed layers and caps keep their state through (each atomic per key).
+
+    Keys are strings the layers build (their application's namespace and the tool,
+    model or conversation); a store never interprets them. ``on_error`` is the
+    store's failure policy for layers using it (``None``: each layer's default).
+    """
+
+    name: str
+    on_error: Literal["open", "closed"] | None
+
+    async def take(self, key: str, per_second: float, burst: float, amount: float = 1.0) -> float:
+        """Take ``amount`` tokens from a bucket (refilled at ``per_second``, holding at most
+        ``burst``, full at first): ``0.0`` when taken, else the seconds until they would be
+        there (nothing taken). A negative ``amount`` deposits, up to ``burst``."""
+        ...
+
+    async def admit(self, key: str, break_s: float) -> Admission:
+        """A breaker's decision for one call; after ``break_s`` open, one call is the probe."""
+        ...
+
+    async def record(
+        self,
+        key: str,
+        failed: bool,
+        probe: bool,
+        *,
+        window_s: float,
+        minimum_calls: int,
+        failure_ratio: float,
+    ) -> BreakerState | None:
+        """A call's outcome, at the current time; the breaker's new state if it changed."""
+        ...
+
+    async def release_probe(self, key: str) -> None:
+        """The probe ended without an outcome (cancelled): the next call probes instead."""
+        ...
+
+    async def acquire(self, key: str, limit: int) -> str | None:
+        """One of ``limit`` slots: a lease to give back, or ``None`` when all are held."""
+        ...
+
+    async def release(self, key: str, lease: str) -> None:
+        """Give a slot back."""
+        ...
+
+    async def add(
+        self, key: str, amount: float, *, limit: float | None = None, initial: float = 0.0
+    ) -> tuple[bool, float]:
+        """Add to a counter (starting at ``initial``) unless that would pass ``limit``:
+        ``(added, total)``. A negative amount gives back."""
+        ...
+
+    async def read(self, key: str) -> float:
+        """A counter's value (0 when it has none)."""
+        ...
+
+
+class _Bucket:
+    __slots__ = ("burst", "per_second", "tokens", "updated")
+
+    def __init__(self, per_second: float, burst: float, now: float) -> None:
+        self.per_second = per_second
+        self.burst = burst
+        self.tokens = float(burst)
+        self.updated = now
+
+    def refill(self, now: float) -> None:
+        elapsed = now - self.updated
+        if elapsed > 0:
+            self.tokens = min(self.burst, self.tokens + elapsed * self.per_second)
+        self.updated = now
+
+    def idle(self, now: float) -> bool:
+        self.refill(now)
+        return self.tokens >= self.burst
+
+
+class _Breaker:
+    __slots__ = ("failures", "opened_at", "outcomes", "probing", "state", "window_s")
+
+    def __init__(self) -> None:
+        self.state: BreakerState = "closed"
+        self.outcomes: deque[tuple[float, bool]] = deque()
+        self.failures = 0
+        self.opened_at = -math.inf
+        self.probing = False
+        self.window_s = 0.0
+
+    def prune(self, now: float) -> None:
+        outcomes = self.outcomes
+        horizon = now - self.window_s
+        while outcomes and outcomes[0][0] <= horizon:
+            self.failures -= outcomes.popleft()[1]
+
+    def idle(self, now: float) -> bool:
+        if self.state != "closed":
+            return False
+        self.prune(now)
+        return not self.outcomes
+
+    def open(self, now: float) -> None:
+        self.state, self.opened_at, self.probing = "open", now, False
+        self.outcomes.clear()
+        self.failures = 0
+
+
+class _Slots:
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+
+    def idle(self, now: float) -> bool:
+        return not self.held
+
+
+class _Counter:
+    __slots__ = ("value",)
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def idle(self, now: float) -> bool:
+        return True  # nothing in flight: least recently used counters may go first
+
+
+_Entry: TypeAlias = _Bucket | _Breaker | _Slots | _Counter
+
+
+class MemoryStore:
+    """The in-process store: bounded, constant-time eviction of idle entries, never suspends."""
+
+    name = "memory"
+
+    def __init__(
+        self,
+        max_keys: int = 100_000,
+        *,
+        clock: Callable[[], float] | None = None,
+        on_error: Literal["open", "closed"] | None = None,
+    ) -> None:
+        self.max_keys = integer("MemoryStore", "max_keys", max_keys)
+        #: The monotonic clock windows and waits are measured with (anyio's: virtual in tests).
+        self.clock = clock or anyio.current_time
+        self.on_error = on_error  # a memory store never fails; kept for the protocol
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._warned = False
+        self._leases = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(max_keys={self.max_keys})"
+
+    def _entry(self, key: str, kind: type[_Entry], make: Callable[[], _Entry]) -> _Entry:
+        entries = self._entries
+        entry = entries.get(key)
+        if entry is not None:
+            entries.move_to_end(key)
+            if type(entry) is not kind:
+                raise TypeError(f"store key {key!r} holds a {type(entry).__name__}, not a {kind}")
+            return entry
+        entry = entries[key] = make()
+        if len(entries) > self.max_keys:
+            self._evict()
+        return entry
+
+    def _evict(self) -> None:
+        """Forget one idle entry among the oldest few; busy ones move to the back."""
+        entries = self._entries
+        now = self.clock()
+        for _ in range(min(_EVICTION_LOOKS, len(entries) - 1)):
+            key, entry = next(iter(entries.items()))
+            if entry.idle(now):
+                del entries[key]
+                return
+            entries.move_to_end(key)  # busy: looked at again only after every other entry
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"MemoryStore: more than {self.max_keys} keys and the oldest are all busy "
+                "(calls in flight, breakers open); growing rather than dropping a limit",
+                GuardstackWarning,
+                stacklevel=4,
+            )
+
+    # -- buckets -------------------------------------------------------------------------
+
+    async def take(self, key: str, per_second: float, burst: float, amount: float = 1.0) -> float:
+        now = self.clock()
+        bucket = self._entry(key, _Bucket, lambda: _Bucket(per_second, burst, now))
+        assert isinstance(bucket, _Bucket)
+        bucket.per_second, bucket.burst = per_second, burst
+        bucket.refill(now)
+        if amount <= 0:
+            bucket.tokens = min(burst, bucket.tokens - amount)
+            return 0.0
+        if bucket.tokens >= amount:
+            bucket.tokens -= amount
+            return 0.0
+        return (amount - bucket.tokens) / per_second
+
+    # -- breakers ------------------------------------------------------------------------
+
+    async def admit(self, key: str, break_s: float) -> Admission:
+        breaker = self._entry(key, _Breaker, _Breaker)
+        assert isinstance(breaker, _Breaker)
+        if breaker.state == "open":
+            remaining = breaker.opened_at + break_s - self.clock()
+            if remaining > 0:
+                return Admission(False, remaining)
+            breaker.state, breaker.probing = "half_open", False
+        if breaker.state == "half_open":
+            if breaker.probing:
+                return Admission(False, 0.0)
+            breaker.probing = True
+            return Admission(True, probe=True)
+        return Admission(True)
+
+    async def record(
+        self,
+        key: str,
+        failed: bool,
+        probe: bool,
+        *,
+        window_s: float,
+        minimum_calls: int,
+        failure_ratio: float,
+    ) -> BreakerState | None:
+        breaker = self._entry(key, _Breaker, _Breaker)
+        assert isinstance(breaker, _Breaker)
+        now = self.clock()
+        breaker.window_s = window_s
+        if probe:
+            breaker.probing = False
+            if breaker.state != "half_open":
+                return None
+            if failed:
+                breaker.open(now)
+                return "open"
+            breaker.state = "closed"
+            breaker.outcomes.clear()
+            breaker.failures = 0
+            return "closed"
+        if breaker.state != "closed":
+            return None  # admitted before it opened: the window starts afresh on closing
+        breaker.outcomes.append((now, failed))
+        breaker.failures += failed
+        breaker.prune(now)
+        calls = len(breaker.outcomes)
+        if calls >= minimum_calls and breaker.failures >= failure_ratio * calls:
+            breaker.open(now)
+            return "open"
+        return None
+
+    async def release_probe(self, key: str) -> None:
+        breaker = self._entries.get(key)
+        if isinstance(breaker, _Breaker):
+            breaker.probing = False
+
+    def breaker_state(self, key: str) -> BreakerState:
+        """A breaker's state now, without changing it (``closed`` when it has none)."""
+        breaker = self._entries.get(key)
+        return breaker.state if isinstance(breaker, _Breaker) else "closed"
+
+    # -- slots ---------------------------------------------------------------------------
+
+    async def acquire(self, key: str, limit: int) -> str | None:
+        slots = self._entry(key, _Slots, _Slots)
+        assert isinstance(slots, _Slots)
+        if len(slots.held) >= limit:
+            return None
+        lease = str(next(self._leases))
+        slots.held.add(lease)
+        return lease
+
+    async def release(self, key: str, lease: str) -> None:
+        slots = self._entries.get(key)
+        if isinstance(slots, _Slots):
+            slots.held.discard(lease)
+
+    # -- counters ------------------------------------------------------------------------
+
+    async def add(
+        self, key: str, amount: float, *, limit: float | None = None, initial: float = 0.0
+    ) -> tuple[bool, float]:
+        counter = self._entry(key, _Counter, lambda: _Counter(initial))
+        assert isinstance(counter, _Counter)
+        total = counter.value + amount
+        if limit is not None and amount > 0 and total > limit:
+            return False, counter.value
+        counter.value = total
+        return True, total
+
+    async def read(self, key: str) -> float:
+        counter = self._entries.get(key)
+        return counter.value if isinstance(counter, _Counter) else 0.0
