@@ -10,17 +10,24 @@ their tool calls) are all logged, so the log stays whole.
 Where it belongs: a ``model_call`` layer, and its position decides what it counts.
 Outside a model-stage ``Retry`` it counts operations (a call retried three times is
 one); inside it, attempts (each provider request). Calls it refused are not counted.
+
+The counts are kept in the harness's ``StateStore`` (or ``store=``): a session's
+count under its session id, so agents in several processes sharing a store share a
+session's limit. A store that fails ends the turn (a cap fails closed, unless the
+store's ``on_error`` says ``"open"``).
 """
 
 from __future__ import annotations
 
+import uuid
 import weakref
 from typing import TYPE_CHECKING, ClassVar, Final
 
+import anyio
 import attrs
 
 from guardstack.guards.agent_state import ConversationState
-from guardstack.pipeline.contract import ModelNext, ModelReply, ModelRequest, Scope
+from guardstack.pipeline.contract import ModelNext, ModelReply, ModelRequest, Scope, StateStore
 from guardstack.pipeline.errors import TurnBlocked
 from guardstack.pipeline.validate import invalid, optional_integer
 
@@ -47,6 +54,8 @@ class ModelCallLimit:
     per_session: int | None = attrs.field(
         default=None, validator=optional_integer(PLUGIN, "per_session")
     )
+    #: Where the counts live (``None``: the harness's store).
+    store: StateStore | None = attrs.field(default=None, kw_only=True, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.per_turn is None and self.per_session is None:
@@ -59,31 +68,61 @@ class ModelCallLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register the counting model-call layer and the per-turn reset, with fresh counts."""
-        turn: ConversationState[list[int]] = ConversationState(PLUGIN)
-        session: weakref.WeakKeyDictionary[Agent, list[int]] = weakref.WeakKeyDictionary()
+        store = scope.store_for(self.store)
+        namespace = scope.namespace
+        turns: ConversationState[str] = ConversationState(PLUGIN)
+        seen: weakref.WeakSet[Agent] = weakref.WeakSet()
+
+        async def count(key: str, limit: int | None, initial: int, what: str) -> str:
+            added, used = await store.add(key, 1, limit=limit, initial=initial)
+            if not added:
+                raise TurnBlocked(
+                    f"{PLUGIN}: this {what} made {int(used)} model calls and the limit is "
+                    f"{limit} per {what}"
+                )
+            return key
 
         async def model_layer(request: ModelRequest, call_next: ModelNext) -> ModelReply:
             agent = request.agent
-            in_turn = turn.of_agent(agent)
-            if in_turn is None:
-                in_turn = [0]
-                turn.set_agent(agent, in_turn)
-            in_session = session.get(agent)
-            if in_session is None:
-                in_session = session[agent] = [logged_replies(agent)]
-            if self.per_turn is not None and in_turn[0] >= self.per_turn:
-                raise TurnBlocked(
-                    f"{PLUGIN}: this turn made {in_turn[0]} model calls and the limit is "
-                    f"{self.per_turn} per turn"
+            turn = turns.of_agent(agent)
+            if turn is None:
+                turn = uuid.uuid4().hex
+                turns.set_agent(agent, turn)
+            # a session this process has not seen yet counts the replies its log holds
+            initial = 0
+            if agent not in seen:
+                seen.add(agent)
+                initial = logged_replies(agent)
+            counted: list[str] = []
+            try:
+                counted.append(await count(f"{namespace}:{turn}:turn", self.per_turn, 0, "turn"))
+                counted.append(
+                    await count(
+                        f"{namespace}:session:{agent.session_id}",
+                        self.per_session,
+                        initial,
+                        "session",
+                    )
                 )
-            if self.per_session is not None and in_session[0] >= self.per_session:
-                raise TurnBlocked(
-                    f"{PLUGIN}: this session made {in_session[0]} model calls and the limit is "
-                    f"{self.per_session} per session"
-                )
-            in_turn[0] += 1
-            in_session[0] += 1
+            except TurnBlocked:
+                await give_back(counted)
+                raise
+            except Exception as error:
+                await give_back(counted)
+                if store.on_error != "open":
+                    raise TurnBlocked(
+                        f"{PLUGIN}: its {store.name} store is not answering "
+                        f"({type(error).__name__}); no model call is made without it"
+                    ) from error
             return await call_next(request)
 
+        async def give_back(keys: list[str]) -> None:
+            with anyio.CancelScope(shield=True):
+                for key in keys:
+                    try:
+                        await store.add(key, -1)
+                    except Exception:
+                        continue
+
         scope.use(scope.loop.model_call, model_layer, name=PLUGIN)
-        scope.use(scope.loop.prompt_submit, turn.reset_on_prompt, name=PLUGIN)
+        scope.use(scope.loop.prompt_submit, turns.reset_on_prompt, name=PLUGIN)

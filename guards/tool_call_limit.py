@@ -2,8 +2,11 @@
 
 Unlike the guards, which reduce waste and leave the decision to the model, a cap
 ends spending. ``per_turn`` caps all tool calls an agent makes in one turn;
-``per_tool`` caps calls of any single tool in one turn (an int for every tool, or a
-mapping of tool name to limit). When a call would go over:
+``per_tool`` caps calls of tools in one turn: an int caps each tool on its own, a
+mapping gives budgets by name pattern (``*`` wildcards, as the reminder's
+``include``): ``{"search_*": 3}`` is one budget of 3 shared by every tool whose name
+matches, ``{"deploy": 1}`` one for ``deploy`` alone. A call counts against every
+entry it matches. When a call would go over:
 
 * ``on_exceeded="deny"`` — the call is not run; the model reads a ``TOOL_DENIED``
   result saying which limit it hit, and may answer with what it has;
@@ -18,19 +21,26 @@ reset by each new person's prompt. A call outside the agent loop counts in its
 ``GuardstackWarning``); ``reset(conversation)`` starts such a conversation's next
 turn. With parallel tool calls, pre-execute runs in the model's order, so the
 count is exact.
+
+The counts are kept in the harness's ``StateStore`` (or ``store=``), each call
+reserved atomically before it runs and given back if a layer inside denies it; a
+store that fails denies the call (a cap fails closed, unless the store's
+``on_error`` says ``"open"``).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import re
+import uuid
 from collections.abc import Hashable, Mapping
 from typing import ClassVar, Final, Literal
 
+import anyio
 import attrs
 
 from guardstack.guards.agent_state import ConversationState, Resettable
-from guardstack.pipeline.contract import PreNext, Scope
-from guardstack.pipeline.validate import integer, invalid
+from guardstack.pipeline.contract import UNKNOWN_KEY, PreNext, Scope, StateStore
+from guardstack.pipeline.validate import compile_patterns, integer, invalid
 from guardstack.pipeline.values import Deny, PreDecision, ToolCall
 
 __all__ = ["ToolCallLimit"]
@@ -62,10 +72,9 @@ def _check_on_exceeded(_: object, __: object, value: object) -> None:
         raise invalid(PLUGIN, "on_exceeded", value, "'deny' or 'end_turn'")
 
 
-@attrs.define(eq=False)
-class _TurnCounts:
-    total: int = 0
-    by_tool: Counter[str] = attrs.Factory(Counter)
+def _check_store(_: object, __: object, value: object) -> None:
+    if value is not None and not isinstance(value, StateStore):
+        raise invalid(PLUGIN, "store", value, "a StateStore (MemoryStore, RedisStore) or None")
 
 
 @attrs.frozen
@@ -79,7 +88,14 @@ class ToolCallLimit:
     on_exceeded: Literal["deny", "end_turn"] = attrs.field(
         default="deny", validator=_check_on_exceeded
     )
+    #: Where the counts live (``None``: the harness's store).
+    store: StateStore | None = attrs.field(
+        default=None, validator=_check_store, kw_only=True, repr=False
+    )
     _resets: Resettable = attrs.field(init=False, repr=False, eq=False, factory=Resettable)
+    _patterns: tuple[tuple[str, re.Pattern[str], int], ...] = attrs.field(
+        init=False, repr=False, eq=False
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.per_turn is None and self.per_tool is None:
@@ -89,28 +105,43 @@ class ToolCallLimit:
                 None,
                 "set (or `per_tool`, or both); with neither it caps nothing",
             )
+        entries = self.per_tool.items() if isinstance(self.per_tool, Mapping) else ()
+        compiled = tuple(
+            (pattern, compiled, limit)
+            for pattern, limit in entries
+            if (compiled := compile_patterns((pattern,))) is not None
+        )
+        object.__setattr__(self, "_patterns", compiled)
 
-    def _tool_limit(self, tool: str) -> int | None:
-        if isinstance(self.per_tool, Mapping):
-            return self.per_tool.get(tool)
-        return self.per_tool
+    def budgets(self, call: ToolCall) -> list[tuple[str, int]]:
+        """The per-tool budgets a call counts against: ``(counter name, limit)`` each."""
+        if isinstance(self.per_tool, int):
+            return [(f"tool:{call.name if call.tool is not None else UNKNOWN_KEY}", self.per_tool)]
+        return [
+            (f"pattern:{pattern}", limit)
+            for pattern, compiled, limit in self._patterns
+            if compiled.fullmatch(call.name)
+        ]
 
-    def over_limit(self, total: int, tool: str, tool_calls: int) -> str | None:
-        """The denial reason for one more call of ``tool`` after these counts, or ``None``."""
-        if self.per_turn is not None and total >= self.per_turn:
+    def reason(self, counter: str, used: float, limit: int) -> str:
+        """The denial the model reads when ``counter`` has used up its ``limit``."""
+        used = int(used)
+        if counter == "total":
             return (
-                f"tool call limit reached: this turn already made {total} tool "
-                f"calls and the limit is {self.per_turn} per turn. Do not call more tools; "
+                f"tool call limit reached: this turn already made {used} tool "
+                f"calls and the limit is {limit} per turn. Do not call more tools; "
                 "answer with what you have."
             )
-        limit = self._tool_limit(tool)
-        if limit is not None and tool_calls >= limit:
-            return (
-                f'tool call limit reached: "{tool}" was already called '
-                f"{tool_calls} times this turn and the limit is {limit}. Use "
-                "what it returned, or try something else."
-            )
-        return None
+        kind, _, name = counter.partition(":")
+        what = (
+            f'"{name}" was'
+            if kind == "tool" or "*" not in name
+            else f'tools matching "{name}" were'
+        )
+        return (
+            f"tool call limit reached: {what} already called {used} times this turn and the "
+            f"limit is {limit}. Use what it returned, or try something else."
+        )
 
     def reset(self, conversation: Hashable | None) -> None:
         """Start a new turn for ``conversation`` (a key, an agent, or ``None``: anonymous)."""
@@ -118,32 +149,76 @@ class ToolCallLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register the counting pre-execute layer and the per-turn reset, with fresh counts."""
-        counts: ConversationState[_TurnCounts] = self._resets.track(ConversationState(PLUGIN))
-        cap = _Cap(self, counts)
+        turns: ConversationState[str] = self._resets.track(ConversationState(PLUGIN))
+        cap = _Cap(self, turns, scope.store_for(self.store), scope.namespace)
         scope.use(scope.tools.pre_execute, cap.pre_execute, name=self.name)
         # a new turn starts with fresh counts
-        scope.use(scope.loop.prompt_submit, counts.reset_on_prompt, name=self.name)
+        scope.use(scope.loop.prompt_submit, turns.reset_on_prompt, name=self.name)
 
 
 class _Cap:
-    """One application's counts, and the pre-execute layer that enforces them."""
+    """One application's counters in a store, and the pre-execute layer that enforces them."""
 
-    __slots__ = ("config", "counts")
+    __slots__ = ("config", "namespace", "store", "turns")
 
-    def __init__(self, config: ToolCallLimit, counts: ConversationState[_TurnCounts]) -> None:
+    def __init__(
+        self,
+        config: ToolCallLimit,
+        turns: ConversationState[str],
+        store: StateStore,
+        namespace: str,
+    ) -> None:
         self.config = config
-        self.counts = counts
+        self.turns = turns  # each conversation's current turn: a fresh token per turn
+        self.store = store
+        self.namespace = namespace
+
+    def _turn(self, call: ToolCall) -> str:
+        token = self.turns.get(call)
+        if token is None:
+            token = uuid.uuid4().hex
+            self.turns.set(call, token)
+        return f"{self.namespace}:{token}"
 
     async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
-        counts = self.counts.get(call)
-        if counts is None:
-            counts = _TurnCounts()
-            self.counts.set(call, counts)
-        reason = self.config.over_limit(counts.total, call.name, counts.by_tool[call.name])
-        if reason is not None:
-            return Deny(reason, end_turn=self.config.on_exceeded == "end_turn")
-        decision = await call_next(call)
-        if not isinstance(decision, Deny):
-            counts.total += 1
-            counts.by_tool[call.name] += 1
+        config = self.config
+        turn = self._turn(call)
+        wanted: list[tuple[str, int | None]] = [("total", config.per_turn)]
+        wanted.extend(config.budgets(call))
+        taken: list[str] = []
+        try:
+            for counter, limit in wanted:
+                key = f"{turn}:{counter}"
+                added, used = await self.store.add(key, 1, limit=limit)
+                if not added:
+                    await self._give_back(taken)
+                    assert limit is not None
+                    return self._deny(config.reason(counter, used, limit))
+                taken.append(key)
+        except Exception as error:
+            await self._give_back(taken)
+            if self.store.on_error != "open":
+                return self._deny(
+                    f"tool call limit: its {self.store.name} store is not answering "
+                    f"({type(error).__name__}), so no more tool calls are allowed for now."
+                )
+            return await call_next(call)
+        try:
+            decision = await call_next(call)
+        except BaseException:
+            await self._give_back(taken)  # the call never ran
+            raise
+        if isinstance(decision, Deny):
+            await self._give_back(taken)  # denied calls do not use up the budget
         return decision
+
+    def _deny(self, reason: str) -> Deny:
+        return Deny(reason, end_turn=self.config.on_exceeded == "end_turn")
+
+    async def _give_back(self, keys: list[str]) -> None:
+        with anyio.CancelScope(shield=True):
+            for key in keys:
+                try:
+                    await self.store.add(key, -1)
+                except Exception:
+                    continue

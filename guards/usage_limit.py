@@ -19,17 +19,29 @@ agent's model was asked for) must be in ``prices``, or the first reply raises
 Where it belongs: a ``model_call`` layer. It reads what the loop tallied, so it
 counts the same wherever it sits; inside a model-stage ``Retry`` its refusal is
 never retried.
+
+The session's spend is kept in the harness's ``StateStore`` (or ``store=``) under
+its session id; a store that fails ends the turn (a spend cap fails closed, unless
+the store's ``on_error`` says ``"open"``).
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
 
-from guardstack.pipeline.contract import ModelNext, ModelReply, ModelRequest, Scope, Usage
+from guardstack.pipeline.contract import (
+    ModelNext,
+    ModelReply,
+    ModelRequest,
+    Scope,
+    StateStore,
+    Usage,
+)
 from guardstack.pipeline.errors import ConfigError, TurnBlocked
 from guardstack.pipeline.validate import invalid, number, optional_integer
 
@@ -37,6 +49,8 @@ if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
 
 __all__ = ["UsageLimit"]
+
+logger = logging.getLogger("guardstack")
 
 PLUGIN: Final = "usage-limit"
 
@@ -82,6 +96,8 @@ class UsageLimit:
     )
     usd_per_session: float | None = attrs.field(default=None, validator=_check_usd)
     prices: Mapping[str, tuple[float, float]] | None = attrs.field(default=None, converter=_prices)
+    #: Where the spend is kept (``None``: the harness's store).
+    store: StateStore | None = attrs.field(default=None, kw_only=True, repr=False)
 
     def __attrs_post_init__(self) -> None:
         limits = (self.tokens_per_turn, self.tokens_per_session, self.usd_per_session)
@@ -141,8 +157,10 @@ class UsageLimit:
             )
 
     def apply(self, scope: Scope) -> None:
-        """Register the checking model-call layer, with fresh per-agent cost tallies."""
-        spent: weakref.WeakKeyDictionary[Agent, list[float]] = weakref.WeakKeyDictionary()
+        """Register the checking model-call layer, with fresh per-session spend counters."""
+        store = scope.store_for(self.store)
+        namespace = scope.namespace
+        seen: weakref.WeakSet[Agent] = weakref.WeakSet()
         tracks_cost = self.usd_per_session is not None
 
         def logged_cost(agent: Agent, fallback: str | None) -> float:
@@ -153,16 +171,45 @@ class UsageLimit:
                     total += self.cost_usd(usage, getattr(event, "model", None), fallback)
             return total
 
+        async def spent(agent: Agent, key: str, asked_for: str | None) -> float:
+            if agent in seen:
+                return await store.read(key)
+            seen.add(agent)  # a session this process has not seen: what its log cost
+            _, total = await store.add(key, 0.0, initial=logged_cost(agent, asked_for))
+            return total
+
         async def model_layer(request: ModelRequest, call_next: ModelNext) -> ModelReply:
             agent = request.agent
             asked_for = _model_name(agent)
-            so_far = spent.get(agent)
-            if so_far is None:
-                so_far = spent[agent] = [logged_cost(agent, asked_for) if tracks_cost else 0.0]
-            self.check(agent, so_far[0])
+            key = f"{namespace}:usd:{agent.session_id}"
+            so_far = 0.0
+            if tracks_cost:
+                try:
+                    so_far = await spent(agent, key, asked_for)
+                except ConfigError:
+                    raise
+                except Exception as error:
+                    if store.on_error != "open":
+                        raise TurnBlocked(
+                            f"{PLUGIN}: its {store.name} store is not answering "
+                            f"({type(error).__name__}); no model call is made without it"
+                        ) from error
+            self.check(agent, so_far)
             reply = await call_next(request)
             if tracks_cost and isinstance(reply, ModelReply) and reply.usage is not None:
-                so_far[0] += self.cost_usd(reply.usage, reply.model, asked_for)
+                cost = self.cost_usd(reply.usage, reply.model, asked_for)
+                try:
+                    await store.add(key, cost)
+                except Exception:
+                    # The reply is paid for and kept; the next check asks the store again
+                    # (and fails closed if it still cannot answer).
+                    logger.warning(
+                        "%s: the %s store did not record a reply's cost ($%.6f)",
+                        PLUGIN,
+                        store.name,
+                        cost,
+                        exc_info=True,
+                    )
             return reply
 
         scope.use(scope.loop.model_call, model_layer, name=PLUGIN)

@@ -138,7 +138,7 @@ class AgentLoop:
         #: ``async (agent, text, call_next) -> text``: sees every new person's prompt.
         self.prompt_submit: Pipeline[PromptNext] = Pipeline(_submit, stage="prompt_submit")
         #: ``async (request, call_next) -> ModelReply``: every model call of every agent.
-        self.model_call: Pipeline[ModelNext] = Pipeline(_complete, stage="model_call")
+        self.model_call: Pipeline[ModelNext] = Pipeline(_complete, stage="model")
         self._turn_hooks: list[Callable[[TurnRun], TurnRun]] = []
         self._model_hooks: list[Callable[[ModelNext], ModelNext]] = []
         self._call_model: ModelNext = self._through_stage

@@ -34,6 +34,7 @@ import attrs
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.onion import Pipeline, Registration
+from guardstack.pipeline.readonly import read_only
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     Accept,
@@ -192,11 +193,12 @@ class ToolRegistry:
     def __init__(self, *, thread_limit: int = 40) -> None:
         self._tools: dict[str, ToolDefinition] = {}
         self._schemas: list[dict[str, Any]] | None = None
-        #: How many plain-function tools of this registry may run in threads at once.
-        #: Their own limiter, not anyio's process-wide one: 40 hung sync tools elsewhere
-        #: cannot starve this registry's tools of threads (and eat their budgets).
+        #: How many calls of one plain-function tool may run in threads at once. Each
+        #: tool has its own limiter, not anyio's process-wide one: 40 hung calls of one
+        #: sync tool cannot starve another tool of threads (and eat its budget).
         self.thread_limit = integer("ToolRegistry", "thread_limit", thread_limit)
-        self._limiters: dict[str, anyio.CapacityLimiter] = {}  # one per anyio backend
+        #: One per anyio backend and tool name (bounded by the tools registered).
+        self._limiters: dict[tuple[str, str], anyio.CapacityLimiter] = {}
         self.pre_execute: Pipeline[PreNext] = Pipeline(_allow, stage="pre_execute")
         self.dispatch: Pipeline[DispatchNext] = Pipeline(self._run_tool, stage="dispatch")
         self.post_execute: Pipeline[PostNext] = Pipeline(_accept, stage="post_execute")
@@ -232,17 +234,17 @@ class ToolRegistry:
         """OpenAI function-tool schemas for every registered tool, in registration order.
 
         Built once per change of the tool set (the loop asks every step); the list is
-        fresh, the schema dicts are shared and must not be mutated.
+        fresh, the schema dicts are shared and read-only (``dict(schema)`` to change one).
         """
         if self._schemas is None:
-            self._schemas = [definition.schema() for definition in self._tools.values()]
+            self._schemas = [read_only(definition.schema()) for definition in self._tools.values()]
         return list(self._schemas)
 
-    def _thread_limiter(self) -> anyio.CapacityLimiter:
-        backend = anyio.lowlevel.current_token().backend_class.__name__
-        limiter = self._limiters.get(backend)
+    def _thread_limiter(self, tool: str) -> anyio.CapacityLimiter:
+        key = (anyio.lowlevel.current_token().backend_class.__name__, tool)
+        limiter = self._limiters.get(key)
         if limiter is None:
-            limiter = self._limiters[backend] = anyio.CapacityLimiter(self.thread_limit)
+            limiter = self._limiters[key] = anyio.CapacityLimiter(self.thread_limit)
         return limiter
 
     async def _run_tool(self, call: ToolCall) -> ToolResult:
@@ -250,6 +252,10 @@ class ToolRegistry:
         tool = call.tool
         if tool is None:
             return unknown_tool_result(call.name)
+        # No tool starts once its call is cancelled (or its deadline passed): -inf is a
+        # cancelled scope; a checkpoint delivers the cancellation, which propagates.
+        if anyio.current_effective_deadline() <= anyio.current_time():
+            await anyio.lowlevel.checkpoint()
         try:
             if tool.is_async:
                 value = await tool.execute(call.arguments, call)  # type: ignore[arg-type,misc]
@@ -259,7 +265,7 @@ class ToolRegistry:
                     tool,
                     call.arguments,
                     call,
-                    limiter=self._thread_limiter(),
+                    limiter=self._thread_limiter(tool.name),
                 )
         except Exception as error:
             logger.debug("tool %r raised", call.name, exc_info=True)

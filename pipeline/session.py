@@ -39,6 +39,7 @@ import attrs
 from guardstack.pipeline.errors import SessionCorruptError, SessionTailWarning
 from guardstack.pipeline.model import ToolCallRequest, Usage
 from guardstack.pipeline.onion import Registration
+from guardstack.pipeline.readonly import read_only
 from guardstack.pipeline.values import MessageSource, ToolError, ToolResult, aborted_result
 
 __all__ = [
@@ -346,7 +347,13 @@ def _json_line(wire: Mapping[str, Any]) -> str:
 
 
 def _message_of(event: Event) -> dict[str, Any] | None:
-    """The chat message one event contributes to the request, if any."""
+    """The chat message one event contributes to the request, if any: read-only, so a
+    model (or a layer) handed the request cannot change what the log says was sent."""
+    message = _plain_message_of(event)
+    return None if message is None else read_only(message)
+
+
+def _plain_message_of(event: Event) -> dict[str, Any] | None:
     if isinstance(event, UserMessage):
         return {"role": "user", "content": event.text}
     if isinstance(event, ToolResultEvent):
@@ -534,7 +541,8 @@ class Session:
 
         Built incrementally as events are appended, so a step costs the same at
         step 5,000 as at step 5; the result is a fresh list (append to it freely),
-        but its message dicts are the log's own and must not be mutated.
+        but its message dicts are the log's own and read-only (changing one raises
+        ``TypeError``; ``dict(message)`` is a copy to change).
         """
         return list(self._messages)
 

@@ -64,10 +64,12 @@ from guardstack.pipeline.contract import (
     ModelNext,
     ModelReply,
     ModelRequest,
+    Refusal,
     Scope,
     TurnRun,
     model_error_code,
 )
+from guardstack.pipeline.errors import GuardstackError
 from guardstack.pipeline.validate import boolean, integer, invalid
 from guardstack.pipeline.values import (
     TOOL_DENIED,
@@ -101,11 +103,43 @@ CAPTURE_VARIABLE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 CONTEXT_EVENT = "guardstack.context"
 
 
+#: On a span a failure passed through: the guardstack layer that produced it (``model``:
+#: the model or its adapter), so a 429 on the span named ``timeout`` reads as what it is.
+ERROR_LAYER = "guardstack.error.layer"
+#: On a span whose call guardstack's own control flow ended (a cap, a denial): not an error.
+BLOCKED = "guardstack.blocked"
+REASON = "guardstack.reason"
+
+
 def _end_with_result(span: Span, result: ToolResult) -> None:
+    if result.code == TOOL_DENIED:
+        # A cap's or guard's denial is guardstack's decision, not the tool failing.
+        span.set_attribute(BLOCKED, True)
+        span.set_attribute(REASON, result.error.message if result.error else "")
+        return
     error_type = result_error_type(result)
     if error_type is not None:
         span.set_attribute("error.type", error_type)
+        if isinstance(result.value, Refusal):
+            span.set_attribute(ERROR_LAYER, result.value.layer)
         span.set_status(Status(StatusCode.ERROR, result.error.message if result.error else None))
+
+
+def _end_with_model_error(span: Span, error: BaseException) -> None:
+    """A model call (or a model-stage layer) that raised: a failure, or a cap's stop."""
+    if not isinstance(error, Exception):
+        _end_with_exception(span, error)
+        return
+    if isinstance(error, GuardstackError):
+        # TurnBlocked and its kin: guardstack ended the turn; nothing failed.
+        span.set_attribute(BLOCKED, True)
+        span.set_attribute(REASON, message_of(error))
+        return
+    code = model_error_code(error)
+    span.set_attribute("error.type", code)
+    span.set_attribute(ERROR_LAYER, getattr(error, "layer", None) or "model")
+    span.set_status(Status(StatusCode.ERROR, code))
+    _record(span, error)
 
 
 def _end_with_exception(span: Span, error: BaseException) -> None:
@@ -332,13 +366,7 @@ class Tracing:
             try:
                 reply = await call_model(request)
             except BaseException as error:
-                if isinstance(error, Exception):
-                    code = model_error_code(error)
-                    span.set_attribute("error.type", code)
-                    span.set_status(Status(StatusCode.ERROR, code))
-                    _record(span, error)
-                else:
-                    _end_with_exception(span, error)
+                _end_with_model_error(span, error)
                 raise
             else:
                 if isinstance(reply, ModelReply):
@@ -433,6 +461,8 @@ class Tracing:
 
     def wrap_layer(self, layer: Layer, info: LayerInfo) -> Layer:
         tracer = self.tracer
+        # On tools an exception out of a layer is a bug in it; on models, how calls fail.
+        on_error = _end_with_model_error if info.stage == "model" else _end_with_exception
 
         async def traced_layer(call: Any, call_next: Any) -> Any:
             span = tracer.start_span(
@@ -448,11 +478,7 @@ class Tracing:
             try:
                 result = await layer(call, call_next)
             except BaseException as error:
-                if isinstance(error, Exception) and info.stage == "model_call":
-                    span.set_attribute("error.type", model_error_code(error))
-                    span.set_status(Status(StatusCode.ERROR, model_error_code(error)))
-                else:
-                    _end_with_exception(span, error)
+                on_error(span, error)
                 raise
             else:
                 if isinstance(result, ToolResult):

@@ -8,7 +8,7 @@ import pytest
 
 from guardstack.guards import RepeatToolReminder, ToolCallLimit
 from guardstack.guards.agent_state import MAX_CONVERSATIONS
-from guardstack.pipeline import TOOL_DENIED, GuardstackWarning, Harness, ToolCall, ToolDefinition
+from guardstack.pipeline import MemoryStore, TOOL_DENIED, GuardstackWarning, Harness, ToolCall, ToolDefinition
 from guardstack.pipeline.testing import ScriptedTool
 
 
@@ -71,7 +71,8 @@ async def test_reset_reaches_every_harness_the_guard_is_applied_to() -> None:
 
 async def test_a_hundred_thousand_conversations_leave_bounded_state() -> None:
     limit = ToolCallLimit(per_turn=5)
-    harness = Harness()
+    # the counts live in the harness's store, itself bounded (idle counters go first)
+    harness = Harness(store=MemoryStore(max_keys=MAX_CONVERSATIONS))
 
     async def search_tool(arguments: object, call: object) -> str:
         return "hits"
@@ -86,6 +87,7 @@ async def test_a_hundred_thousand_conversations_leave_bounded_state() -> None:
     retained = len(gc.get_objects()) - before
     [state] = list(limit._resets._states)
     assert len(state) == MAX_CONVERSATIONS
+    assert len(harness.store) <= MAX_CONVERSATIONS  # type: ignore[arg-type]
     # a few objects per remembered conversation (its counts), none for the 90,000 forgotten
     assert retained < 4 * MAX_CONVERSATIONS
     # the most recent conversations are the ones remembered

@@ -62,7 +62,7 @@ async def test_model_call_layers_run_in_registration_order_around_the_model() ->
     assert seen[0].agent is agent
     assert seen[0].messages == [{"role": "user", "content": "hello"}]
     assert seen[0].attempt == 1
-    assert "model_call:\n  0. outer" in harness.describe()
+    assert "model:\n  0. outer" in harness.describe()
 
 
 async def test_a_model_stage_timeout_ends_a_hung_call_and_names_its_code() -> None:

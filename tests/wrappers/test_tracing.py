@@ -288,7 +288,7 @@ async def test_a_failed_model_call_leaves_a_chat_span_with_its_code_and_layer_sp
     [retry] = by_name(rig.spans, "retry")
     assert retry.parent is not None
     assert retry.parent.span_id == chat.context.span_id
-    assert (retry.attributes or {})["guardstack.stage"] == "model_call"
+    assert (retry.attributes or {})["guardstack.stage"] == "model"
     [turn] = by_name(rig.spans, "invoke_agent s")
     assert turn.status.status_code == StatusCode.ERROR
 
