@@ -110,9 +110,19 @@ class OpenAIChatModel:
             if self.stream:
                 return await self._streamed(params)
             response = await self.client.chat.completions.create(**params)
+            return _reply_from_completion(response, self._openai)
         except self._openai.OpenAIError as error:
             raise model_error(error) from error
-        return _reply_from_completion(response, self._openai)
+        except ModelError:
+            raise
+        except (ValueError, TypeError, AttributeError, LookupError) as error:
+            # Garbage from the provider (a stream line that is not JSON, ``choices`` that
+            # are not a list of choices…): a failure a Retry can classify, not a crash.
+            raise ModelError(
+                f"the provider's reply could not be read: {type(error).__name__}: "
+                f"{cut(_message(error), 300)}",
+                MODEL_FAILED,
+            ) from error
 
     async def _streamed(self, params: dict[str, Any]) -> ModelReply:
         params.setdefault("stream_options", {"include_usage": True})
@@ -211,6 +221,11 @@ def _reply_from_completion(response: Any, openai: Any) -> ModelReply:
         raise ModelError("the provider's reply has no choices", MODEL_FAILED)
     choice = response.choices[0]
     message = choice.message
+    if message.content is not None and not isinstance(message.content, str):
+        raise ModelError(
+            f"the provider's reply content is {type(message.content).__name__}, not text",
+            MODEL_FAILED,
+        )
     calls = []
     for call in message.tool_calls or ():
         function = getattr(call, "function", None)
@@ -261,6 +276,12 @@ class _StreamedReply:
                 continue
             self.choices_seen = True
             delta = choice.delta
+            if delta.content is not None and not isinstance(delta.content, str):
+                raise ModelError(
+                    f"the provider streamed content that is {type(delta.content).__name__}, "
+                    "not text",
+                    MODEL_FAILED,
+                )
             if delta.content:
                 self.text.append(delta.content)
                 added = delta.content
@@ -284,6 +305,12 @@ class _StreamedReply:
     def reply(self) -> ModelReply:
         if not self.choices_seen:
             raise ModelError("the provider's stream carried no choices", MODEL_FAILED)
+        if self.finish_reason is None:
+            # Cut off: the connection dropped (or a proxy gave up) mid-reply. Worth retrying.
+            raise ModelError(
+                "the provider's stream ended before the reply was complete (no finish reason)",
+                MODEL_UNAVAILABLE,
+            )
         calls = []
         for index in sorted(self.calls):
             call = self.calls[index]

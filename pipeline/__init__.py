@@ -49,6 +49,7 @@ from guardstack.pipeline.registry import Phase, PhaseOrder, ToolRegistry
 from guardstack.pipeline.session import (
     AssistantMessage,
     Event,
+    Recording,
     Session,
     StepEnd,
     StepStart,
@@ -142,6 +143,7 @@ __all__ = [
     "PostNext",
     "PreNext",
     "PromptNext",
+    "Recording",
     "Refusal",
     "Registration",
     "Scope",

@@ -116,6 +116,22 @@ def _checked(reply: object) -> ModelReply:
     return reply
 
 
+def _with_unique_ids(
+    requests: tuple[ToolCallRequest, ...], turn: int, step: int
+) -> tuple[ToolCallRequest, ...]:
+    """The reply's calls, each with an id of its own: a missing or repeated id (two calls
+    a provider sent under one id would get two results for it, and the next request
+    would be refused) is replaced by ``call_<turn>_<step>_<index>``."""
+    seen: set[str] = set()
+    unique = []
+    for index, request in enumerate(requests):
+        if not request.call_id or request.call_id in seen:
+            request = request.with_call_id(f"call_{turn}_{step}_{index}")
+        seen.add(request.call_id)
+        unique.append(request)
+    return tuple(unique)
+
+
 class AgentLoop:
     """Creates agents that share one tool registry and run turns."""
 
@@ -323,12 +339,7 @@ class Agent:
                 if reply.usage is not None:
                     self.usage += reply.usage
                     self.turn_usage += reply.usage
-                requests = tuple(
-                    request
-                    if request.call_id
-                    else request.with_call_id(f"call_{turn}_{step}_{index}")
-                    for index, request in enumerate(reply.tool_calls)
-                )
+                requests = _with_unique_ids(reply.tool_calls, turn, step)
                 last_text = reply.text
                 log(
                     AssistantMessage(
@@ -436,9 +447,16 @@ class Agent:
             outcomes[index] = outcome
             committed[index].set()
 
-        async with anyio.create_task_group() as group:
-            for index in range(count):
-                group.start_soon(run, index)
+        try:
+            async with anyio.create_task_group() as group:
+                for index in range(count):
+                    group.start_soon(run, index)
+        except BaseExceptionGroup as group_error:
+            # One tool's KeyboardInterrupt (or the like) stopped the step: raise it as
+            # itself, as the sequential path does (the log is repaired by the caller).
+            if len(group_error.exceptions) == 1:
+                raise group_error.exceptions[0] from None
+            raise
         return [outcome for outcome in outcomes if outcome is not None]
 
 

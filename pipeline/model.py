@@ -128,6 +128,23 @@ class Usage:
         return {key: value for key, value in attrs.asdict(self).items() if value}
 
 
+def _text(value: object) -> str:
+    """A name or id as text whatever a provider sent (``None`` is empty: the loop gives the
+    call an id, the registry answers an empty name ``UNKNOWN_TOOL``), so the log loads."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return _safe_str(value)
+
+
+def _safe_str(value: object) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
 def _parse_arguments(arguments: Mapping[str, Any] | str) -> Mapping[str, Any] | str:
     """A model's argument text as a mapping: ``""`` is ``{}``; non-objects stay raw text."""
     if not isinstance(arguments, str):
@@ -164,7 +181,11 @@ def _json_safe(value: object, depth: int) -> object:
     if isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")):
         return value
     if depth < 32 and isinstance(value, Mapping):
-        return {str(key): _json_safe(item, depth + 1) for key, item in value.items()}
+        try:
+            items = list(value.items())
+        except Exception:  # a hostile mapping whose iteration raises
+            return f"<unreadable {type(value).__name__}>"
+        return {_safe_str(key): _json_safe(item, depth + 1) for key, item in items}
     if depth < 32 and isinstance(value, list | tuple):
         return [_json_safe(item, depth + 1) for item in value]
     return f"<unserialisable {type(value).__name__}>"
@@ -180,9 +201,9 @@ class ToolCallRequest:
     ``arguments_json``, so the log replays exactly what the model said.
     """
 
-    name: str
+    name: str = attrs.field(converter=lambda value: _text(value))
     arguments: Mapping[str, Any] | str = attrs.field(factory=dict)
-    call_id: str = ""
+    call_id: str = attrs.field(default="", converter=lambda value: _text(value))
     raw_arguments: str | None = attrs.field(init=False, repr=False)
     _json: str = attrs.field(init=False, repr=False, eq=False)
 

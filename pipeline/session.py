@@ -36,7 +36,7 @@ from typing import IO, Any, ClassVar, Literal, TypeAlias, overload
 
 import attrs
 
-from guardstack.pipeline.errors import SessionCorruptError, SessionTailWarning
+from guardstack.pipeline.errors import GuardstackWarning, SessionCorruptError, SessionTailWarning
 from guardstack.pipeline.model import ToolCallRequest, Usage
 from guardstack.pipeline.onion import Registration
 from guardstack.pipeline.readonly import read_only
@@ -45,6 +45,7 @@ from guardstack.pipeline.values import MessageSource, ToolError, ToolResult, abo
 __all__ = [
     "AssistantMessage",
     "Event",
+    "Recording",
     "Session",
     "StepEnd",
     "StepStart",
@@ -402,6 +403,89 @@ class _EventView(Sequence[Event]):
         return f"<{len(self._events)} session events>"
 
 
+def _path_key(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def _write_atomically(target: str, text: str) -> None:
+    directory, name = os.path.split(os.path.abspath(target))
+    handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+class Recording(Registration):
+    """A session written to a JSONL file as it grows (``Session.record``).
+
+    ``unwritten`` counts the events the file is missing since a write failed
+    (``error`` says how); ``dispose()`` stops and closes the file, and never raises.
+    """
+
+    def __init__(self, session: Session, path: str) -> None:
+        self.session = session
+        self.path = path
+        self.key = _path_key(path)
+        self.unwritten = 0
+        self.error: OSError | None = None
+        session.save(path)  # raises here, at the start, if the path cannot be written
+        self._file: IO[str] | None = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        self._subscription = session.subscribe(self._write)
+        super().__init__(self._stop)
+
+    def _write(self, event: Event) -> None:
+        file = self._file
+        if file is None or self.error is not None:
+            self.unwritten += 1  # after a failure nothing is appended: no gap mid-file
+            return
+        try:
+            file.write(_json_line(_event_to_wire(event)))
+            file.flush()
+        except (OSError, ValueError) as error:  # ValueError: a file closed under us
+            self.error = error if isinstance(error, OSError) else OSError(str(error))
+            self.unwritten += 1
+            message = (
+                f"session {self.session.session_id!r}: recording to {self.path} failed "
+                f"({error}); no later event is written there (save() it again to make it whole)"
+            )
+            logger.exception("%s", message)
+            warnings.warn(message, GuardstackWarning, stacklevel=2)
+
+    def reopen(self) -> None:
+        """The file was just saved whole: append to it from now on."""
+        self._close()
+        try:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        except OSError as error:
+            self._file, self.error = None, error
+            return
+        self.error, self.unwritten = None, 0
+
+    def _close(self) -> None:
+        file, self._file = self._file, None
+        if file is None:
+            return
+        try:
+            file.close()
+        except OSError:
+            logger.warning(
+                "session recording %s: closing the file failed", self.path, exc_info=True
+            )
+
+    def _stop(self) -> None:
+        self._subscription.dispose()
+        self._close()
+        if self.session._recordings.get(self.key) is self:
+            del self.session._recordings[self.key]
+
+
 class Session:
     """One agent's append-only log of events."""
 
@@ -410,6 +494,7 @@ class Session:
         self._events: list[Event] = []
         self._messages: list[dict[str, Any]] = []
         self._subscribers: list[Callable[[Event], object]] = []
+        self._recordings: dict[str, Recording] = {}
         self.damaged_tail: str | None = None
         for event in events:
             self.append(event)
@@ -456,28 +541,25 @@ class Session:
 
         return Registration(remove)
 
-    def record(self, path: str | os.PathLike[str]) -> Registration:
+    def record(self, path: str | os.PathLike[str]) -> Recording:
         """Keep ``path`` an up-to-date JSONL copy of this log as it grows.
 
         The events so far are saved at once (atomically, as ``save`` does); every
         later event is appended as one line and flushed when it happens, so a crash
         loses at most the line being written. Resume with ``Session.load(path)``.
-        ``dispose()`` the returned registration to stop and close the file.
+        ``save(path)`` to the same path flushes the recording and keeps it whole.
+
+        A write that fails (a full disk, a file made read-only) is reported when it
+        happens — one ``GuardstackWarning`` naming the path, an error on the
+        ``guardstack`` logger — and nothing more is appended, so the file stays a
+        loadable prefix of the log, never a log with a gap in it; the recording
+        counts the events not written (``unwritten``) until a ``save`` to the path
+        makes it whole again. ``dispose()`` the returned recording to stop and close
+        the file; stopping never raises.
         """
-        self.save(path)
-        file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by dispose
-
-        def write(event: Event) -> None:
-            file.write(_json_line(_event_to_wire(event)))
-            file.flush()
-
-        subscription = self.subscribe(write)
-
-        def stop() -> None:
-            subscription.dispose()
-            file.close()
-
-        return Registration(stop)
+        recording = Recording(self, os.fspath(path))
+        self._recordings[recording.key] = recording
+        return recording
 
     @property
     def system(self) -> str | None:
@@ -569,18 +651,10 @@ class Session:
         saves to one path never mix: the file is always one whole session.
         """
         target = os.fspath(path)
-        directory, name = os.path.split(os.path.abspath(target))
-        handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
-                file.write(self.to_jsonl())
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        _write_atomically(target, self.to_jsonl())
+        recording = self._recordings.get(_path_key(target))
+        if recording is not None:
+            recording.reopen()  # the file now holds every event: append from here
 
     @classmethod
     def from_jsonl(cls, text: str | bytes, *, origin: str = "<session>") -> Session:
