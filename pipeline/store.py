@@ -44,6 +44,9 @@ __all__ = [
 
 BreakerState: TypeAlias = Literal["closed", "open", "half_open"]
 
+#: Tokens short by less than this count as there: a clock that cannot add a wait of 1e-16 s
+#: to the current time would otherwise have a waiter sleep for nothing, forever.
+_TOKEN_EPSILON: Final = 1e-9
 #: How many of the oldest entries one new key may look at to find an idle one.
 _EVICTION_LOOKS: Final = 8
 
@@ -235,19 +238,23 @@ class MemoryStore:
         return entry
 
     def _evict(self) -> None:
-        """Forget one idle entry among the oldest few; busy ones move to the back."""
+        """Forget idle entries among the oldest few until back at the bound (busy ones move to
+        the back), so a store that had to grow shrinks again as soon as entries go idle."""
         entries = self._entries
         now = self.clock()
         for _ in range(min(_EVICTION_LOOKS, len(entries) - 1)):
             key, entry = next(iter(entries.items()))
             if entry.idle(now):
                 del entries[key]
-                return
-            entries.move_to_end(key)  # busy: looked at again only after every other entry
-        if not self._warned:
+                if len(entries) <= self.max_keys:
+                    return
+            else:
+                entries.move_to_end(key)  # busy: looked at again only after every other entry
+        # None of the oldest few was idle: grow by one (busy ones now wait at the back).
+        if not self._warned and len(entries) > self.max_keys * 1.1:
             self._warned = True
             warnings.warn(
-                f"MemoryStore: more than {self.max_keys} keys and the oldest are all busy "
+                f"MemoryStore: more than {self.max_keys} keys, and the oldest are busy "
                 "(calls in flight, breakers open); growing rather than dropping a limit",
                 GuardstackWarning,
                 stacklevel=4,
@@ -264,8 +271,8 @@ class MemoryStore:
         if amount <= 0:
             bucket.tokens = min(burst, bucket.tokens - amount)
             return 0.0
-        if bucket.tokens >= amount:
-            bucket.tokens -= amount
+        if bucket.tokens + _TOKEN_EPSILON >= amount:
+            bucket.tokens = max(0.0, bucket.tokens - amount)
             return 0.0
         return (amount - bucket.tokens) / per_second
 

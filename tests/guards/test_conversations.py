@@ -8,7 +8,14 @@ import pytest
 
 from guardstack.guards import RepeatToolReminder, ToolCallLimit
 from guardstack.guards.agent_state import MAX_CONVERSATIONS
-from guardstack.pipeline import MemoryStore, TOOL_DENIED, GuardstackWarning, Harness, ToolCall, ToolDefinition
+from guardstack.pipeline import (
+    MemoryStore,
+    TOOL_DENIED,
+    GuardstackWarning,
+    Harness,
+    ToolCall,
+    ToolDefinition,
+)
 from guardstack.pipeline.testing import ScriptedTool
 
 
