@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import attrs
@@ -29,8 +29,21 @@ import attrs
 from guardstack.integrations._extras import require
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.harness import Harness, read_config_file
-from guardstack.pipeline.validate import cut
-from guardstack.pipeline.values import TOOL_FAILED, ToolCall, ToolDefinition, ToolResult
+from guardstack.pipeline.validate import cut, did_you_mean
+from guardstack.pipeline.values import (
+    INVALID_ARGUMENTS,
+    MAX_TIMEOUT_MS,
+    TOOL_ABORTED,
+    TOOL_FAILED,
+    TOOL_OVERLOADED,
+    TOOL_RATE_LIMITED,
+    TOOL_TIMEOUT,
+    TOOL_UNAVAILABLE,
+    ToolCall,
+    ToolDefinition,
+    ToolResult,
+)
+from guardstack.wrappers.retry import seeded_draws
 
 __all__ = ["Scenario", "StackStats", "ToolProfile", "compare", "load_scenario", "plot", "render"]
 
@@ -91,70 +104,196 @@ class StackStats:
         return data
 
 
-def _number(where: str, key: str, value: object, low: float, high: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ConfigError(
-            f"scenario {where}: `{key}` must be a number from {low} to {high}, got {cut(value)}",
-            key=key,
-            value=value,
+#: What a simulated tool may fail with: the codes tools (and guardstack) give.
+FAILURE_CODES: Final = (
+    TOOL_FAILED,
+    TOOL_TIMEOUT,
+    TOOL_UNAVAILABLE,
+    TOOL_OVERLOADED,
+    TOOL_RATE_LIMITED,
+    TOOL_ABORTED,
+    INVALID_ARGUMENTS,
+)
+SCENARIO_KEYS: Final = ("calls", "tools", "mix", "give_up_s")
+TOOL_KEYS: Final = (
+    "timeout_ms",
+    "latency_ms",
+    "hang_probability",
+    "failure_probability",
+    "failure_code",
+    "idempotent",
+)
+#: More calls than this per stack is refused: a run that long is a typo, not a benchmark.
+MAX_CALLS: Final = 1_000_000
+
+
+def _fail(origin: str, where: str, message: str, key: str, value: object = None) -> ConfigError:
+    return ConfigError(f"scenario {origin}: {where}{message}", key=key, value=value)
+
+
+def _number(
+    origin: str, where: str, key: str, value: object, low: float, high: float = math.inf
+) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        limit = f"from {low:g} to {high:g}" if math.isfinite(high) else f"of at least {low:g}"
+        raise _fail(
+            origin, where, f"`{key}` must be a finite number {limit}, got {cut(value)}", key, value
         )
     return float(value)
 
 
-def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
-    """A scenario from a file path (YAML, TOML, JSON) or an already-read mapping."""
-    data = read_config_file(source) if isinstance(source, str) else source
-    if not isinstance(data, Mapping) or not isinstance(data.get("tools"), Mapping):
-        raise ConfigError("scenario: expected a mapping with a `tools` mapping", key="tools")
-    known = {"calls", "tools", "mix", "give_up_s"}
+def _unknown_keys(origin: str, where: str, data: Mapping[Any, Any], known: Sequence[str]) -> None:
     for key in data:
         if key not in known:
-            raise ConfigError(f"scenario: unknown key {key!r}", key=str(key), value=data[key])
+            raise _fail(
+                origin,
+                where,
+                f"unknown key {cut(key)}{did_you_mean(key, known)}; known keys: {', '.join(known)}",
+                str(key),
+                data[key],
+            )
+
+
+def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
+    """A scenario from a file path (YAML, TOML, JSON) or an already-read mapping.
+
+    Everything is checked before anything runs: unknown keys, tools and codes are
+    refused with the file, the key path and a "did you mean", as a ``ConfigError``.
+    """
+    origin = source if isinstance(source, str) else "<mapping>"
+    data = read_config_file(source, "scenario") if isinstance(source, str) else source
+    if not isinstance(data, Mapping):
+        raise _fail(
+            origin, "", f"expected a mapping with a `tools` mapping, got {cut(data)}", "tools"
+        )
+    _unknown_keys(origin, "", data, SCENARIO_KEYS)
+    specs = data.get("tools")
+    if not isinstance(specs, Mapping) or not specs:
+        raise _fail(
+            origin, "", "`tools` must map at least one tool name to its behaviour", "tools", specs
+        )
     tools = []
-    for name, spec in data["tools"].items():
+    for name, spec in specs.items():
+        where = f"tools.{name}: "
+        if not isinstance(name, str) or not name:
+            raise _fail(
+                origin, "tools: ", f"a tool name must be text, got {cut(name)}", "tools", name
+            )
         if not isinstance(spec, Mapping):
-            raise ConfigError(f"scenario tool {name!r}: expected a mapping", key=str(name))
+            raise _fail(origin, where, f"expected a mapping, got {cut(spec)}", name, spec)
+        _unknown_keys(origin, where, spec, TOOL_KEYS)
         latency = spec.get("latency_ms", 100)
         if isinstance(latency, Mapping):
-            median = _number(name, "latency_ms.median", latency.get("median"), 0.001)
-            p99 = _number(name, "latency_ms.p99", latency.get("p99"), median)
+            _unknown_keys(origin, f"tools.{name}.latency_ms: ", latency, ("median", "p99"))
+            for part in ("median", "p99"):
+                if part not in latency:
+                    raise _fail(origin, f"tools.{name}.latency_ms: ", f"`{part}` is missing", part)
+            median = _number(origin, where, "latency_ms.median", latency["median"], 0.001)
+            p99 = _number(origin, where, "latency_ms.p99", latency["p99"], median)
         else:
-            median = p99 = _number(name, "latency_ms", latency, 0.001)
+            median = p99 = _number(origin, where, "latency_ms", latency, 0.001)
         timeout = spec.get("timeout_ms")
+        code = spec.get("failure_code", TOOL_FAILED)
+        if code not in FAILURE_CODES:
+            raise _fail(
+                origin,
+                where,
+                f"unknown `failure_code` {cut(code)}{did_you_mean(code, FAILURE_CODES)}; "
+                f"one of {', '.join(FAILURE_CODES)}",
+                "failure_code",
+                code,
+            )
+        idempotent = spec.get("idempotent")
+        if idempotent is not None and not isinstance(idempotent, bool):
+            raise _fail(
+                origin,
+                where,
+                f"`idempotent` must be true or false, got {cut(idempotent)}",
+                "idempotent",
+                idempotent,
+            )
+        hang = _number(origin, where, "hang_probability", spec.get("hang_probability", 0), 0, 1)
+        failure = _number(
+            origin, where, "failure_probability", spec.get("failure_probability", 0), 0, 1
+        )
+        if hang + failure > 1:
+            raise _fail(
+                origin,
+                where,
+                "`hang_probability` + `failure_probability` is more than 1",
+                "failure_probability",
+                failure,
+            )
         tools.append(
             ToolProfile(
-                str(name),
-                int(_number(name, "timeout_ms", timeout, 1)) if timeout is not None else None,
+                name,
+                int(_number(origin, where, "timeout_ms", timeout, 1, MAX_TIMEOUT_MS))
+                if timeout is not None
+                else None,
                 median,
                 p99,
-                _number(name, "hang_probability", spec.get("hang_probability", 0), 0, 1),
-                _number(name, "failure_probability", spec.get("failure_probability", 0), 0, 1),
-                str(spec.get("failure_code", TOOL_FAILED)),
-                spec.get("idempotent"),
+                hang,
+                failure,
+                code,
+                idempotent,
             )
         )
+    names = [tool.name for tool in tools]
     mix = data.get("mix") or {}
+    if not isinstance(mix, Mapping):
+        raise _fail(origin, "", f"`mix` must map tool names to weights, got {cut(mix)}", "mix", mix)
+    for name in mix:
+        if name not in names:
+            raise _fail(
+                origin,
+                "mix: ",
+                f"unknown tool {cut(name)}{did_you_mean(name, names)}; "
+                f"the tools are {', '.join(names)}",
+                f"mix.{name}",
+                name,
+            )
     weights = tuple(
-        _number("mix", tool.name, mix.get(tool.name, 0 if mix else 1), 0) for tool in tools
+        _number(origin, "mix: ", name, mix.get(name, 0 if mix else 1), 0) for name in names
     )
-    calls = int(_number("", "calls", data.get("calls", 1_000), 1))
-    give_up = _number("", "give_up_s", data.get("give_up_s", 60), 0.001)
+    if not any(weights):
+        raise _fail(
+            origin, "mix: ", "every weight is 0: no tool would ever be called", "mix", dict(mix)
+        )
+    calls = check_calls(data.get("calls", 1_000), f"scenario {origin}: `calls`")
+    give_up = _number(origin, "", "give_up_s", data.get("give_up_s", 60), 0.001, 86_400)
     return Scenario(tuple(tools), weights, calls, give_up)
+
+
+def check_calls(value: object, what: str = "--calls") -> int:
+    """A number of calls per stack: a whole number from 1 to ``MAX_CALLS``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CALLS:
+        raise ConfigError(
+            f"{what} must be a whole number from 1 to {MAX_CALLS:,}, got {cut(value)}",
+            key="calls",
+            value=value,
+        )
+    return value
 
 
 @attrs.frozen
 class _Plan:
-    tools: tuple[str, ...]  # the tool of each call
-    attempts: tuple[tuple[tuple[str, float], ...], ...]  # each call's attempt draws
+    """Every call's tool and attempt draws, made on demand from the seed and the call's
+    index, so each stack sees the same calls and nothing is held for calls not yet run."""
 
+    scenario: Scenario
+    seed: int
+    calls: int
 
-def _plan(scenario: Scenario, seed: int, calls: int) -> _Plan:
-    rng = random.Random(seed)
-    by_name = {tool.name: tool for tool in scenario.tools}
-    names = [tool.name for tool in scenario.tools]
-    chosen = tuple(rng.choices(names, weights=scenario.weights, k=calls))
-    draws = tuple(tuple(by_name[name].draw(rng) for _ in range(MAX_ATTEMPTS)) for name in chosen)
-    return _Plan(chosen, draws)
+    def call(self, index: int) -> tuple[str, tuple[tuple[str, float], ...]]:
+        rng = random.Random(f"{self.seed}/{index}")
+        tools = self.scenario.tools
+        [tool] = rng.choices(tools, weights=self.scenario.weights)
+        return tool.name, tuple(tool.draw(rng) for _ in range(MAX_ATTEMPTS))
 
 
 async def _run_stack(
@@ -164,13 +303,15 @@ async def _run_stack(
     plan: _Plan,
     advance: Callable[[], None],
 ) -> StackStats:
-    harness = build()
+    with seeded_draws(plan.seed):  # unseeded jitter and chaos: the same draws every run
+        harness = build()
     runs: dict[int, list[tuple[float, float]]] = {}
+    draws: dict[int, tuple[tuple[str, float], ...]] = {}
 
     def simulated(profile: ToolProfile) -> Any:
         async def execute(arguments: Mapping[str, Any], call: ToolCall) -> object:
             index = int(call.call_id)
-            kind, seconds = plan.attempts[index][min(call.attempt, MAX_ATTEMPTS) - 1]
+            kind, seconds = draws[index][min(call.attempt, MAX_ATTEMPTS) - 1]
             started = anyio.current_time()
             try:
                 await anyio.sleep(seconds)
@@ -193,10 +334,12 @@ async def _run_stack(
                 )
             )
     latencies: list[float] = []
+    runs_per_call = 0
     successes = 0
     wasted = 0.0
     timeouts: dict[str, int] = {}
-    for index, name in enumerate(plan.tools):
+    for index in range(plan.calls):
+        name, draws[index] = plan.call(index)
         started = anyio.current_time()
         result = None
         with anyio.move_on_after(scenario.give_up_s):
@@ -208,6 +351,8 @@ async def _run_stack(
             successes += 1
             spent = spent[:-1]  # the last run's answer was used
         wasted += sum(spent)
+        runs_per_call += len(runs.pop(index, ()))
+        del draws[index]
         if (
             result is not None
             and result.error is not None
@@ -230,7 +375,7 @@ async def _run_stack(
         percentile(0.50),
         percentile(0.95),
         percentile(0.99),
-        sum(len(r) for r in runs.values()) / count,
+        runs_per_call / count,
         wasted,
         dict(sorted(timeouts.items())),
         tuple(latency * 1000 for latency in latencies),
@@ -248,8 +393,8 @@ def compare(
     """Run every stack on the same seeded calls, each in its own virtual-time trio run."""
     trio = require("trio", EXTRA)
     testing = require("trio.testing", EXTRA)
-    total = calls or scenario.calls
-    plan = _plan(scenario, seed, total)
+    total = scenario.calls if calls is None else check_calls(calls)
+    plan = _Plan(scenario, seed, total)
     results = []
     bar: Any = None
     if progress:

@@ -38,7 +38,7 @@ from guardstack.pipeline.loop import AgentLoop
 from guardstack.pipeline.model import Model
 from guardstack.pipeline.registry import ToolRegistry
 from guardstack.pipeline.store import MemoryStore, StateStore
-from guardstack.pipeline.validate import cut
+from guardstack.pipeline.validate import cut, did_you_mean
 
 __all__ = ["PLUGIN_GROUP", "Harness", "PluginHandle", "read_config_file", "resolve_plugin"]
 
@@ -230,13 +230,29 @@ def _check_size(origin: str, data: object) -> None:
             stack.extend((child, depth + 1) for child in node)
 
 
-def read_config_file(path: str) -> Any:
+def _syntax_error(path: str, kind: str, error: Exception) -> ConfigError:
+    """A parse error with its line and column, in words (never a parser's object repr)."""
+    mark = getattr(error, "problem_mark", None)  # PyYAML
+    if mark is not None:
+        problem = getattr(error, "problem", None) or "syntax error"
+        context = getattr(error, "context", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}"
+        detail = f"{problem} ({context})" if context else str(problem)
+        return ConfigError(f"{path}: not valid {kind} at {where}: {detail}")
+    if isinstance(error, json.JSONDecodeError):
+        return ConfigError(
+            f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+        )
+    return ConfigError(f"{path}: not valid {kind}: {cut(str(error), 300)}")  # TOML names both
+
+
+def read_config_file(path: str, what: str = "plugin configuration") -> Any:
     """A YAML, TOML or JSON file's data, size-limited; ``ConfigError`` on anything wrong."""
     try:
         with open(path, "rb") as file:
             raw = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
-        raise ConfigError(f"cannot read plugin configuration {path}: {error}") from error
+        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from error
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; refused")
     suffix = os.path.splitext(path)[1].lower()
@@ -256,7 +272,7 @@ def read_config_file(path: str) -> Any:
     except ConfigError:
         raise
     except Exception as error:
-        raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {cut(error, 300)}") from error
+        raise _syntax_error(path, suffix[1:].upper(), error) from error
     raise ConfigError(
         f"{path}: unknown configuration format {suffix!r}; use .yaml, .yml, .toml or .json",
         value=suffix,
@@ -309,7 +325,8 @@ def resolve_plugin(name: str, *, allow_imports: bool = False) -> type[Plugin]:
         return cast(type[Plugin], target)
     known = sorted(point.name for point in entry_points(group=PLUGIN_GROUP))
     raise ConfigError(
-        f"unknown plugin name {cut(name)}; known names: {', '.join(known)}",
+        f"unknown plugin name {cut(name)}{did_you_mean(name, known)}; "
+        f"known names: {', '.join(known)}",
         key="name",
         value=name,
     )
@@ -375,7 +392,8 @@ def _build(plugin_id: str, name: str, factory: type[Plugin], entry: Mapping[str,
         if snake not in accepted:
             known = ", ".join(sorted(accepted)) or "none"
             raise ConfigError(
-                f"plugin {plugin_id!r} ({name}): unknown config key {cut(key)} = {cut(value)}; "
+                f"plugin {plugin_id!r} ({name}): unknown config key {cut(key)} = {cut(value)}"
+                f"{did_you_mean(snake, accepted)}; "
                 f"known keys: {known}",
                 plugin=plugin_id,
                 key=str(key),

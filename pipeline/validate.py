@@ -8,6 +8,7 @@ owner, never adding a second copy.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Callable, Collection, Sequence
@@ -17,6 +18,7 @@ from guardstack.pipeline.errors import ConfigError
 
 __all__ = [
     "boolean",
+    "did_you_mean",
     "compile_patterns",
     "cut",
     "integer",
@@ -68,6 +70,14 @@ def _bounded_repr(value: object, limit: int) -> str:
     if isinstance(value, str) and len(value) > limit:
         return repr(value[:limit])
     return repr(value)
+
+
+def did_you_mean(name: object, known: Collection[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest known name, else ``""``."""
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def invalid(owner: str, key: str, value: object, requirement: str) -> ConfigError:

@@ -7,7 +7,7 @@ from guardstack.wrappers.fallback import Fallback
 from guardstack.wrappers.hedge import Hedge
 from guardstack.wrappers.metrics import CALLS_METRIC, DURATION_METRIC, Metrics
 from guardstack.wrappers.rate_limit import RateLimit
-from guardstack.wrappers.retry import Retry, RetryBudget, no_backoff
+from guardstack.wrappers.retry import Retry, RetryBudget, no_backoff, seeded_draws
 from guardstack.wrappers.timeout import Timeout
 from guardstack.wrappers.tracing import BLOCKED_EVENT, CONTEXT_EVENT, DENIED_EVENT, Tracing
 
@@ -30,4 +30,5 @@ __all__ = [
     "Timeout",
     "Tracing",
     "no_backoff",
+    "seeded_draws",
 ]

@@ -24,7 +24,6 @@ draws repeatable. For tests and game days, not for production traffic.
 
 from __future__ import annotations
 
-import random
 import re
 from typing import Any, ClassVar
 
@@ -34,6 +33,7 @@ import attrs
 from guardstack.pipeline.contract import Scope, StageAdapter, adapter_for
 from guardstack.pipeline.validate import StageName, invalid, stage
 from guardstack.wrappers._keyed import ratio, register
+from guardstack.wrappers.retry import random_for
 
 __all__ = ["Chaos", "ChaosError"]
 
@@ -75,7 +75,7 @@ class _ChaosRun:
 
     def __init__(self, config: Chaos) -> None:
         self.config = config
-        self.random = random.Random(config.seed)
+        self.random = random_for(config.seed)
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         match = _FAULT.fullmatch(config.fault)
         assert match is not None  # validated

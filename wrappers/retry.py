@@ -84,10 +84,28 @@ from guardstack.pipeline.validate import (
 from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 from guardstack.wrappers._keyed import register
 
-__all__ = ["Retry", "RetryBudget", "no_backoff"]
+__all__ = ["Retry", "RetryBudget", "no_backoff", "seeded_draws"]
 
 PLUGIN = "retry"
 _BACKOFF_ENABLED: ContextVar[bool] = ContextVar("guardstack_backoff_enabled", default=True)
+_DEFAULT_SEED: ContextVar[int | None] = ContextVar("guardstack_default_seed", default=None)
+
+
+@contextmanager
+def seeded_draws(seed: int) -> Iterator[None]:
+    """Within this block, layers applied without a ``seed`` (``Retry``'s jitter, ``Chaos``'s
+    faults) draw from ``seed`` instead of the system's entropy: what ``guardstack compare``
+    uses so the same seed gives the same output, byte for byte."""
+    token = _DEFAULT_SEED.set(seed)
+    try:
+        yield
+    finally:
+        _DEFAULT_SEED.reset(token)
+
+
+def random_for(seed: int | None) -> random.Random:
+    """A generator for a layer's draws: its own ``seed``, else ``seeded_draws``' if set."""
+    return random.Random(seed if seed is not None else _DEFAULT_SEED.get())
 
 
 @contextmanager
@@ -322,7 +340,7 @@ class _RetryRun:
 
     def __init__(self, policy: Retry) -> None:
         self.policy = policy
-        self.random = random.Random(policy.seed)
+        self.random = random_for(policy.seed)
         self.stage: StageAdapter[Any, Any] = adapter_for(policy.stage)
 
     def delay_s(self, attempt: int) -> float:

@@ -9,10 +9,10 @@ import pytest
 from guardstack.guards import RepeatToolReminder, ToolCallLimit
 from guardstack.guards.agent_state import MAX_CONVERSATIONS
 from guardstack.pipeline import (
-    MemoryStore,
     TOOL_DENIED,
     GuardstackWarning,
     Harness,
+    MemoryStore,
     ToolCall,
     ToolDefinition,
 )
