@@ -86,9 +86,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATTERN=MS",
         help="a budget for the tools matching PATTERN ('*' wildcards); repeat for more",
     )
-    proxy.add_argument(
-        "--default-timeout", type=int, metavar="MS", help="the budget of every other tool"
-    )
+    proxy.add_argument("--default-timeout", metavar="MS", help="the budget of every other tool")
     proxy.add_argument(
         "server", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the MCP server to start"
     )
@@ -147,17 +145,19 @@ def _run(arguments: argparse.Namespace) -> int:
             endpoint = endpoint.rstrip("/") + "/v1/traces"
         anyio.run(lambda: run_demo(sys.stdout, save_to=arguments.save, otlp_endpoint=endpoint))
     elif arguments.command == "mcp-proxy":
-        from guardstack.cli.mcp_proxy import parse_timeouts, run_proxy
+        from guardstack.cli.mcp_proxy import parse_ms, parse_timeouts, run_proxy
 
         server = arguments.server[1:] if arguments.server[:1] == ["--"] else arguments.server
         timeouts = parse_timeouts(arguments.timeout)
+        default = arguments.default_timeout
+        default_timeout = None if default is None else parse_ms("--default-timeout", default)
         anyio.run(
             lambda: run_proxy(
                 arguments.config,
                 server,
                 allow_imports=arguments.allow_imports,
                 timeouts_ms=timeouts,
-                default_timeout_ms=arguments.default_timeout,
+                default_timeout_ms=default_timeout,
             )
         )
     elif arguments.command == "check":

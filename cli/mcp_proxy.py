@@ -12,15 +12,44 @@ is stopped when the client disconnects.
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
+import anyio
+
+from guardstack.guards import ToolCallTimeoutPolicy
 from guardstack.integrations.mcp import mcp_tools, serve_proxy
-from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.errors import ConfigError, GuardstackError
 from guardstack.pipeline.harness import Harness
+from guardstack.pipeline.values import MAX_TIMEOUT_MS, message_of
+from guardstack.wrappers import Timeout
 
 __all__ = ["parse_timeouts", "run_proxy"]
+
+
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+
+
+def parse_ms(option: str, text: str) -> int:
+    """A budget given on the command line: whole milliseconds from 1, or ``ConfigError``."""
+    if not _WHOLE_NUMBER.fullmatch(text.strip()):
+        raise ConfigError(
+            f"mcp-proxy: {option} {text!r} is not a whole number of milliseconds",
+            key=option,
+            value=text,
+        )
+    ms = int(text)
+    if not 0 < ms <= MAX_TIMEOUT_MS:
+        raise ConfigError(
+            f"mcp-proxy: {option} {text!r} must be from 1 to {MAX_TIMEOUT_MS} milliseconds",
+            key=option,
+            value=text,
+        )
+    return ms
 
 
 def parse_timeouts(values: Sequence[str]) -> dict[str, int]:
@@ -28,14 +57,22 @@ def parse_timeouts(values: Sequence[str]) -> dict[str, int]:
     timeouts = {}
     for value in values:
         pattern, separator, ms = value.rpartition("=")
-        if not separator or not pattern or not ms.isdigit():
+        if not separator or not pattern:
             raise ConfigError(
                 f"mcp-proxy: --timeout {value!r} must be PATTERN=MS, e.g. 'search_*=5000'",
                 key="timeout",
                 value=value,
             )
-        timeouts[pattern] = int(ms)
+        timeouts[pattern] = parse_ms(f"--timeout {pattern}=", ms)
     return timeouts
+
+
+def _enforces_budgets(harness: Harness) -> bool:
+    return any(
+        isinstance(handle.plugin, ToolCallTimeoutPolicy)
+        or (isinstance(handle.plugin, Timeout) and handle.plugin.stage == "dispatch")
+        for handle in harness.plugins
+    )
 
 
 async def run_proxy(
@@ -47,7 +84,7 @@ async def run_proxy(
     default_timeout_ms: int | None = None,
 ) -> None:
     """Proxy ``command``'s MCP server over stdio until the client disconnects."""
-    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp import StdioServerParameters
     from mcp.server.stdio import stdio_server
 
     if not command:
@@ -55,16 +92,88 @@ async def run_proxy(
     harness = Harness()
     if config is not None:
         harness.load(config, allow_imports=allow_imports)
+    if (timeouts_ms or default_timeout_ms is not None) and not _enforces_budgets(harness):
+        # Budgets declared on the command line are the tools' own: enforce them.
+        harness.plugin(ToolCallTimeoutPolicy())
     params = StdioServerParameters(command=command[0], args=list(command[1:]))
-    async with (
-        stdio_client(params, errlog=sys.stderr) as (read, write),
-        ClientSession(read, write) as downstream,
-    ):
-        await downstream.initialize()
-        tools = await mcp_tools(
-            downstream, timeouts_ms=timeouts_ms, default_timeout_ms=default_timeout_ms
-        )
-        for tool in tools:
-            harness.tools.register(tool)
+    try:
         async with stdio_server() as (server_read, server_write):
-            await serve_proxy(harness, downstream, server_read, server_write)
+            try:
+                await _proxy(
+                    harness, params, server_read, server_write, timeouts_ms, default_timeout_ms
+                )
+            except Exception as error:
+                _exit_now(error)
+            finally:
+                await server_write.aclose()  # else stdio_server waits to write forever
+    except BaseExceptionGroup as group:
+        raise _first_reportable(group) from None
+
+
+def _exit_now(error: Exception) -> NoReturn:
+    """One line on stderr and exit 2, without waiting for stdin: the SDK's stdio reader is a
+    thread blocked on it until the client closes it, which a client waiting for our answer
+    never does. The downstream server is already stopped (its context has exited)."""
+    reportable = _first_reportable(error) if isinstance(error, BaseExceptionGroup) else error
+    print(f"guardstack: {message_of(reportable)}", file=sys.stderr, flush=True)
+    os._exit(2)
+
+
+async def _proxy(
+    harness: Harness,
+    params: Any,
+    server_read: Any,
+    server_write: Any,
+    timeouts_ms: dict[str, int] | None,
+    default_timeout_ms: int | None,
+) -> None:
+    """Start the downstream server and serve its tools; the client's messages are read
+    from the start, so a client that goes away (stdin closes) while the server is still
+    starting stops the proxy — and its child — instead of waiting for a server that may
+    never answer ``initialize``."""
+    from mcp import ClientSession, stdio_client
+
+    send, receive = anyio.create_memory_object_stream[Any](max_buffer_size=64)
+    ready = False
+    async with anyio.create_task_group() as group:
+
+        async def pump() -> None:
+            async with send:
+                async for message in server_read:
+                    await send.send(message)
+            if not ready:
+                group.cancel_scope.cancel()  # the client left first
+
+        group.start_soon(pump)
+        async with (
+            stdio_client(params, errlog=sys.stderr) as (read, write),
+            ClientSession(read, write) as downstream,
+        ):
+            await downstream.initialize()
+            tools = await mcp_tools(
+                downstream, timeouts_ms=timeouts_ms, default_timeout_ms=default_timeout_ms
+            )
+            for tool in tools:
+                harness.tools.register(tool)
+            ready = True
+            await serve_proxy(harness, downstream, receive, server_write)
+        group.cancel_scope.cancel()
+
+
+def _first_reportable(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The error a person should read out of a task group's: guardstack's own, else the first."""
+    leaves: list[BaseException] = []
+
+    def walk(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                walk(inner)
+        else:
+            leaves.append(error)
+
+    walk(group)
+    for wanted in (GuardstackError, OSError):
+        for leaf in leaves:
+            if isinstance(leaf, wanted):
+                return leaf
+    return leaves[0] if leaves else group

@@ -35,21 +35,31 @@ import binascii
 import itertools
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._framework import budgets
-from guardstack.pipeline import Harness, ToolCall, ToolDefinition, ToolResult
+from guardstack.pipeline import GuardstackError, Harness, ToolCall, ToolDefinition, ToolResult
+from guardstack.pipeline.validate import cut
 from guardstack.pipeline.values import failed_result, validate_timeout_ms
 
 if TYPE_CHECKING:
     from mcp import ClientSession
     from mcp.types import CallToolResult, Tool
 
-__all__ = ["mcp_tools", "render_content", "serve_proxy"]
+__all__ = ["MAX_PAGES", "McpServerError", "mcp_tools", "render_content", "serve_proxy"]
 
 EXTRA = "mcp"
 OWNER = "mcp_tools"
+
+
+#: A server still paging its tools/list after this many pages is refused (a cursor loop).
+MAX_PAGES: Final = 1_000
+
+
+class McpServerError(GuardstackError, RuntimeError):
+    """An MCP server answered in a way guardstack cannot use (a tools/list that never ends,
+    two tools under one name)."""
 
 
 async def mcp_tools(
@@ -67,13 +77,30 @@ async def mcp_tools(
         validate_timeout_ms(OWNER, "default_timeout_ms", default_timeout_ms)
     listed: list[Tool] = []
     cursor: str | None = None
-    while True:
+    seen_cursors: set[str] = set()
+    for _ in range(MAX_PAGES):
         params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
         page = await session.list_tools(params=params)
         listed.extend(page.tools)
         cursor = page.next_cursor
         if not cursor:
             break
+        if cursor in seen_cursors:
+            raise McpServerError(
+                f"the MCP server's tools/list repeats the cursor {cut(cursor)}: it would never end"
+            )
+        seen_cursors.add(cursor)
+    else:
+        raise McpServerError(
+            f"the MCP server's tools/list is still paging after {MAX_PAGES} pages "
+            f"({len(listed)} tools); refused"
+        )
+    names = [tool.name for tool in listed]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise McpServerError(
+            f"the MCP server lists tools under the same name twice: {', '.join(duplicates)}"
+        )
     definitions = []
     for tool in listed:
         budget = next(

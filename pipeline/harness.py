@@ -132,6 +132,16 @@ class Harness:
         ``allow_imports=True`` also accepts ``module:attribute`` names (importing that
         module runs its code: only for files you trust).
         """
+        try:
+            return self._load(source, allow_imports)
+        except ConfigError as error:
+            raise _in_file(error, source) from error
+
+    def _load(
+        self,
+        source: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Mapping[str, Any],
+        allow_imports: bool,
+    ) -> list[PluginHandle]:
         entries = _read_entries(source)
         factories = [
             _resolve_entry(entry, position, allow_imports) for position, entry in enumerate(entries)
@@ -173,6 +183,23 @@ class Harness:
 
 
 # -- configuration ---------------------------------------------------------------------
+
+
+def _in_file(error: ConfigError, source: object) -> ConfigError:
+    """The error, naming the file it came from (once) when the configuration was a file."""
+    if not isinstance(source, str | os.PathLike):
+        return error
+    path = os.fspath(source)
+    message = str(error)
+    if path in message:
+        return error
+    return ConfigError(
+        f"{path}: {message}",
+        plugin=error.plugin,
+        key=error.key,
+        value=error.value,
+        reason=error.reason,
+    )
 
 
 def _read_entries(

@@ -18,9 +18,9 @@ from guardstack.pipeline.errors import ConfigError
 
 __all__ = [
     "boolean",
-    "did_you_mean",
     "compile_patterns",
     "cut",
+    "did_you_mean",
     "integer",
     "invalid",
     "non_empty_text",

@@ -85,3 +85,22 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def test_budgets_given_on_the_command_line_are_enforced_without_a_config(
+    tmp_path: Path,
+) -> None:
+    command = [
+        sys.executable,
+        "-c",
+        "from guardstack.cli.main import main; raise SystemExit(main())",
+        "mcp-proxy",
+        "--timeout",
+        "hang=300",
+        "--",
+        *server_command(tmp_path),
+    ]
+    async with connected(command, tmp_path) as proxy:
+        result = await proxy.call_tool("hang", {})
+    assert result.is_error
+    assert texts(result) == ["Error: tool call timed out after 300ms"]
