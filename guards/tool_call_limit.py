@@ -72,7 +72,7 @@ def _check_on_exceeded(_: object, __: object, value: object) -> None:
         raise invalid(PLUGIN, "on_exceeded", value, "'deny' or 'end_turn'")
 
 
-def _check_store(_: object, __: object, value: object) -> None:
+def _check_store(_: object, __: object, value: StateStore | None) -> None:
     if value is not None and not isinstance(value, StateStore):
         raise invalid(PLUGIN, "store", value, "a StateStore (MemoryStore, RedisStore) or None")
 

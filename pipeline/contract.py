@@ -28,7 +28,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
-from guardstack.pipeline.deadline import model_within_budget, timed_dispatch, within_budget
+from guardstack.pipeline.deadline import (
+    model_within_budget,
+    timed,
+    timed_dispatch,
+    within,
+    within_budget,
+)
 from guardstack.pipeline.model import (
     MODEL_FAILED,
     MODEL_OVERLOADED,
@@ -106,7 +112,9 @@ __all__ = [
     "adapter_for",
     "model_error_code",
     "model_within_budget",
+    "timed",
     "timed_dispatch",
+    "within",
     "within_budget",
 ]
 

@@ -201,9 +201,9 @@ class ToolCallRequest:
     ``arguments_json``, so the log replays exactly what the model said.
     """
 
-    name: str = attrs.field(converter=lambda value: _text(value))
+    name: str = attrs.field(converter=_text)
     arguments: Mapping[str, Any] | str = attrs.field(factory=dict)
-    call_id: str = attrs.field(default="", converter=lambda value: _text(value))
+    call_id: str = attrs.field(default="", converter=_text)
     raw_arguments: str | None = attrs.field(init=False, repr=False)
     _json: str = attrs.field(init=False, repr=False, eq=False)
 

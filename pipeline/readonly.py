@@ -33,9 +33,9 @@ class ReadOnlyDict(dict[str, Any]):
     __slots__ = ()
     __setitem__ = __delitem__ = _refuse
     clear = pop = popitem = setdefault = update = _refuse
-    __ior__ = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse
 
-    def copy(self) -> dict[str, Any]:  # type: ignore[override]
+    def copy(self) -> dict[str, Any]:
         return dict(self)
 
     def __copy__(self) -> dict[str, Any]:
@@ -54,7 +54,7 @@ class ReadOnlyList(list[Any]):
     __slots__ = ()
     __setitem__ = __delitem__ = _refuse
     append = extend = insert = pop = remove = clear = sort = reverse = _refuse
-    __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+    __iadd__ = __imul__ = _refuse
 
     def copy(self) -> list[Any]:
         return list(self)

@@ -37,8 +37,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from guardstack.pipeline.contract import MODEL_TIMEOUT, Scope, StageAdapter, adapter_for
-from guardstack.pipeline.deadline import timed
+from guardstack.pipeline.contract import MODEL_TIMEOUT, Scope, StageAdapter, adapter_for, timed
 from guardstack.pipeline.validate import StageName, invalid, non_empty_text, stage
 from guardstack.pipeline.values import TOOL_TIMEOUT, validate_timeout_ms
 from guardstack.wrappers._keyed import register

@@ -41,7 +41,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("mode", ["endless-cursor", "same-cursor"])
 async def test_a_tools_list_that_never_ends_is_refused(tmp_path: Path, mode: str) -> None:
     async with connected(hostile(mode, tmp_path), tmp_path) as session:
-        with pytest.raises(McpServerError, match="repeats the cursor|still paging after"):
+        with pytest.raises(McpServerError, match=r"repeats the cursor|still paging after"):
             await mcp_tools(session)
     assert MAX_PAGES == 1_000
 
@@ -49,7 +49,7 @@ async def test_a_tools_list_that_never_ends_is_refused(tmp_path: Path, mode: str
 def run_proxy(
     arguments: list[str], tmp_path: Path, **options: object
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    done: subprocess.CompletedProcess[str] = subprocess.run(
         [*PROXY, "mcp-proxy", *arguments],
         cwd=ROOT,
         capture_output=True,
@@ -58,6 +58,7 @@ def run_proxy(
         check=False,
         **options,  # type: ignore[call-overload]
     )
+    return done
 
 
 def test_a_proxy_in_front_of_two_tools_with_one_name_exits_with_one_line(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from guardstack.pipeline import (
     ModelError,
     Session,
     ToolDefinition,
+    ToolResultEvent,
 )
 from tests.integrations.chat_server import ChatServer, Raw
 from tests.integrations.test_openai import USER, client_for
@@ -137,5 +138,5 @@ async def test_hostile_tool_calls_keep_the_log_loadable_and_every_id_answered_on
     results = {m["tool_call_id"]: m["content"] for m in second if m["role"] == "tool"}
     assert results[ids[2]] == 'Error: unknown tool ""'
     assert results[ids[3]] == 'Error: unknown tool "42"'
-    codes = [e.result.code for e in agent.session.events if e.type == "tool/result"]
+    codes = [e.result.code for e in agent.session.events if isinstance(e, ToolResultEvent)]
     assert codes == [None, None, UNKNOWN_TOOL, UNKNOWN_TOOL]

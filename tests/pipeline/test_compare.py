@@ -6,6 +6,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,7 +98,7 @@ def test_bad_scenarios_are_refused_naming_the_key_path(
 
 
 def test_a_missing_scenario_file_says_scenario(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read scenario .*nope.yaml"):
+    with pytest.raises(ConfigError, match=r"cannot read scenario .*nope\.yaml"):
         load_scenario(str(tmp_path / "nope.yaml"))
 
 

@@ -23,8 +23,10 @@ from guardstack.pipeline import (
     ScriptedModel,
     Session,
     ToolCall,
+    ToolCallEvent,
     ToolCallRequest,
     ToolDefinition,
+    ToolResultEvent,
 )
 from guardstack.pipeline.testing import ScriptedTool
 from tests.helpers import call
@@ -165,13 +167,13 @@ class Hostile:
 
 
 async def test_an_argument_key_whose_str_raises_is_invalid_arguments_not_a_crash() -> None:
-    request = ToolCallRequest("a", {Hostile(): 1})
+    request = ToolCallRequest("a", {Hostile(): 1})  # type: ignore[dict-item]
     harness = Harness(ScriptedModel([ModelReply(tool_calls=[request]), ModelReply("done")]))
     ScriptedTool("a", ["A"]).register(harness.tools)
     agent = harness.loop.create("s")
     turn = await agent.prompt("go")
     assert turn.reason == "completed"
-    [result] = [e.result for e in agent.session.events if e.type == "tool/result"]
+    [result] = [e.result for e in agent.session.events if isinstance(e, ToolResultEvent)]
     assert result.code == INVALID_ARGUMENTS
 
 
@@ -199,8 +201,8 @@ async def test_a_base_exception_in_a_parallel_step_leaves_every_call_answered(
     agent = harness.loop.create("s")
     with pytest.raises(Stop):  # as itself, not in an exception group
         await agent.prompt("go")
-    called = [e.call_id for e in agent.session.events if e.type == "tool/call"]
-    answered = [e.call_id for e in agent.session.events if e.type == "tool/result"]
+    called = [e.call_id for e in agent.session.events if isinstance(e, ToolCallEvent)]
+    answered = [e.call_id for e in agent.session.events if isinstance(e, ToolResultEvent)]
     assert sorted(called) == sorted(answered) == ["c0", "c1", "c2"]
     assert agent.session.events[-1].type == "turn/end"
 
@@ -223,6 +225,10 @@ async def test_one_sync_tools_hung_threads_cannot_starve_another_sync_tool() -> 
         release.set()
 
     harness = Harness(thread_limit=40)
+
+    async def run(call: ToolCall) -> None:
+        await harness.tools.execute(call)
+
     harness.tools.register(ToolDefinition("hung", hung))
     harness.tools.register(ToolDefinition("healthy", healthy))
     # A real-time backstop, only waited for when the tools share one limiter (the bug).
@@ -231,7 +237,7 @@ async def test_one_sync_tools_hung_threads_cannot_starve_another_sync_tool() -> 
     try:
         async with anyio.create_task_group() as group:
             for index in range(40):
-                group.start_soon(harness.tools.execute, ToolCall("hung", {}, f"h{index}"))
+                group.start_soon(run, ToolCall("hung", {}, f"h{index}"))
             await anyio.lowlevel.checkpoint()
             outcome = await harness.tools.execute(ToolCall("healthy", {}, "ok"))
             backstop.cancel()

@@ -112,9 +112,13 @@ async def test_a_store_of_a_hundred_thousand_keys_evicts_in_constant_time() -> N
 
 async def test_a_store_whose_every_entry_is_busy_grows_and_warns_once() -> None:
     store = MemoryStore(max_keys=10)
-    with pytest.warns(GuardstackWarning, match="growing rather than dropping a limit") as warned:
+
+    async def fill() -> None:
         for index in range(50):
             await store.acquire(f"slot-{index}", 1)
+
+    with pytest.warns(GuardstackWarning, match="growing rather than dropping a limit") as warned:
+        await fill()
     assert len(store) == 50
     assert len(warned) == 1
 
@@ -404,11 +408,14 @@ async def test_with_on_error_open_a_cap_lets_calls_through_and_layers_warn_once_
     built.plugin(ToolCallLimit(per_turn=100))
     built.plugin(RateLimit(per_second=1_000))
     store.down = True
+
+    async def five_calls() -> list[str]:
+        calls = [call("tool-0", conversation="c") for _ in range(5)]
+        return [(await built.tools.execute(each)).result.content for each in calls]
+
     with pytest.warns(GuardstackWarning) as warned:
-        for _ in range(5):
-            assert (
-                await built.tools.execute(call("tool-0", conversation="c"))
-            ).result.content == "ok"
+        contents = await five_calls()
+    assert contents == ["ok"] * 5
     assert len(warned) == 1  # one per layer per minute
 
 

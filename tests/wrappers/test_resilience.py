@@ -344,7 +344,12 @@ async def test_chaos_injects_each_fault() -> None:
     cases: list[tuple[str, Callable[[ToolResult, float], bool]]] = [
         ("latency:250", lambda r, t: r.content == "ok" and t == 0.25),
         ("fail:TOOL_UNAVAILABLE", lambda r, t: r.code == TOOL_UNAVAILABLE),
-        ("raise", lambda r, t: r.code == TOOL_FAILED and r.error.name == "ChaosError"),
+        (
+            "raise",
+            lambda r, t: (
+                r.code == TOOL_FAILED and r.error is not None and r.error.name == "ChaosError"
+            ),
+        ),
         ("hang", lambda r, t: r.code == TOOL_TIMEOUT and t == 1.0),
     ]
     for fault, check in cases:
