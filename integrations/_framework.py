@@ -13,9 +13,10 @@ adapter's ``timeouts_ms`` (``*``-wildcard name patterns, first match wins); a
 tool with neither has no budget, as everywhere.
 
 Conversations: the adapter names the call's conversation (the framework's thread
-or session id) and the run it belongs to; the first call of a new run in a
-conversation resets the harness's per-turn state for it (``harness.reset``), as a
-new person's prompt does in guardstack's own loop.
+or session id) and the run it belongs to; each run is a turn of its own
+(``start_run`` gives its key), as a new person's prompt is in guardstack's own
+loop, so two runs of one conversation at once never share or reset each other's
+per-turn counts.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ __all__ = ["FrameworkCalls", "RunKeys", "RunTool", "budget_ms", "budgets", "with
 
 #: ``async (arguments, call) -> ToolResult``: the framework executing the call.
 RunTool = Callable[[Mapping[str, Any], ToolCall], Awaitable[ToolResult]]
+
+_TURNS = itertools.count(1)
 
 #: How many conversations an adapter remembers the current run of (oldest go first).
 MAX_TRACKED_RUNS: Final = 10_000
@@ -124,7 +127,8 @@ class FrameworkCalls:
         self.harness = harness
         self.owner = owner
         self._budgets = budgets(owner, timeouts_ms)
-        self._runs: OrderedDict[Hashable, _Run] = OrderedDict()
+        self._runs: OrderedDict[tuple[Hashable, int], tuple[_Run, Hashable]] = OrderedDict()
+
 
     def definition(
         self,
@@ -152,17 +156,23 @@ class FrameworkCalls:
         budget = next((ms for pattern, ms in self._budgets if pattern.fullmatch(name)), timeout_ms)
         return ToolDefinition(name, run, description, dict(parameters or {}), budget)
 
-    def start_run(self, conversation: Hashable, run: object) -> None:
-        """Reset the conversation's per-turn state if ``run`` is not its current run."""
-        current = self._runs.get(conversation)
-        if current is not None and current.same(run):
-            self._runs.move_to_end(conversation)
-            return
-        self.harness.reset(conversation)
-        self._runs[conversation] = _Run(run)
-        self._runs.move_to_end(conversation)
+    def start_run(self, conversation: Hashable, run: object) -> Hashable:
+        """The key of ``run``'s turn in ``conversation``, for its calls' ``conversation``.
+
+        Every call of one run shares it and two runs never do — not even two runs of
+        one conversation at once, which would otherwise reset (or share) each other's
+        per-turn counts. A run seen for the first time starts a fresh turn.
+        """
+        slot = (conversation, id(run))
+        entry = self._runs.get(slot)
+        if entry is not None and entry[0].same(run):
+            self._runs.move_to_end(slot)
+            return entry[1]
+        turn = (conversation, next(_TURNS))  # unique in the process, across adapters
+        self._runs[slot] = (_Run(run), turn)
         while len(self._runs) > MAX_TRACKED_RUNS:
             self._runs.popitem(last=False)
+        return turn
 
     async def execute(
         self,

@@ -139,13 +139,16 @@ class GuardstackMiddleware(AgentMiddleware[GuardstackState, Any, Any]):
     async def abefore_agent(
         self, state: GuardstackState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        """A new run: its conversation (the thread, or its own), with a fresh turn."""
+        """A new run: a fresh turn of its conversation (the thread, or its own).
+
+        The turn's key is text (the state may be checkpointed), its own for every run:
+        two runs of one thread at once never share or reset each other's counts.
+        """
         conversation = _thread(runtime)
         if conversation is None:
-            conversation = f"langchain-run-{uuid.uuid4()}"
-        self._pending.pop(conversation, None)
-        self._calls.start_run(conversation, uuid.uuid4().hex)
-        return {CONVERSATION_KEY: conversation}
+            conversation = "langchain-run"
+        turn = f"{conversation}#run-{uuid.uuid4()}"
+        return {CONVERSATION_KEY: turn}
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(

@@ -79,7 +79,7 @@ def _guarded(tool: FunctionTool, calls: FrameworkCalls, runs: RunKeys) -> Functi
     async def on_invoke_tool(context: ToolContext[Any], arguments: str) -> Any:
         group = context.run_config.group_id if context.run_config is not None else None
         conversation = group if group else runs.key(context.usage)
-        calls.start_run(conversation, context.usage)
+        turn = calls.start_run(conversation, context.usage)
 
         async def run(parsed: Mapping[str, Any], call: ToolCall) -> ToolResult:
             return _result(await invoke_tool(context, arguments))
@@ -88,7 +88,7 @@ def _guarded(tool: FunctionTool, calls: FrameworkCalls, runs: RunKeys) -> Functi
             tool.name,
             _parsed(arguments),
             context.tool_call_id,
-            conversation,
+            turn,
             run,
             description=tool.description,
             parameters=tool.params_json_schema,

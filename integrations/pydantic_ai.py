@@ -94,7 +94,7 @@ class GuardstackToolset(WrapperToolset[Any]):
         assert calls is not None  # set in __post_init__
         run_id = ctx.run_id or _RUNS.key(ctx.usage)  # every agent run has an id
         conversation = ctx.conversation_id or run_id
-        calls.start_run(conversation, run_id)
+        turn = calls.start_run(conversation, run_id)
         wrapped: AbstractToolset[Any] = self.wrapped
         declared = budget_ms(tool.tool_def.timeout)
         if declared is not None:  # guardstack owns the tool's own timeout from here
@@ -116,7 +116,7 @@ class GuardstackToolset(WrapperToolset[Any]):
             name,
             tool_args,
             ctx.tool_call_id or "",
-            conversation,
+            turn,
             run,
             description=tool.tool_def.description or "",
             parameters=tool.tool_def.parameters_json_schema,

@@ -253,3 +253,22 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "guardstack.integrations.langchain")
     with pytest.raises(ImportError, match=r"pip install 'guardstack\[langchain\]'"):
         importlib.import_module("guardstack.integrations.langchain")
+
+
+async def test_two_runs_of_one_thread_at_once_keep_their_own_turns() -> None:
+    """One middleware, two runs on the same thread at once: each has its own per-turn cap."""
+    middleware = GuardstackMiddleware(harness(cap=2))
+    models = [
+        ScriptedChat(messages=iter([asks(("search", {"query": f"{who} {n}"})) for n in range(9)]))
+        for who in ("a", "b")
+    ]
+    finals: list[BaseMessage] = []
+
+    async def one(model: ScriptedChat) -> None:
+        finals.append((await run(agent(model, Harness(), middleware), "loop", "shared"))[-1])
+
+    async with anyio.create_task_group() as group:
+        for model in models:
+            group.start_soon(one, model)
+    assert [len(model.requests) for model in models] == [3, 3]  # two calls each, then stopped
+    assert all(str(final.content).startswith("Stopped: tool call limit") for final in finals)

@@ -146,3 +146,25 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "guardstack.integrations.openai_agents")
     with pytest.raises(ImportError, match=r"pip install 'guardstack\[openai-agents\]'"):
         importlib.import_module("guardstack.integrations.openai_agents")
+
+
+async def test_two_runs_of_one_conversation_at_once_keep_their_own_turns() -> None:
+    """Each run's calls count against its own per-turn cap: neither resets the other's."""
+    built = harness(cap=2)
+    scripts = [
+        ScriptedModel([calls(("search", {"query": f"{who} {n}"})) for n in range(5)])
+        for who in ("a", "b")
+    ]
+    stopped: list[str] = []
+
+    async def one(scripted: ScriptedModel) -> None:
+        try:
+            await run(scripted, built, group="one-thread")
+        except RunBlocked as blocked:
+            stopped.append(str(blocked))
+
+    async with anyio.create_task_group() as group:
+        for scripted in scripts:
+            group.start_soon(one, scripted)
+    assert len(stopped) == 2  # both runs hit their own cap ...
+    assert [len(scripted.calls) for scripted in scripts] == [3, 3]  # ... after 2 calls each
