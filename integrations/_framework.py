@@ -129,7 +129,6 @@ class FrameworkCalls:
         self._budgets = budgets(owner, timeouts_ms)
         self._runs: OrderedDict[tuple[Hashable, int], tuple[_Run, Hashable]] = OrderedDict()
 
-
     def definition(
         self,
         name: str,

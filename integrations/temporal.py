@@ -51,6 +51,7 @@ from guardstack.integrations._extras import require
 from guardstack.pipeline import (
     MODEL_FAILED,
     TOOL_ABORTED,
+    TOOL_FAILED,
     ConfigError,
     Harness,
     ModelError,
@@ -63,13 +64,17 @@ from guardstack.pipeline import (
     ToolResult,
     Usage,
 )
-from guardstack.pipeline.values import message_of
+from guardstack.pipeline.values import failure_from_exception, message_of
 from guardstack.wrappers import Retry
 
 require("temporalio", "temporal")
 
 from temporalio import activity, workflow  # noqa: E402
-from temporalio.client import Client  # noqa: E402
+from temporalio.client import (  # noqa: E402
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+)
 from temporalio.common import RetryPolicy  # noqa: E402
 from temporalio.exceptions import ActivityError, ApplicationError  # noqa: E402
 from temporalio.service import RPCError  # noqa: E402
@@ -157,7 +162,13 @@ class TemporalAgent:
 
 
 #: The agents this process's workers run, by name.
-_AGENTS: dict[str, TemporalAgent] = {}
+#: The agents served in this process, by task queue and name: two workers on different
+#: queues may serve different agents under one name; one queue may not.
+_AGENTS: dict[tuple[str, str], TemporalAgent] = {}
+
+
+def _served(task_queue: str, name: str) -> TemporalAgent:
+    return _AGENTS[(task_queue, name)]
 
 
 # -- wire shapes -------------------------------------------------------------------------------
@@ -199,7 +210,7 @@ def _reply_from_wire(wire: Mapping[str, Any]) -> ModelReply:
 @activity.defn(name=TOOL_ACTIVITY)
 async def tool_attempt(agent: str, name: str, arguments: Any, call_id: str) -> dict[str, Any]:
     """One attempt of a tool, heartbeating while it runs; any failure becomes a result."""
-    spec = _AGENTS[agent]
+    spec = _served(activity.info().task_queue, agent)
     registry = ToolRegistry()
     registry.register(spec.tool(name))
     interval = max(spec.heartbeat_ms / 4000, 0.05)
@@ -212,6 +223,11 @@ async def tool_attempt(agent: str, name: str, arguments: Any, call_id: str) -> d
     beating = asyncio.create_task(beat())
     try:
         outcome = await registry.execute(ToolCall(name, arguments, call_id))
+    except asyncio.CancelledError:
+        raise
+    except BaseException as error:  # a tool's KeyboardInterrupt-like: the tool failed, the
+        # worker did not (an ABORTED "worker lost" result would invite a retry to run it again)
+        return failure_from_exception(error).to_dict()
     finally:
         beating.cancel()
     return outcome.result.to_dict()
@@ -223,7 +239,7 @@ async def model_call(
 ) -> dict[str, Any]:
     """One model call; a failure carries its ``ModelError`` code for the workflow's layers."""
     try:
-        reply = await _AGENTS[agent].model.complete(messages, tools)
+        reply = await _served(activity.info().task_queue, agent).model.complete(messages, tools)
     except ModelError as error:
         raise ApplicationError(
             error.message, error.code, error.retry_after_s, type="ModelError", non_retryable=True
@@ -285,6 +301,12 @@ def _activity_tool(spec: TemporalAgent, tool: ToolDefinition) -> Any:
             raise
         except ActivityError as error:
             why = message_of(error.cause or error)
+            if isinstance(error.cause, ApplicationError):  # it raised: a failure, not a loss
+                return ToolResult.failure(
+                    f"the tool failed in its activity ({why})",
+                    name=error.cause.type or "ApplicationError",
+                    code=TOOL_FAILED,
+                )
             return ToolResult.failure(
                 f"the worker running the tool was lost ({why})",
                 name="WorkerLost",
@@ -309,7 +331,7 @@ class TurnWorkflow:
 
     @workflow.run
     async def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        spec = _AGENTS[request["agent"]]
+        spec = _served(workflow.info().task_queue, request["agent"])
         harness = Harness(_ActivityModel(spec), spec.max_steps, system=spec.system)
         for tool in spec.tools:
             harness.tools.register(attrs.evolve(tool, execute=_activity_tool(spec, tool)))
@@ -318,7 +340,17 @@ class TurnWorkflow:
         log = request.get("log")
         session = Session.from_jsonl(log) if log else None
         agent = harness.loop.create(request["conversation"], session=session)
-        result = await agent.prompt(request["prompt"])
+        try:
+            result = await agent.prompt(request["prompt"])
+        except asyncio.CancelledError:
+            # Cancelled from the client: the loop has answered every call ABORTED and ended
+            # the turn, so the log is whole — hand it back, or the prompt would be lost.
+            return {
+                "log": agent.session.to_jsonl(),
+                "reason": "aborted",
+                "text": "",
+                "error": "the turn's workflow was cancelled",
+            }
         return {
             "log": agent.session.to_jsonl(),
             "reason": result.reason,
@@ -335,9 +367,26 @@ async def worker(
     client: Client, task_queue: str, agents: Sequence[TemporalAgent], **options: Any
 ) -> AsyncIterator[Worker]:
     """A running Temporal worker for ``agents`` (checked first: a bad stack never starts)."""
+    names = [agent.name for agent in agents]
     for agent in agents:
         agent.check()
-        _AGENTS[agent.name] = agent
+        if names.count(agent.name) > 1:
+            raise ConfigError(
+                f"{OWNER}: two agents named {agent.name!r} for one worker; names pick the "
+                "agent a turn runs, so each must be unique",
+                key="agents",
+                value=agent.name,
+            )
+        served = _AGENTS.get((task_queue, agent.name))
+        if served is not None and served is not agent:
+            raise ConfigError(
+                f"{OWNER}: another agent named {agent.name!r} is already served on task queue "
+                f"{task_queue!r} in this process; use another name or queue",
+                key="agents",
+                value=agent.name,
+            )
+    for agent in agents:
+        _AGENTS[(task_queue, agent.name)] = agent
     running = Worker(
         client,
         task_queue=task_queue,
@@ -345,8 +394,13 @@ async def worker(
         activities=[tool_attempt, model_call],
         **options,
     )
-    async with running:
-        yield running
+    try:
+        async with running:
+            yield running
+    finally:
+        for agent in agents:
+            if _AGENTS.get((task_queue, agent.name)) is agent:
+                del _AGENTS[(task_queue, agent.name)]
 
 
 @attrs.frozen
@@ -372,15 +426,29 @@ class Conversation:
         self.task_queue = task_queue
         self.turns = 0
         self.log: str | None = None
+        #: The workflow id of a turn ``resume()`` found still running, if any.
+        self.running: str | None = None
 
     async def resume(self) -> Conversation:
-        """Pick up after the last finished turn recorded in Temporal, if any."""
+        """Pick up after the last finished turn recorded in Temporal, if any.
+
+        Never waits for a turn still running: ``running`` then names its workflow id (its
+        result is the next thing to wait for), and ``turns`` counts those before it.
+        """
+        self.running = None
         while True:
             handle = self.client.get_workflow_handle(self._workflow_id(self.turns + 1))
             try:
-                wire = await handle.result()
+                described = await handle.describe()
             except RPCError:
                 return self
+            if described.status == WorkflowExecutionStatus.RUNNING:
+                self.running = handle.id
+                return self
+            try:
+                wire = await handle.result()
+            except (RPCError, WorkflowFailureError):
+                return self  # a turn that failed: nothing after it to continue from
             self.turns += 1
             self.log = wire["log"]
 
