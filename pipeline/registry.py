@@ -254,7 +254,8 @@ class ToolRegistry:
             return unknown_tool_result(call.name)
         # No tool starts once its call is cancelled (or its deadline passed): -inf is a
         # cancelled scope; a checkpoint delivers the cancellation, which propagates.
-        if anyio.current_effective_deadline() <= anyio.current_time():
+        deadline = anyio.current_effective_deadline()
+        if deadline != math.inf and deadline <= anyio.current_time():
             await anyio.lowlevel.checkpoint()
         try:
             if tool.is_async:

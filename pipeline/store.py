@@ -193,12 +193,17 @@ class _Counter:
 
 
 _Entry: TypeAlias = _Bucket | _Breaker | _Slots | _Counter
+_ADMITTED: Final = Admission(True)
+_PROBE: Final = Admission(True, probe=True)
+_PROBING: Final = Admission(False, 0.0)
 
 
 class MemoryStore:
     """The in-process store: bounded, constant-time eviction of idle entries, never suspends."""
 
     name = "memory"
+    #: Its operations never suspend: callers need not shield their cleanup.
+    suspends = False
 
     def __init__(
         self,
@@ -288,10 +293,10 @@ class MemoryStore:
             breaker.state, breaker.probing = "half_open", False
         if breaker.state == "half_open":
             if breaker.probing:
-                return Admission(False, 0.0)
+                return _PROBING
             breaker.probing = True
-            return Admission(True, probe=True)
-        return Admission(True)
+            return _PROBE
+        return _ADMITTED
 
     async def record(
         self,

@@ -36,6 +36,7 @@ from guardstack.pipeline.validate import invalid, non_empty_text
 
 __all__ = [
     "OnError",
+    "StateKeys",
     "StoreFailures",
     "Validator",
     "check_key",
@@ -43,7 +44,7 @@ __all__ = [
     "positive",
     "ratio",
     "register",
-    "state_key",
+    "suspends",
 ]
 
 logger = logging.getLogger("guardstack")
@@ -53,6 +54,8 @@ Validator = Callable[[Any, Any, Any], None]
 OnError = Literal["open", "closed"]
 #: A store failure warns at most this often per layer application.
 _WARN_EVERY_S: Final = 60.0
+#: Store keys made from names are cached up to this many names (tools are few; models too).
+_MAX_CACHED_KEYS: Final = 10_000
 
 
 def register(scope: Scope, stage: str, layer: Layer, name: str) -> None:
@@ -97,11 +100,33 @@ class StoreFailures:
         return f"its {self.store.name} store is not answering"
 
 
-def state_key(
-    namespace: str, shared: str | None, adapter: StageAdapter[Any, Any], item: Any
-) -> str:
-    """The store key of a call: the application's namespace and the call's key."""
-    return f"{namespace}:{shared if shared is not None else adapter.key(item)}"
+class StateKeys:
+    """The store key of each call: the application's namespace and the call's key, made once
+    per tool (or model) name, not per call."""
+
+    __slots__ = ("_keys", "fixed", "namespace", "stage")
+
+    def __init__(self, namespace: str, shared: str | None, stage: StageAdapter[Any, Any]) -> None:
+        self.namespace = namespace
+        self.stage = stage
+        self.fixed = f"{namespace}:{shared}" if shared is not None else None
+        self._keys: dict[str, str] = {}
+
+    def __call__(self, item: Any) -> str:
+        if self.fixed is not None:
+            return self.fixed
+        name = self.stage.key(item)
+        key = self._keys.get(name)
+        if key is None:
+            if len(self._keys) >= _MAX_CACHED_KEYS:
+                self._keys.clear()
+            key = self._keys[name] = f"{self.namespace}:{name}"
+        return key
+
+
+def suspends(store: StateStore) -> bool:
+    """Whether the store's operations may suspend (a remote one): then cleanup is shielded."""
+    return bool(getattr(store, "suspends", True))
 
 
 def check_key(plugin: str, value: object) -> str | None:

@@ -50,13 +50,14 @@ from guardstack.pipeline.contract import (
 from guardstack.pipeline.validate import StageName, codes, integer, stage
 from guardstack.pipeline.values import TOOL_FAILED, TOOL_TIMEOUT
 from guardstack.wrappers._keyed import (
+    StateKeys,
     StoreFailures,
     check_key,
     check_store,
     positive,
     ratio,
     register,
-    state_key,
+    suspends,
 )
 
 __all__ = ["CircuitBreaker"]
@@ -137,13 +138,14 @@ def _why(what: str, wait_s: float) -> str:
 class _Breakers:
     """One application: the layer, on either stage, over breakers kept in a store."""
 
-    __slots__ = ("config", "failures", "namespace", "stage", "store")
+    __slots__ = ("config", "failures", "keys", "shield", "stage", "store")
 
     def __init__(self, config: CircuitBreaker, store: StateStore, namespace: str) -> None:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
-        self.namespace = namespace
+        self.keys = StateKeys(namespace, config.key, self.stage)
+        self.shield = suspends(store)
         self.failures = StoreFailures(PLUGIN, store, "open")
 
     def __repr__(self) -> str:
@@ -151,7 +153,7 @@ class _Breakers:
 
     async def __call__(self, item: Any, call_next: Any) -> Any:
         config, stage, store = self.config, self.stage, self.store
-        key = state_key(self.namespace, config.key, stage, item)
+        key = self.keys(item)
         try:
             admission = await store.admit(key, config.break_s)
         except Exception as error:
@@ -186,7 +188,7 @@ class _Breakers:
 
     async def _release_probe(self, key: str) -> None:
         try:
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=self.shield):
                 await self.store.release_probe(key)
         except Exception as error:
             self.failures.fails_open(error)

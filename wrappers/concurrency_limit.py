@@ -34,11 +34,12 @@ import attrs
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
 from guardstack.pipeline.validate import StageName, integer, optional_integer, stage
 from guardstack.wrappers._keyed import (
+    StateKeys,
     StoreFailures,
     check_key,
     check_store,
     register,
-    state_key,
+    suspends,
 )
 
 __all__ = ["ConcurrencyLimit"]
@@ -109,10 +110,11 @@ class SlotQueue:
     again every ``store.poll_s`` seconds (slots freed elsewhere wake no one here).
     """
 
-    __slots__ = ("queues", "store")
+    __slots__ = ("queues", "shield", "store")
 
     def __init__(self, store: StateStore) -> None:
         self.store = store
+        self.shield = suspends(store)
         self.queues: dict[str, deque[_Waiter]] = {}
 
     async def acquire(self, key: str, limit: int, queue: int, timeout_s: float | None) -> str:
@@ -159,7 +161,10 @@ class SlotQueue:
                 await waiter.event.wait()
 
     async def release(self, key: str, lease: str) -> None:
-        with anyio.CancelScope(shield=True):  # a slot always goes back, cancelled or not
+        if self.shield:
+            with anyio.CancelScope(shield=True):  # a slot always goes back, cancelled or not
+                await self.store.release(key, lease)
+        else:  # answers without suspending: nothing can cancel it
             await self.store.release(key, lease)
         waiting = self.queues.get(key)
         if waiting:
@@ -169,13 +174,13 @@ class SlotQueue:
 class _Limits:
     """One application: the layer, on either stage, over slots kept in a store."""
 
-    __slots__ = ("config", "failures", "namespace", "slots", "stage")
+    __slots__ = ("config", "failures", "keys", "slots", "stage")
 
     def __init__(self, config: ConcurrencyLimit, store: StateStore, namespace: str) -> None:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.slots = SlotQueue(store)
-        self.namespace = namespace
+        self.keys = StateKeys(namespace, config.key, self.stage)
         self.failures = StoreFailures(PLUGIN, store, "open")
 
     def __repr__(self) -> str:
@@ -183,7 +188,7 @@ class _Limits:
 
     async def __call__(self, item: Any, call_next: Any) -> Any:
         config, stage = self.config, self.stage
-        key = state_key(self.namespace, config.key, stage, item)
+        key = self.keys(item)
         timeout_ms = config.queue_timeout_ms
         try:
             lease = await self.slots.acquire(

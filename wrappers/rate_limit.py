@@ -34,12 +34,12 @@ import attrs
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
 from guardstack.pipeline.validate import StageName, boolean, integer, stage
 from guardstack.wrappers._keyed import (
+    StateKeys,
     StoreFailures,
     check_key,
     check_store,
     positive,
     register,
-    state_key,
 )
 
 __all__ = ["RateLimit"]
@@ -89,13 +89,13 @@ class RateLimit:
 class _Buckets:
     """One application: the layer, on either stage, and its queues of waiters per key."""
 
-    __slots__ = ("config", "failures", "namespace", "queues", "stage", "store")
+    __slots__ = ("config", "failures", "keys", "queues", "stage", "store")
 
     def __init__(self, config: RateLimit, store: StateStore, namespace: str) -> None:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
-        self.namespace = namespace
+        self.keys = StateKeys(namespace, config.key, self.stage)
         self.failures = StoreFailures(PLUGIN, store, "open")
         #: Waiters per key, head first; a key is here only while someone waits.
         self.queues: dict[str, deque[anyio.Event]] = {}
@@ -129,7 +129,7 @@ class _Buckets:
 
     async def __call__(self, item: Any, call_next: Any) -> Any:
         stage = self.stage
-        key = state_key(self.namespace, self.config.key, stage, item)
+        key = self.keys(item)
         refusal = None
         try:
             queue = self.queues.get(key)
