@@ -109,23 +109,25 @@ def test_calls_out_of_range_are_refused(calls: int) -> None:
         compare([("bare", Harness)], scenario, calls=calls)
 
 
-def test_json_output_is_byte_for_byte_the_same_for_a_seed(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """Unseeded jitter in the stacks' retries drew from the system's entropy before."""
+def example_comparison(calls: int) -> list[str]:
+    """``compare`` of the two example stacks on the example scenario."""
     examples = ROOT / "examples"
-    args = [
+    return [
         "compare",
         str(examples / "per-attempt.yaml"),
         str(examples / "whole-operation.yaml"),
         "--scenario",
         str(examples / "scenario.yaml"),
         "--calls",
-        "400",
-        "--seed",
-        "1",
-        "--json",
+        str(calls),
     ]
+
+
+def test_json_output_is_byte_for_byte_the_same_for_a_seed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Unseeded jitter in the stacks' retries drew from the system's entropy before."""
+    args = [*example_comparison(400), "--seed", "1", "--json"]
     outputs = []
     for _ in range(2):
         assert main(args) == 0
@@ -134,16 +136,7 @@ def test_json_output_is_byte_for_byte_the_same_for_a_seed(
 
 
 def test_the_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
-    examples = ROOT / "examples"
-    args = [
-        "compare",
-        str(examples / "per-attempt.yaml"),
-        str(examples / "whole-operation.yaml"),
-        "--scenario",
-        str(examples / "scenario.yaml"),
-        "--calls",
-        "300",
-    ]
+    args = example_comparison(300)
     assert main(args) == 0
     table = capsys.readouterr().out
     assert table.splitlines()[0].startswith("| stack ")

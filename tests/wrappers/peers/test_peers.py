@@ -117,8 +117,8 @@ async def test_pybreaker_half_open_lets_exactly_one_probe_through() -> None:
 # -- aiolimiter (tests/test_aiolimiter.py) ----------------------------------------------------
 
 
-async def test_aiolimiter_acquire_releases_capacity_over_time() -> None:
-    """test_acquire: 5 per 10 s (burst 5) — five at once, then one every 2 s."""
+def rate_limited(per_second: float, burst: int) -> tuple[Harness, list[float]]:
+    """A harness whose tool ``t`` records when each call starts, behind a rate limit."""
     starts: list[float] = []
     began = anyio.current_time()
 
@@ -128,7 +128,13 @@ async def test_aiolimiter_acquire_releases_capacity_over_time() -> None:
 
     built = Harness()
     built.tools.register(ToolDefinition("t", mark))
-    built.plugin(RateLimit(per_second=0.5, burst=5))
+    built.plugin(RateLimit(per_second=per_second, burst=burst))
+    return built, starts
+
+
+async def test_aiolimiter_acquire_releases_capacity_over_time() -> None:
+    """test_acquire: 5 per 10 s (burst 5) — five at once, then one every 2 s."""
+    built, starts = rate_limited(0.5, 5)
     async with anyio.create_task_group() as group:
         for _ in range(10):
             group.start_soon(built.tools.execute, call("t"))
@@ -138,16 +144,7 @@ async def test_aiolimiter_acquire_releases_capacity_over_time() -> None:
 async def test_aiolimiter_a_cancelled_task_does_not_delay_the_next() -> None:
     """test_task_cancelled: two waiters, the first cancelled — the second starts when the
     first would have, not a period later."""
-    starts: list[float] = []
-    began = anyio.current_time()
-
-    async def mark(arguments: Any, call: ToolCall) -> str:
-        starts.append(round(anyio.current_time() - began, 6))
-        return "ok"
-
-    built = Harness()
-    built.tools.register(ToolDefinition("t", mark))
-    built.plugin(RateLimit(per_second=1, burst=1))
+    built, starts = rate_limited(1, 1)
     await built.tools.execute(call("t"))  # the bucket is empty now
     first = anyio.CancelScope()
 
