@@ -78,9 +78,7 @@ async def served(*agents: TemporalAgent) -> AsyncIterator[Client]:
 
 
 async def test_temporal_corners(anyio_backend: Any) -> None:
-    hostile = ModelReply(
-        tool_calls=[ToolCallRequest(None, {}, 7), ToolCallRequest(42, {})]  # type: ignore[arg-type]
-    )
+    hostile = ModelReply(tool_calls=[ToolCallRequest(None, {}, 7), ToolCallRequest(42, {})])
     async with served(
         agent("hostile", [hostile, ModelReply("done")]),
         agent("stopper", [ask("stops", {}), ModelReply("done")]),

@@ -96,7 +96,8 @@ def assemble(order: list[str], stage: str, model: Any = None) -> tuple[Harness, 
     for name in order:
         built.plugin(LAYERS[name](stage), id=name)
         if name in ("limit", "rate"):
-            probes[name] = built.plugin(ProbePlugin(Probe(f"inside-{name}"), stage)).plugin.probe
+            probe = probes[name] = Probe(f"inside-{name}")
+            built.plugin(ProbePlugin(probe, stage))
     return built, probes
 
 

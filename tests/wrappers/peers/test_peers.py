@@ -132,12 +132,16 @@ def rate_limited(per_second: float, burst: int) -> tuple[Harness, list[float]]:
     return built, starts
 
 
+async def run(built: Harness) -> None:
+    await built.tools.execute(call("t"))
+
+
 async def test_aiolimiter_acquire_releases_capacity_over_time() -> None:
     """test_acquire: 5 per 10 s (burst 5) — five at once, then one every 2 s."""
     built, starts = rate_limited(0.5, 5)
     async with anyio.create_task_group() as group:
         for _ in range(10):
-            group.start_soon(built.tools.execute, call("t"))
+            group.start_soon(run, built)
     assert starts == [0.0] * 5 + [2.0, 4.0, 6.0, 8.0, 10.0]
 
 
