@@ -13,7 +13,10 @@ its position*, plus warnings for stacks that are probably not what was meant:
 * a circuit breaker inside a retry (it counts attempts: one failing operation
   counts several times — resilience4j's warning);
 * chaos in the stack (it injects faults on purpose);
-* no cap on tool calls, model calls or usage; no loop guard.
+* a tool's own budget applied outside a retry that retries ``TOOL_TIMEOUT`` (the
+  retry can never retry that timeout);
+* no cap on tool calls, model calls or usage; no loop guard (the reminder or
+  ``LoopDetector``).
 
 Call it from your own tests (``assert not check(harness).warnings``); the command
 prints it and, with ``--strict``, exits 1 on a warning.
@@ -24,6 +27,8 @@ from __future__ import annotations
 import attrs
 
 from guardstack.guards import (
+    AgentLimit,
+    LoopDetector,
     ModelCallLimit,
     RepeatToolReminder,
     ToolCallLimit,
@@ -113,8 +118,8 @@ def check(harness: Harness) -> Report:
         )
     if any(isinstance(p, Chaos) for p in plugins):
         warnings.append("chaos injects faults on purpose: for tests and game days, not production")
-    if not any(isinstance(p, RepeatToolReminder) for p in plugins):
-        warnings.append("no loop guard: repeat-tool-reminder is not applied")
+    if not any(isinstance(p, RepeatToolReminder | LoopDetector) for p in plugins):
+        warnings.append("no loop guard: neither repeat-tool-reminder nor loop-detector is applied")
     return Report(tuple(lines), tuple(warnings))
 
 
@@ -149,6 +154,29 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
         )
     if isinstance(plugin, ModelCallLimit | UsageLimit):
         return f"{plugin.name}: ends the turn blocked at its limit, before the next model request"
+    if isinstance(plugin, LoopDetector):
+        patterns = ", ".join(
+            f"{name} at {value}"
+            for name, value in (
+                ("identical", plugin.identical),
+                ("cycle", plugin.cycle),
+                ("no_progress", plugin.no_progress),
+                ("repeated_error", plugin.repeated_error),
+            )
+            if value is not None
+        )
+        ladder = ", ".join(
+            f"{rung} at detection {value}"
+            for rung, value in (
+                ("remind", plugin.remind),
+                ("deny", plugin.deny),
+                ("end the turn", plugin.end_turn),
+            )
+            if value is not None
+        )
+        return f"loop-detector: watches for loops ({patterns}); {ladder}; a new prompt resets it"
+    if isinstance(plugin, AgentLimit):
+        return f"agent-limit: at most {plugin.max_agents} agents; the next one is refused"
     return f"{getattr(plugin, 'name', type(plugin).__name__)}: (no explanation known)"
 
 
@@ -236,6 +264,15 @@ def _retry_warnings(plugins: list[object], budgets: dict[str, int]) -> list[str]
                 f"retry waits for {', '.join(unknown)}, which no layer in this stack produces "
                 f"(misspelt?); known here: {', '.join(sorted(produced))}"
             )
+    budget_outside = [p for p in outer if _timeout_on_tools(p) and getattr(p, "ms", None) is None]
+    retries_timeouts = callable(retry.retry_on) or TOOL_TIMEOUT in retry.retry_on
+    if budget_outside and retries_timeouts:
+        warnings.append(
+            "the tools' own budgets are applied outside the retry, which retries "
+            "TOOL_TIMEOUT: a timed-out call is the whole operation's end, so the retry can "
+            "never retry that timeout; apply the budget after the retry (per attempt), or give "
+            "the outer timeout a total with ms"
+        )
     per_attempt = [p for p in inner if _timeout_on_tools(p)]
     if budgets and not per_attempt:
         warnings.append(

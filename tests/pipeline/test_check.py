@@ -146,3 +146,50 @@ def test_the_resilience_layers_are_explained_by_position_and_warned_about() -> N
     assert warnings_of(others) == [
         "chaos injects faults on purpose: for tests and game days, not production"
     ]  # the codes the retry waits for are produced here: no "misspelt?" warning
+
+
+def test_every_plugin_guardstack_ships_is_explained() -> None:
+    from importlib.metadata import entry_points
+
+    from guardstack.pipeline.harness import PLUGIN_GROUP
+
+    required = {
+        "retry": {},
+        "timeout": {},
+        "metrics": {},
+        "tracing": {},
+        "circuit-breaker": {},
+        "concurrency-limit": {"max_concurrent": 2},
+        "rate-limit": {"per_second": 1},
+        "fallback": {"to": "search"},
+        "hedge": {"delay_ms": 100},
+        "chaos": {"rate": 0.1, "fault": "hang"},
+        "tool-call-limit": {"per_turn": 3},
+        "agent-limit": {"max_agents": 3},
+        "model-call-limit": {"per_turn": 3},
+        "usage-limit": {"tokens_per_turn": 100},
+    }
+    for point in entry_points(group=PLUGIN_GROUP):
+        harness = Harness()
+        harness.tools.register(ToolDefinition("search", _tool))
+        harness.load([{"name": point.name, "config": required.get(point.name, {})}])
+        [line] = check(harness).lines
+        assert "no explanation known" not in line, point.name
+
+
+def test_the_loop_detector_counts_as_a_loop_guard() -> None:
+    from guardstack.guards import LoopDetector
+
+    assert (
+        warnings_of(stack(ToolCallLimit(per_turn=40), LoopDetector(), ToolCallTimeoutPolicy()))
+        == []
+    )
+
+
+def test_a_tools_budget_outside_a_retry_of_timeouts_is_a_retry_that_never_retries() -> None:
+    outside = stack(*GUARDS, ToolCallTimeoutPolicy(), Retry(attempts=3))
+    assert any("can never retry that timeout" in w for w in warnings_of(outside))
+    inside = stack(*GUARDS, Retry(attempts=3), ToolCallTimeoutPolicy())
+    assert not any("can never retry that timeout" in w for w in warnings_of(inside))
+    total = stack(*GUARDS, Timeout(ms=20_000), Retry(attempts=3), ToolCallTimeoutPolicy())
+    assert not any("can never retry that timeout" in w for w in warnings_of(total))
