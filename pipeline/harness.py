@@ -104,6 +104,11 @@ class Harness:
 
     def plugin(self, plugin: Plugin, *, id: str | None = None) -> PluginHandle:
         """Apply ``plugin`` in its own scope; later plugins sit inside earlier ones."""
+        if isinstance(plugin, type):
+            raise TypeError(
+                f"harness.plugin() takes a plugin instance, got the class {plugin.__name__}; "
+                f"write harness.plugin({plugin.__name__}()) (with its configuration)"
+            )
         apply = getattr(plugin, "apply", None)
         if not callable(apply):
             raise TypeError(f"{cut(plugin)} is not a plugin: it has no apply(scope) method")

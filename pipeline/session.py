@@ -683,7 +683,13 @@ class Session:
                 if cut_off and number == len(lines) and number > 1:
                     damaged_tail = line.decode("utf-8", "replace")
                     break
-                reason = "nested too deeply" if isinstance(error, RecursionError) else error
+                reason: object = error
+                if isinstance(error, RecursionError):
+                    reason = "nested too deeply"
+                elif isinstance(error, json.JSONDecodeError):
+                    reason = f"not JSON ({error.msg} at column {error.colno})"
+                    if number == 1:
+                        reason = f"{reason}; is this a guardstack session log (JSON Lines)?"
                 raise SessionCorruptError(f"{origin}: line {number}: {reason}") from error
         if session_id is None:
             raise SessionCorruptError(f"{origin}: empty file, no session header")

@@ -247,3 +247,19 @@ async def test_one_sync_tools_hung_threads_cannot_starve_another_sync_tool() -> 
         release.set()
     assert outcome.result.content == "fine"
     assert order == ["healthy ran", "released"]
+
+
+def test_a_plugin_class_instead_of_an_instance_says_so() -> None:
+    from guardstack.guards import LoopDetector
+
+    with pytest.raises(TypeError, match=r"write harness.plugin\(LoopDetector\(\)\)"):
+        Harness().plugin(LoopDetector)  # type: ignore[arg-type]
+
+
+def test_a_file_that_is_not_a_session_log_says_what_it_is(tmp_path: Path) -> None:
+    from guardstack.pipeline import SessionCorruptError
+
+    path = tmp_path / "notes.txt"
+    path.write_text("hello, not a log\n")
+    with pytest.raises(SessionCorruptError, match=r"line 1: not JSON .*session log"):
+        Session.load(path)
