@@ -27,6 +27,7 @@ from guardstack.pipeline.errors import (
     TurnBlocked,
     TurnInProgressError,
 )
+from guardstack.pipeline.functions import tool
 from guardstack.pipeline.harness import PLUGIN_GROUP, Harness, PluginHandle
 from guardstack.pipeline.loop import Agent, AgentLoop, TurnResult
 from guardstack.pipeline.model import (
@@ -174,4 +175,5 @@ __all__ = [
     "Usage",
     "UserMessage",
     "timeout_result",
+    "tool",
 ]

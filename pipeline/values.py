@@ -338,6 +338,8 @@ class ToolDefinition:
     #: ``False``: running it twice does harm (sends, pays, deletes) — ``Retry`` never
     #: re-runs it; ``True``: safe to repeat; ``None``: not declared.
     idempotent: bool | None = attrs.field(default=None)
+    #: ``True``: it changes or destroys something a person may want to approve first.
+    destructive: bool | None = attrs.field(default=None, kw_only=True)
     is_async: bool = attrs.field(init=False)
 
     @timeout_ms.validator
@@ -349,6 +351,36 @@ class ToolDefinition:
     def _check_idempotent(self, _: attrs.Attribute[bool | None], value: object) -> None:
         if value is not None and not isinstance(value, bool):
             raise invalid(f"tool {self.name!r}", "idempotent", value, "True, False or None")
+
+    @destructive.validator
+    def _check_destructive(self, _: attrs.Attribute[bool | None], value: object) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise invalid(f"tool {self.name!r}", "destructive", value, "True, False or None")
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout_ms: int | None = None,
+        idempotent: bool | None = None,
+        destructive: bool | None = None,
+    ) -> ToolDefinition:
+        """A tool from a plain or ``async`` function: its JSON Schema from the annotations,
+        its descriptions from the docstring, arguments checked (and converted) before each
+        call (see ``guardstack.pipeline.functions``)."""
+        from guardstack.pipeline.functions import from_function
+
+        return from_function(
+            fn,
+            name=name,
+            description=description,
+            timeout_ms=timeout_ms,
+            idempotent=idempotent,
+            destructive=destructive,
+        )
 
     def __attrs_post_init__(self) -> None:
         if not callable(self.execute):
