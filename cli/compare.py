@@ -45,7 +45,17 @@ from guardstack.pipeline.values import (
 )
 from guardstack.wrappers.retry import seeded_draws
 
-__all__ = ["Scenario", "StackStats", "ToolProfile", "compare", "load_scenario", "plot", "render"]
+__all__ = [
+    "Scenario",
+    "StackStats",
+    "ToolProfile",
+    "compare",
+    "figure",
+    "load_scenario",
+    "plot",
+    "render",
+    "scenario_budgets",
+]
 
 EXTRA = "compare"
 MAX_ATTEMPTS = 16  # draws per call: more than any sensible retry makes
@@ -444,28 +454,82 @@ def render(results: Sequence[StackStats]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: Sequence[StackStats], path: str) -> None:
-    """Each stack's latency distribution (left) and success rate (right), as a PNG."""
+def figure(
+    results: Sequence[StackStats],
+    *,
+    title: str | None = None,
+    budgets_ms: Mapping[str, float] | None = None,
+) -> Any:
+    """The comparison as a matplotlib figure: each stack's latency distribution (left) and
+    success rate (right), one colour per stack in both, the rate printed on its bar, and a
+    dashed marker at each tool's declared budget."""
     matplotlib = require("matplotlib", "plot")
     matplotlib.use("Agg")  # no display needed
     pyplot = require("matplotlib.pyplot", "plot")
-    figure, (latency, success) = pyplot.subplots(
+    drawn, (latency, success) = pyplot.subplots(
         1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]}
     )
-    for stats in results:
+    colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, stats in enumerate(results):
         count = len(stats.latencies_ms)
-        shares = [(index + 1) / count for index in range(count)]
-        latency.step(stats.latencies_ms, shares, where="post", label=stats.config)
+        shares = [(n + 1) / count for n in range(count)]
+        colour = colours[index % len(colours)]
+        latency.step(stats.latencies_ms, shares, where="post", label=stats.config, color=colour)
+    for tool, ms in sorted((budgets_ms or {}).items()):
+        latency.axvline(ms, color="grey", linestyle="--", linewidth=1)
+        latency.annotate(
+            f"{tool} budget {ms:,.0f} ms",
+            (ms, 0.02),
+            rotation=90,
+            fontsize="x-small",
+            color="grey",
+            ha="right",
+            va="bottom",
+        )
     latency.set_xscale("log")
     latency.set_xlabel("latency per call (ms, log scale)")
     latency.set_ylabel("share of calls answered or given up by then")
     latency.grid(True, which="both", alpha=0.3)
     latency.legend(fontsize="small")
     names = [stats.config for stats in results]
-    success.barh(names, [stats.success_rate * 100 for stats in results])
+    rates = [stats.success_rate * 100 for stats in results]
+    bars = success.barh(
+        names, rates, color=[colours[index % len(colours)] for index in range(len(results))]
+    )
+    for bar, rate in zip(bars, rates, strict=True):
+        inside = rate > 25
+        success.text(
+            rate - 2 if inside else rate + 2,
+            bar.get_y() + bar.get_height() / 2,
+            f"{rate:.1f}%",
+            va="center",
+            ha="right" if inside else "left",
+            color="white" if inside else "black",
+            fontsize="small",
+        )
     success.set_xlim(0, 100)
     success.set_xlabel("success (%)")
     success.invert_yaxis()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    pyplot.close(figure)
+    if title:
+        drawn.suptitle(title)
+    drawn.tight_layout()
+    return drawn
+
+
+def plot(
+    results: Sequence[StackStats],
+    path: str,
+    *,
+    title: str | None = None,
+    budgets_ms: Mapping[str, float] | None = None,
+) -> None:
+    """``figure(...)`` saved as a PNG."""
+    drawn = figure(results, title=title, budgets_ms=budgets_ms)
+    pyplot = require("matplotlib.pyplot", "plot")
+    drawn.savefig(path, dpi=110)
+    pyplot.close(drawn)
+
+
+def scenario_budgets(scenario: Scenario) -> dict[str, float]:
+    """Each simulated tool's declared budget (for the plot's markers)."""
+    return {tool.name: float(tool.timeout_ms) for tool in scenario.tools if tool.timeout_ms}

@@ -119,7 +119,9 @@ def _describe_event(event: Any) -> str | None:
 
 
 async def _agent_section(out: TextIO, telemetry: DemoTelemetry, save_to: Path | None) -> None:
-    out.write("2. The seed's two guards on a looping agent (the seed's YAML, as entries)\n\n")
+    out.write(
+        "2. The original system's two guards on a looping agent (its YAML, as entries)\n\n"
+    )
     model = ScriptedModel(_agent_script())
     harness = Harness(model=model)
     for tool in (
@@ -148,7 +150,7 @@ async def _agent_section(out: TextIO, telemetry: DemoTelemetry, save_to: Path | 
     out.write(
         "   The reminder came after the third identical grep: key order does not matter,\n"
         "   and todo_write is excluded, so it neither counted nor broke the chain. The\n"
-        "   hung web_fetch ended at its own 300 ms budget with the seed's error.\n"
+        "   hung web_fetch ended at its own 300 ms budget with the original system's error.\n"
     )
     if save_to is not None:
         agent.session.save(save_to)
@@ -243,12 +245,15 @@ async def _tracing_section(out: TextIO, telemetry: DemoTelemetry) -> None:
         attributes = span.attributes or {}
         duration_ms = (span.end_time - span.start_time) / 1e6
         notes = [f"{duration_ms:.0f} ms"]
-        if "guardstack.attempt" in attributes and "guardstack.layer" in attributes:
+        below = children.get(span.context.span_id, [])
+        if attributes.get("guardstack.layer") == "retry":
+            notes.append(f"{len(below)} attempts")  # the retry wraps them; it is not one
+        elif "guardstack.attempt" in attributes and "guardstack.layer" in attributes:
             notes.append(f"attempt {attributes['guardstack.attempt']}")
         if "error.type" in attributes:
             notes.append(f"error.type={attributes['error.type']}")
         out.write(f"   {'  ' * depth}{span.name}  ({', '.join(notes)})\n")
-        for child in sorted(children.get(span.context.span_id, []), key=lambda s: s.start_time):
+        for child in sorted(below, key=lambda s: s.start_time):
             show(child, depth + 1)
 
     show(root, 0)

@@ -194,9 +194,15 @@ def _run(arguments: argparse.Namespace) -> int:
             progress=not arguments.json and sys.stderr.isatty(),
         )
         if arguments.plot is not None:
-            from guardstack.cli.compare import plot
+            from guardstack.cli.compare import plot, scenario_budgets
 
-            plot(results, str(arguments.plot))
+            plot(
+                results,
+                str(arguments.plot),
+                title=f"{arguments.scenario.name}, seed {arguments.seed}, "
+                f"{arguments.calls or scenario.calls:,} calls per stack",
+                budgets_ms=scenario_budgets(scenario),
+            )
         if arguments.json:
             _print(json.dumps({"stacks": [stats.to_dict() for stats in results]}, indent=2))
         else:

@@ -12,7 +12,7 @@ Steps to detection count the wasted calls made before the detection fired.
 
 Detectors:
 
-* the seed's ``RepeatToolReminder`` with its first threshold at 3, 5 and 8;
+* the original system's ``RepeatToolReminder`` with its first threshold at 3, 5 and 8;
 * gemini-cli's tool-call rule, re-implemented from its public source
   (``packages/core/src/services/loopDetectionService.ts``, Apache-2.0): a tool call
   whose name and arguments hash the same as the previous ones, 5 times
@@ -126,9 +126,9 @@ class OpenHands(_Rule):
 def detectors() -> dict[str, Callable[[], Any]]:
     default = LoopDetector(exclude=["todo"])
     return {
-        "seed reminder @3": lambda: RepeatToolReminder(thresholds=(3,), exclude=["todo"]),
-        "seed reminder @5": lambda: RepeatToolReminder(thresholds=(5,), exclude=["todo"]),
-        "seed reminder @8": lambda: RepeatToolReminder(thresholds=(8,), exclude=["todo"]),
+        "original reminder @3": lambda: RepeatToolReminder(thresholds=(3,), exclude=["todo"]),
+        "original reminder @5": lambda: RepeatToolReminder(thresholds=(5,), exclude=["todo"]),
+        "original reminder @8": lambda: RepeatToolReminder(thresholds=(8,), exclude=["todo"]),
         "gemini-cli (cycle 1-5 x5)": GeminiCli,
         "OpenHands StuckDetector": OpenHands,
         "LoopDetector, all at 3": lambda: LoopDetector(

@@ -167,6 +167,32 @@ def test_plot_draws_a_png(tmp_path: Path) -> None:
     assert len(results[0].latencies_ms) == 200
 
 
+def test_the_plot_can_be_read_at_a_glance() -> None:
+    """A title naming scenario and seed, one colour per stack in both panels, the rate on
+    each bar, a marker at each declared budget."""
+    from matplotlib.colors import to_hex
+
+    from guardstack.cli.compare import figure, scenario_budgets
+
+    scenario = load_scenario(hanging(0.2, 100))
+    results = compare(
+        [("per attempt", lambda: retry_then_policy(3)), ("bare", Harness)], scenario, seed=1
+    )
+    drawn = figure(results, title="hang.yaml, seed 1", budgets_ms=scenario_budgets(scenario))
+    latency, success = drawn.axes
+    assert drawn._suptitle.get_text() == "hang.yaml, seed 1"
+    lines = [line for line in latency.get_lines() if line.get_linestyle() == "-"]
+    line_colours = [to_hex(line.get_color()) for line in lines]
+    bar_colours = [to_hex(bar.get_facecolor()) for bar in success.patches]
+    assert line_colours == bar_colours
+    assert len(set(line_colours)) == 2
+    labels = sorted(text.get_text() for text in success.texts)
+    assert labels == sorted(f"{stats.success_rate * 100:.1f}%" for stats in results)
+    budgets = [line for line in latency.get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_xdata()[0] for line in budgets] == [200.0]
+    assert "t budget 200 ms" in [text.get_text() for text in latency.texts]
+
+
 def test_the_progress_bar_changes_nothing() -> None:
     scenario = load_scenario(hanging(0.2, 100))
     quiet = compare([("bare", Harness)], scenario, seed=5)
