@@ -311,6 +311,24 @@ def _is_async_callable(function: object) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
+def _check_takes_two(name: str, execute: Callable[..., Any]) -> None:
+    """``execute`` must accept ``(arguments, call)``: say so now, not to the model later."""
+    try:
+        signature = inspect.signature(execute)
+    except (TypeError, ValueError):  # a builtin or an object with no signature: trust it
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise ConfigError(
+            f"tool {name!r}: `execute` must take (arguments, call), but its signature is "
+            f"{signature}; for a function of named parameters use "
+            "ToolDefinition.from_function(fn) or @tool",
+            key="execute",
+            value=execute,
+        ) from None
+
+
 def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return dict(parameters)
 
@@ -389,6 +407,7 @@ class ToolDefinition:
                 key="execute",
                 value=self.execute,
             )
+        _check_takes_two(self.name, self.execute)
         object.__setattr__(self, "is_async", _is_async_callable(self.execute))
 
     def schema(self) -> dict[str, Any]:

@@ -10,11 +10,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import anyio._core._subprocesses  # noqa: F401 - see below
 import pytest
 from hypothesis import HealthCheck, settings
 from trio.testing import MockClock
 
 from tests.virtual_time import VirtualTimeEventLoop
+
+# anyio imports its subprocess module lazily, and pytest rewrites it (anyio is a pytest
+# plugin) when first used — mid-run, where CPython 3.11.7's parser can trip over its own
+# recursion bookkeeping ("AST constructor recursion depth mismatch"). Import it up front.
 
 settings.register_profile(
     "default",

@@ -25,7 +25,11 @@ ELSEWHERE = {
 #: What each page's examples must print (a page without examples lists nothing).
 PRINTS = {
     "README.md": ["completed - Found one TODO.", "You are repeating the exact same tool call"],
-    "docs/tools.md": ['\'content\': \'{"url": "https://example.org", "status": 200}\''],
+    "docs/tools.md": [
+        '\'content\': \'{"url": "https://example.org", "status": 200}\'',
+        "10 top hits for anyio",
+        "Error: argument 'limit' must be an integer, got text 'ten'",
+    ],
     "docs/agents.md": [
         "completed 2 steps - It is 09:30.",
         "'turn/start', 'user/message', 'step/start', 'assistant/message', 'tool/call'",
@@ -50,6 +54,7 @@ PRINTS = {
     "docs/index.md": [],
     "docs/testing.md": [],
     "docs/speed.md": [],
+    "docs/errors.md": [],
     "docs/design.md": [],
     "docs/models.md": [],
     "docs/mcp.md": [],

@@ -45,6 +45,7 @@ from guardstack.wrappers._keyed import (
 __all__ = ["RateLimit"]
 
 PLUGIN = "rate-limit"
+_SHORTEST_WAIT_S = 1e-6
 
 
 def _stage(value: object) -> StageName:
@@ -118,7 +119,9 @@ class _Buckets:
                 wait_s = await self._take(key)
                 if wait_s <= 0:
                     return
-                await anyio.sleep(wait_s)
+                # Never a wait shorter than the clock can add: at a large (virtual) time a
+                # wait of 1e-10 s does not move it, and the waiter would spin.
+                await anyio.sleep(max(wait_s, _SHORTEST_WAIT_S))
         finally:
             at_head = queue[0] is turn
             queue.remove(turn)

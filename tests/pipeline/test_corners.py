@@ -263,3 +263,15 @@ def test_a_file_that_is_not_a_session_log_says_what_it_is(tmp_path: Path) -> Non
     path.write_text("hello, not a log\n")
     with pytest.raises(SessionCorruptError, match=r"line 1: not JSON .*session log"):
         Session.load(path)
+
+
+def test_a_tool_whose_execute_cannot_take_arguments_and_call_is_refused_at_once() -> None:
+    from guardstack.pipeline import ConfigError
+
+    async def wrong(query: str) -> str:
+        return query
+
+    with pytest.raises(
+        ConfigError, match=r"`execute` must take \(arguments, call\).*from_function"
+    ):
+        ToolDefinition("wrong", wrong)
