@@ -119,9 +119,7 @@ def _describe_event(event: Any) -> str | None:
 
 
 async def _agent_section(out: TextIO, telemetry: DemoTelemetry, save_to: Path | None) -> None:
-    out.write(
-        "2. The original system's two guards on a looping agent (its YAML, as entries)\n\n"
-    )
+    out.write("2. The original system's two guards on a looping agent (its YAML, as entries)\n\n")
     model = ScriptedModel(_agent_script())
     harness = Harness(model=model)
     for tool in (

@@ -274,4 +274,4 @@ def test_a_tool_whose_execute_cannot_take_arguments_and_call_is_refused_at_once(
     with pytest.raises(
         ConfigError, match=r"`execute` must take \(arguments, call\).*from_function"
     ):
-        ToolDefinition("wrong", wrong)
+        ToolDefinition("wrong", wrong)  # type: ignore[arg-type]
