@@ -24,7 +24,11 @@ ELSEWHERE = {
 
 #: What each page's examples must print (a page without examples lists nothing).
 PRINTS = {
-    "README.md": ["completed - Found one TODO.", "You are repeating the exact same tool call"],
+    "README.md": [
+        "completed - Found one TODO.",
+        "You are repeating the exact same tool call",
+        "'q': {'type': 'string', 'description': 'The text to look for.'}",
+    ],
     "docs/tools.md": [
         '\'content\': \'{"url": "https://example.org", "status": 200}\'',
         "10 top hits for anyio",
