@@ -155,29 +155,28 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
     if isinstance(plugin, ModelCallLimit | UsageLimit):
         return f"{plugin.name}: ends the turn blocked at its limit, before the next model request"
     if isinstance(plugin, LoopDetector):
-        patterns = ", ".join(
-            f"{name} at {value}"
-            for name, value in (
-                ("identical", plugin.identical),
-                ("cycle", plugin.cycle),
-                ("no_progress", plugin.no_progress),
-                ("repeated_error", plugin.repeated_error),
-            )
-            if value is not None
+        patterns = _those_set(
+            "{} at {}",
+            identical=plugin.identical,
+            cycle=plugin.cycle,
+            no_progress=plugin.no_progress,
+            repeated_error=plugin.repeated_error,
         )
-        ladder = ", ".join(
-            f"{rung} at detection {value}"
-            for rung, value in (
-                ("remind", plugin.remind),
-                ("deny", plugin.deny),
-                ("end the turn", plugin.end_turn),
-            )
-            if value is not None
+        ladder = _those_set(
+            "{} at detection {}",
+            **{"remind": plugin.remind, "deny": plugin.deny, "end the turn": plugin.end_turn},
         )
         return f"loop-detector: watches for loops ({patterns}); {ladder}; a new prompt resets it"
     if isinstance(plugin, AgentLimit):
         return f"agent-limit: at most {plugin.max_agents} agents; the next one is refused"
     return f"{getattr(plugin, 'name', type(plugin).__name__)}: (no explanation known)"
+
+
+def _those_set(template: str, **values: int | None) -> str:
+    """``template`` filled with each name and value that is set, comma-separated."""
+    return ", ".join(
+        template.format(name, value) for name, value in values.items() if value is not None
+    )
 
 
 def _explain_resilience(plugin: object, inside: bool, outside: bool, what: str) -> str | None:

@@ -121,6 +121,8 @@ class StageAdapter(Generic[ItemT, ValueT]):
     name: str
     #: A fixed budget must be given (a model declares none).
     needs_budget: bool
+    #: Calls carry a tool name (name patterns such as ``tools=`` apply).
+    has_names: bool
 
     def attempt(
         self, call_next: Callable[[ItemT], Awaitable[ValueT]], item: ItemT
@@ -226,6 +228,7 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
 
     name = "dispatch"
     needs_budget = False
+    has_names = True
 
     def attempt(
         self, call_next: Callable[[ToolCall], Awaitable[ToolResult]], item: ToolCall
@@ -344,6 +347,7 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply]):
 
     name = "model"
     needs_budget = True
+    has_names = False
 
     def attempt(
         self, call_next: Callable[[ModelRequest], Awaitable[ModelReply]], item: ModelRequest

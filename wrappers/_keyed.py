@@ -18,13 +18,14 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, Protocol
 
 import anyio
 
 from guardstack.pipeline.contract import (
     MODEL,
+    FailureKind,
     Layer,
     Scope,
     StageAdapter,
@@ -41,9 +42,12 @@ __all__ = [
     "Validator",
     "check_key",
     "check_store",
+    "codes_of",
     "positive",
     "ratio",
+    "refuse_names_without_names",
     "register",
+    "stage_repr",
     "suspends",
 ]
 
@@ -56,6 +60,26 @@ OnError = Literal["open", "closed"]
 _WARN_EVERY_S: Final = 60.0
 #: Store keys made from names are cached up to this many names (tools are few; models too).
 _MAX_CACHED_KEYS: Final = 10_000
+
+
+def stage_repr(stage: str) -> str:
+    """What a layer's repr adds for its stage: nothing for the default, ``stage='model'``."""
+    return "" if adapter_for(stage).name == "dispatch" else f", stage={stage!r}"
+
+
+def codes_of(stage: str, kinds: Mapping[str, tuple[FailureKind, ...]]) -> frozenset[str]:
+    """A layer's default codes: the kinds it names for the stage, in the stage's own codes."""
+    adapter = adapter_for(stage)
+    return frozenset(adapter.code_for(kind) for kind in kinds[adapter.name])
+
+
+def refuse_names_without_names(plugin: str, stage: str, **patterns: tuple[str, ...]) -> None:
+    """``tools=``/``exclude=`` on a stage whose calls carry no tool name: a mistake."""
+    if adapter_for(stage).has_names:
+        return
+    for key, value in patterns.items():
+        if value:
+            raise invalid(plugin, key, value, f"empty on the {stage} stage (no tools)")
 
 
 def register(scope: Scope, stage: str, layer: Layer, name: str) -> None:

@@ -32,15 +32,13 @@ fails lets calls through (``on_error`` of the store says otherwise).
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import anyio
 import attrs
 
 from guardstack.pipeline.contract import (
-    MODEL_FAILED,
-    MODEL_TIMEOUT,
-    MODEL_UNAVAILABLE,
+    FailureKind,
     Outcome,
     Scope,
     StageAdapter,
@@ -48,15 +46,16 @@ from guardstack.pipeline.contract import (
     adapter_for,
 )
 from guardstack.pipeline.validate import StageName, codes, integer, stage
-from guardstack.pipeline.values import TOOL_FAILED, TOOL_TIMEOUT
 from guardstack.wrappers._keyed import (
     StateKeys,
     StoreFailures,
     check_key,
     check_store,
+    codes_of,
     positive,
     ratio,
     register,
+    stage_repr,
     suspends,
 )
 
@@ -65,10 +64,14 @@ __all__ = ["CircuitBreaker"]
 PLUGIN = "circuit-breaker"
 
 
+_DEFAULT_ON: Final[dict[str, tuple[FailureKind, ...]]] = {
+    "dispatch": ("TIMEOUT", "FAILED"),
+    "model": ("TIMEOUT", "UNAVAILABLE", "FAILED"),
+}
+
+
 def _default_on(self: CircuitBreaker) -> frozenset[str]:
-    if self.stage == "model":
-        return frozenset({MODEL_TIMEOUT, MODEL_UNAVAILABLE, MODEL_FAILED})
-    return frozenset({TOOL_TIMEOUT, TOOL_FAILED})
+    return codes_of(self.stage, _DEFAULT_ON)
 
 
 def _minimum_calls(_: Any, __: Any, value: Any) -> None:
@@ -109,7 +112,7 @@ class CircuitBreaker:
     )
 
     def __repr__(self) -> str:
-        where = ", stage='model'" if self.stage == "model" else ""
+        where = stage_repr(self.stage)
         shared = f", key={self.key!r}" if self.key is not None else ""
         return (
             f"CircuitBreaker(failure_ratio={self.failure_ratio}, minimum_calls="

@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import attrs
 
 from guardstack.pipeline.contract import (
-    MODEL_RATE_LIMITED,
-    MODEL_TIMEOUT,
-    MODEL_UNAVAILABLE,
+    FailureKind,
     ModelReply,
     ModelRequest,
     Scope,
@@ -45,15 +43,10 @@ from guardstack.pipeline.contract import (
 )
 from guardstack.pipeline.validate import StageName, codes, cut, invalid, stage
 from guardstack.pipeline.values import (
-    TOOL_FAILED,
-    TOOL_OVERLOADED,
-    TOOL_RATE_LIMITED,
-    TOOL_TIMEOUT,
-    TOOL_UNAVAILABLE,
     ToolCall,
     ToolDefinition,
 )
-from guardstack.wrappers._keyed import register
+from guardstack.wrappers._keyed import codes_of, register, stage_repr
 
 __all__ = ["Fallback"]
 
@@ -67,12 +60,14 @@ def _stage(value: object) -> StageName:
     return stage(PLUGIN, value)
 
 
+_DEFAULT_ON: Final[dict[str, tuple[FailureKind, ...]]] = {
+    "dispatch": ("TIMEOUT", "FAILED", "UNAVAILABLE", "OVERLOADED", "RATE_LIMITED"),
+    "model": ("UNAVAILABLE", "RATE_LIMITED", "TIMEOUT"),
+}
+
+
 def _default_on(self: Fallback) -> frozenset[str]:
-    if self.stage == "model":
-        return frozenset({MODEL_UNAVAILABLE, MODEL_RATE_LIMITED, MODEL_TIMEOUT})
-    return frozenset(
-        {TOOL_TIMEOUT, TOOL_FAILED, TOOL_UNAVAILABLE, TOOL_OVERLOADED, TOOL_RATE_LIMITED}
-    )
+    return codes_of(self.stage, _DEFAULT_ON)
 
 
 def _on(value: object) -> frozenset[str]:
@@ -93,7 +88,8 @@ class Fallback:
     )
 
     def __attrs_post_init__(self) -> None:
-        if self.stage == "model":
+        # Without tools on the stage (model calls), the answer instead can only be a model.
+        if not adapter_for(self.stage).has_names:
             if not callable(getattr(self.to, "complete", None)):
                 raise invalid(PLUGIN, "to", self.to, "a model (an object with complete())")
         elif isinstance(self.to, str):
@@ -109,7 +105,7 @@ class Fallback:
     def _instead(self, scope: Scope) -> _Instead:
         """What answers instead, for what ``to`` is (checked at construction)."""
         target = self.to
-        if self.stage == "model":
+        if not adapter_for(self.stage).has_names:
 
             def other_model(request: ModelRequest, _: Any) -> Awaitable[ModelReply]:
                 return target.complete(list(request.messages), list(request.tools))  # type: ignore[no-any-return]
@@ -128,7 +124,7 @@ class Fallback:
         return function
 
     def __repr__(self) -> str:
-        where = ", stage='model'" if self.stage == "model" else ""
+        where = stage_repr(self.stage)
         target = self.to if isinstance(self.to, str) else getattr(self.to, "__name__", None)
         return f"Fallback(to={cut(target or self.to)}{where}, on={sorted(self.on)})"
 

@@ -49,7 +49,7 @@ from guardstack.pipeline.validate import (
     stage,
 )
 from guardstack.pipeline.values import validate_timeout_ms
-from guardstack.wrappers._keyed import register
+from guardstack.wrappers._keyed import refuse_names_without_names, register, stage_repr
 
 __all__ = ["Hedge"]
 
@@ -89,8 +89,7 @@ class Hedge:
     _stage: StageAdapter[Any, Any] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.stage == "model" and self.tools:
-            raise invalid(PLUGIN, "tools", self.tools, "empty on the model stage (no tools)")
+        refuse_names_without_names(PLUGIN, self.stage, tools=self.tools)
         object.__setattr__(self, "_tools", compile_patterns(self.tools))
         object.__setattr__(self, "_stage", adapter_for(self.stage))
 
@@ -176,5 +175,5 @@ class Hedge:
 
     def __repr__(self) -> str:
         names = f", tools={list(self.tools)!r}" if self.tools else ""
-        where = ", stage='model'" if self.stage == "model" else ""
+        where = stage_repr(self.stage)
         return f"Hedge(delay_ms={self.delay_ms}, max_hedges={self.max_hedges}{where}{names})"

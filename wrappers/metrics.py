@@ -46,7 +46,7 @@ from guardstack.pipeline.contract import (
 from guardstack.pipeline.validate import StageName, invalid
 from guardstack.pipeline.validate import stage as check_stage
 from guardstack.pipeline.values import ToolCall, ToolResult
-from guardstack.wrappers._keyed import register
+from guardstack.wrappers._keyed import register, stage_repr
 from guardstack.wrappers._otel import (
     VERSION,
     exception_error_type,
@@ -182,4 +182,4 @@ class Metrics:
             self._tokens.record(usage.output_tokens, {**attributes, "gen_ai.token.type": "output"})
 
     def __repr__(self) -> str:
-        return "Metrics(stage='model')" if self.stage == "model" else "Metrics()"
+        return f"Metrics({stage_repr(self.stage).lstrip(', ')})"

@@ -52,7 +52,7 @@ import re
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import anyio
 import anyio.lowlevel
@@ -60,11 +60,8 @@ import attrs
 
 from guardstack.pipeline.contract import (
     DISPATCH,
-    MODEL_OVERLOADED,
-    MODEL_RATE_LIMITED,
-    MODEL_TIMEOUT,
-    MODEL_UNAVAILABLE,
     DispatchNext,
+    FailureKind,
     Outcome,
     Scope,
     StageAdapter,
@@ -81,8 +78,8 @@ from guardstack.pipeline.validate import (
     patterns,
     stage,
 )
-from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
-from guardstack.wrappers._keyed import register
+from guardstack.pipeline.values import ToolCall, ToolResult
+from guardstack.wrappers._keyed import codes_of, refuse_names_without_names, register, stage_repr
 
 __all__ = ["Retry", "RetryBudget", "no_backoff", "seeded_draws"]
 
@@ -182,10 +179,14 @@ def _stage(value: object) -> StageName:
     return stage(PLUGIN, value)
 
 
-def _default_retry_on(self: Retry) -> tuple[str, ...]:
-    if self.stage == "model":
-        return (MODEL_RATE_LIMITED, MODEL_UNAVAILABLE, MODEL_OVERLOADED, MODEL_TIMEOUT)
-    return (TOOL_TIMEOUT,)
+_DEFAULT_RETRY_ON: Final[dict[str, tuple[FailureKind, ...]]] = {
+    "dispatch": ("TIMEOUT",),
+    "model": ("RATE_LIMITED", "UNAVAILABLE", "OVERLOADED", "TIMEOUT"),
+}
+
+
+def _default_retry_on(self: Retry) -> frozenset[str]:
+    return codes_of(self.stage, _DEFAULT_RETRY_ON)
 
 
 def _to_retry_on(value: object) -> Collection[str] | Callable[[Any], bool]:
@@ -262,9 +263,7 @@ class Retry:
                 self.max_backoff_ms,
                 f">= `backoff_ms` ({self.backoff_ms})",
             )
-        if self.stage == "model" and (self.tools or self.exclude):
-            key = "tools" if self.tools else "exclude"
-            raise invalid(PLUGIN, key, getattr(self, key), "empty on the model stage (no tools)")
+        refuse_names_without_names(PLUGIN, self.stage, tools=self.tools, exclude=self.exclude)
         object.__setattr__(self, "_tools", compile_patterns(self.tools))
         object.__setattr__(self, "_exclude", compile_patterns(self.exclude))
         object.__setattr__(self, "_direct", _RetryRun(self))
@@ -307,7 +306,7 @@ class Retry:
 
     def __repr__(self) -> str:
         retry_on = self.retry_on if callable(self.retry_on) else sorted(self.retry_on)
-        where = ", stage='model'" if self.stage == "model" else ""
+        where = stage_repr(self.stage)
         names = "".join(
             f", {key}={list(value)!r}"
             for key, value in (("tools", self.tools), ("exclude", self.exclude))

@@ -37,9 +37,9 @@ from typing import Any, ClassVar
 
 import attrs
 
-from guardstack.pipeline.contract import MODEL_TIMEOUT, Scope, StageAdapter, adapter_for, timed
+from guardstack.pipeline.contract import Scope, StageAdapter, adapter_for, timed
 from guardstack.pipeline.validate import StageName, invalid, non_empty_text, stage
-from guardstack.pipeline.values import TOOL_TIMEOUT, validate_timeout_ms
+from guardstack.pipeline.values import validate_timeout_ms
 from guardstack.wrappers._keyed import register
 
 __all__ = ["Timeout"]
@@ -61,7 +61,7 @@ def _stage(value: object) -> StageName:
 
 
 def _default_code(self: Timeout) -> str:
-    return MODEL_TIMEOUT if self.stage == "model" else TOOL_TIMEOUT
+    return adapter_for(self.stage).code_for("TIMEOUT")
 
 
 @attrs.frozen
