@@ -16,7 +16,8 @@ stack's timeouts, metrics and budgets.
 What it does:
 
 * sends ``session.messages()`` and the tool schemas as they are (an empty tool list
-  is left out), plus any ``request_params`` (``temperature=…``, ``extra_body=…``);
+  is left out; the keys meant for Anthropic, ``thinking_blocks`` and ``is_error``,
+  are dropped), plus any ``request_params`` (``temperature=…``, ``extra_body=…``);
 * maps failures to ``ModelError`` codes: 429 → ``MODEL_RATE_LIMITED`` with
   ``retry_after_s`` from the response's ``retry-after-ms`` / ``retry-after``
   headers; 5xx, 409 and connection errors → ``MODEL_UNAVAILABLE``; the client's
@@ -34,18 +35,24 @@ What it does:
 
 from __future__ import annotations
 
-import email.utils
-import inspect
-import math
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from guardstack.integrations._extras import require
+from guardstack.integrations._provider import (
+    GARBAGE,
+    OnDelta,
+    check_on_delta,
+    error_message,
+    report_delta,
+    retry_after_s,
+    unreadable,
+)
 from guardstack.pipeline import (
     MODEL_FAILED,
+    MODEL_OVERLOADED,
     MODEL_RATE_LIMITED,
     MODEL_REJECTED,
     MODEL_TIMEOUT,
@@ -60,10 +67,16 @@ from guardstack.pipeline.validate import cut
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["OpenAIChatModel", "model_error"]
+__all__ = [
+    "OpenAIChatModel",
+    "StreamedReply",
+    "chat_messages",
+    "model_error",
+    "reply_from_choices",
+    "status_error",
+]
 
 EXTRA = "openai"
-OnDelta = Callable[[str], object] | Callable[[str], Awaitable[object]]
 
 
 class OpenAIChatModel:
@@ -89,8 +102,7 @@ class OpenAIChatModel:
             )
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a model name, got {cut(model)}")
-        if on_delta is not None and not callable(on_delta):
-            raise TypeError(f"on_delta must be callable, got {cut(on_delta)}")
+        check_on_delta(on_delta)
         self.client = client
         self.model = model
         self.stream = bool(stream)
@@ -103,7 +115,11 @@ class OpenAIChatModel:
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> ModelReply:
-        params: dict[str, Any] = {"model": self.model, "messages": messages, **self.request_params}
+        params: dict[str, Any] = {
+            "model": self.model,
+            "messages": chat_messages(messages),
+            **self.request_params,
+        }
         if tools:
             params["tools"] = tools
         try:
@@ -115,77 +131,64 @@ class OpenAIChatModel:
             raise model_error(error) from error
         except ModelError:
             raise
-        except (ValueError, TypeError, AttributeError, LookupError) as error:
+        except GARBAGE as error:
             # Garbage from the provider (a stream line that is not JSON, ``choices`` that
             # are not a list of choices…): a failure a Retry can classify, not a crash.
-            raise ModelError(
-                f"the provider's reply could not be read: {type(error).__name__}: "
-                f"{cut(_message(error), 300)}",
-                MODEL_FAILED,
-            ) from error
+            raise unreadable(error) from error
 
     async def _streamed(self, params: dict[str, Any]) -> ModelReply:
         params.setdefault("stream_options", {"include_usage": True})
         stream = await self.client.chat.completions.create(**params, stream=True)
-        parts = _StreamedReply()
+        parts = StreamedReply()
         try:
             async for chunk in stream:
-                text = parts.add(chunk)
-                if text and self.on_delta is not None:
-                    reported = self.on_delta(text)
-                    if inspect.isawaitable(reported):
-                        await reported
+                await report_delta(self.on_delta, parts.add(chunk))
         finally:
             await stream.close()
         return parts.reply()
 
 
+#: Keys ``session.messages()`` adds for other providers (Anthropic's thinking blocks and
+#: ``tool_result`` error flag), which chat-completions APIs refuse as unknown.
+FOREIGN_KEYS = frozenset({"thinking_blocks", "is_error"})
+
+
+def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` without the keys chat-completions APIs do not know (copied only where
+    a message has one)."""
+    return [
+        {key: value for key, value in message.items() if key not in FOREIGN_KEYS}
+        if FOREIGN_KEYS.intersection(message)
+        else message
+        for message in messages
+    ]
+
+
 def model_error(error: BaseException) -> ModelError:
     """The ``ModelError`` an ``openai`` exception means (see the module docstring)."""
     openai = require("openai", EXTRA)
-    message = _message(error)
+    message = error_message(error)
     if isinstance(error, openai.APITimeoutError):
         return ModelError(f"the provider did not answer in time: {message}", MODEL_TIMEOUT)
     if isinstance(error, openai.APIConnectionError):
         return ModelError(f"cannot reach the provider: {message}", MODEL_UNAVAILABLE)
     if isinstance(error, openai.APIStatusError):
-        status = error.status_code
-        described = f"HTTP {status}: {message}"
-        if status == 429:
-            return ModelError(described, MODEL_RATE_LIMITED, _retry_after_s(error.response.headers))
-        if status == 408:
-            return ModelError(described, MODEL_TIMEOUT)
-        if status >= 500 or status == 409:
-            return ModelError(described, MODEL_UNAVAILABLE, _retry_after_s(error.response.headers))
-        return ModelError(described, MODEL_REJECTED)
+        return status_error(error.status_code, message, error.response.headers)
     return ModelError(f"{type(error).__name__}: {message}", MODEL_FAILED)
 
 
-def _message(error: BaseException) -> str:
-    body = getattr(error, "body", None)
-    if isinstance(body, Mapping):
-        inner = body.get("error", body)
-        if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
-            return cut(inner["message"], 500).strip("'\"")
-    return cut(str(error), 500).strip("'\"") or type(error).__name__
-
-
-def _retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """Seconds the provider asked us to wait: ``retry-after-ms``, else ``retry-after``."""
-    for header, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(header)
-        if value is None:
-            continue
-        try:
-            seconds = float(value) / divisor
-        except ValueError:
-            parsed = email.utils.parsedate_tz(value)  # an HTTP date
-            if parsed is None:
-                continue
-            seconds = email.utils.mktime_tz(parsed) - time.time()
-        if math.isfinite(seconds):
-            return max(0.0, seconds)
-    return None
+def status_error(status: int, message: str, headers: Mapping[str, str] | None) -> ModelError:
+    """The ``ModelError`` of an HTTP error status (see the module docstring)."""
+    described = f"HTTP {status}: {message}"
+    if status == 429:
+        return ModelError(described, MODEL_RATE_LIMITED, retry_after_s(headers))
+    if status == 529:
+        return ModelError(described, MODEL_OVERLOADED, retry_after_s(headers))
+    if status == 408:
+        return ModelError(described, MODEL_TIMEOUT)
+    if status >= 500 or status == 409:
+        return ModelError(described, MODEL_UNAVAILABLE, retry_after_s(headers))
+    return ModelError(described, MODEL_REJECTED)
 
 
 def _usage(usage: Any) -> Usage | None:
@@ -201,6 +204,8 @@ def _usage(usage: Any) -> Usage | None:
         output_tokens=_tokens(getattr(usage, "completion_tokens", 0)),
         cached_input_tokens=_tokens(cached),
         reasoning_tokens=_tokens(getattr(completion_details, "reasoning_tokens", None)),
+        # LiteLLM reports Anthropic's cache writes this way
+        cache_write_tokens=_tokens(getattr(usage, "cache_creation_input_tokens", None)),
     )
 
 
@@ -217,6 +222,18 @@ def _reply_from_completion(response: Any, openai: Any) -> ModelReply:
         raise ModelError(
             f"the provider's reply is not a chat completion: {cut(response)}", MODEL_FAILED
         )
+    return reply_from_choices(response)
+
+
+def _thinking_blocks(value: object) -> tuple[dict[str, Any], ...]:
+    """LiteLLM's ``thinking_blocks`` (Anthropic's signed thinking), when it gives them."""
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple(dict(block) for block in value if isinstance(block, Mapping))
+
+
+def reply_from_choices(response: Any) -> ModelReply:
+    """The ``ModelReply`` of a chat completion (OpenAI's, or LiteLLM's of the same shape)."""
     if not response.choices:
         raise ModelError("the provider's reply has no choices", MODEL_FAILED)
     choice = response.choices[0]
@@ -243,6 +260,7 @@ def _reply_from_completion(response: Any, openai: Any) -> ModelReply:
         reasoning=_text(getattr(message, "reasoning_content", None)),
         model=_text(response.model),
         finish_reason=_text(choice.finish_reason),
+        thinking_blocks=_thinking_blocks(getattr(message, "thinking_blocks", None)),
     )
 
 
@@ -254,7 +272,7 @@ class _StreamedCall:
 
 
 @attrs.define
-class _StreamedReply:
+class StreamedReply:
     """A chat completion put back together from its streamed chunks."""
 
     text: list[str] = attrs.Factory(list)
@@ -264,6 +282,7 @@ class _StreamedReply:
     model: str | None = None
     finish_reason: str | None = None
     choices_seen: bool = False
+    thinking_blocks: list[dict[str, Any]] = attrs.Factory(list)
 
     def add(self, chunk: Any) -> str | None:
         """Take one chunk in; the text it adds, if any."""
@@ -288,6 +307,7 @@ class _StreamedReply:
             thought = _text(getattr(delta, "reasoning_content", None))
             if thought:
                 self.reasoning.append(thought)
+            self._add_thinking(_thinking_blocks(getattr(delta, "thinking_blocks", None)))
             for fragment in delta.tool_calls or ():
                 call = self.calls.setdefault(fragment.index, _StreamedCall())
                 if fragment.id:
@@ -301,6 +321,23 @@ class _StreamedReply:
             if choice.finish_reason:
                 self.finish_reason = choice.finish_reason
         return added
+
+    def _add_thinking(self, pieces: tuple[dict[str, Any], ...]) -> None:
+        """LiteLLM streams a thinking block in pieces: text, then its signature."""
+        for piece in pieces:
+            last = self.thinking_blocks[-1] if self.thinking_blocks else None
+            if (
+                last is not None
+                and piece.get("type") == last.get("type") == "thinking"
+                and not last.get("signature")
+            ):
+                last["thinking"] = str(last.get("thinking") or "") + str(
+                    piece.get("thinking") or ""
+                )
+                if piece.get("signature"):
+                    last["signature"] = piece["signature"]
+            else:
+                self.thinking_blocks.append(dict(piece))
 
     def reply(self) -> ModelReply:
         if not self.choices_seen:
@@ -326,4 +363,5 @@ class _StreamedReply:
             reasoning="".join(self.reasoning) if self.reasoning else None,
             model=self.model,
             finish_reason=self.finish_reason,
+            thinking_blocks=tuple(self.thinking_blocks),
         )

@@ -35,7 +35,8 @@ outside re-raises after that, ``agent.cancel()`` returns the aborted turn.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 import anyio
@@ -111,6 +112,13 @@ def _checked(reply: object) -> ModelReply:
         value = getattr(reply, name)
         if value is not None and not isinstance(value, str):
             raise TypeError(f"the model's reply {name} is {type(value).__name__}, not str")
+    if reply.thinking_blocks:
+        if not all(isinstance(block, Mapping) for block in reply.thinking_blocks):
+            raise TypeError("the model's reply thinking_blocks are not all mappings")
+        try:
+            json.dumps([dict(block) for block in reply.thinking_blocks], allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as error:
+            raise TypeError(f"the model's reply thinking_blocks are not JSON: {error}") from None
     if not all(isinstance(request, ToolCallRequest) for request in reply.tool_calls):
         raise TypeError("the model's reply tool_calls are not all ToolCallRequest")
     return reply
@@ -343,7 +351,14 @@ class Agent:
                 last_text = reply.text
                 log(
                     AssistantMessage(
-                        turn, step, reply.text, requests, reply.usage, reply.reasoning, reply.model
+                        turn,
+                        step,
+                        reply.text,
+                        requests,
+                        reply.usage,
+                        reply.reasoning,
+                        reply.model,
+                        reply.thinking_blocks,
                     )
                 )
                 if not requests:

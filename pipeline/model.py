@@ -100,14 +100,17 @@ def _count(value: object) -> int:
 class Usage:
     """Tokens one model call (or a sum of them) used; ``+`` adds two.
 
-    ``input_tokens`` includes ``cached_input_tokens``; ``output_tokens`` includes
-    ``reasoning_tokens`` (the providers' own convention).
+    ``input_tokens`` counts all input, read from a prompt cache or not, and includes
+    ``cached_input_tokens`` (the cache reads) and ``cache_write_tokens`` (input written
+    to the cache, which Anthropic's prices charge above plain input); ``output_tokens``
+    includes ``reasoning_tokens`` (the providers' own convention).
     """
 
     input_tokens: int = attrs.field(default=0, converter=_count)
     output_tokens: int = attrs.field(default=0, converter=_count)
     cached_input_tokens: int = attrs.field(default=0, converter=_count)
     reasoning_tokens: int = attrs.field(default=0, converter=_count)
+    cache_write_tokens: int = attrs.field(default=0, converter=_count)
 
     @property
     def total_tokens(self) -> int:
@@ -121,6 +124,7 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.cached_input_tokens + other.cached_input_tokens,
             self.reasoning_tokens + other.reasoning_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
         )
 
     def to_dict(self) -> dict[str, int]:
@@ -232,6 +236,11 @@ def _requests(requests: Iterable[ToolCallRequest]) -> tuple[ToolCallRequest, ...
     return tuple(requests)
 
 
+def as_thinking_blocks(blocks: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    """A reply's thinking blocks as a tuple (the converter of the fields that hold them)."""
+    return tuple(blocks)
+
+
 @attrs.frozen
 class ModelReply:
     """A model's answer: text, and the tool calls it wants run (in its order).
@@ -239,6 +248,9 @@ class ModelReply:
     ``usage`` is what the call cost, ``reasoning`` the model's thinking text (sent
     back to the provider on later requests, as DeepSeek requires), ``model`` the
     model that answered and ``finish_reason`` why it stopped — all optional.
+    ``thinking_blocks`` are a provider's signed thinking blocks (Anthropic's
+    ``thinking`` and ``redacted_thinking``), opaque mappings kept exactly as they came:
+    the log keeps them and later requests send them back unchanged.
     """
 
     text: str = ""
@@ -247,6 +259,9 @@ class ModelReply:
     reasoning: str | None = None
     model: str | None = None
     finish_reason: str | None = None
+    thinking_blocks: tuple[Mapping[str, Any], ...] = attrs.field(
+        default=(), converter=as_thinking_blocks
+    )
 
 
 @attrs.frozen(eq=False)

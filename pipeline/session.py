@@ -7,9 +7,12 @@ conversation. Injected reminders are ordinary ``user/message`` events whose
 
 The first event may be a ``system/message`` (the system prompt, logged once when the
 session starts), so the rebuilt request starts with it. ``assistant/message``
-events carry the reply's usage, reasoning and model; ``messages()`` sends the
-reasoning back as ``reasoning_content`` (DeepSeek's wire form, which it requires on
-later requests of a thinking-mode conversation).
+events carry the reply's usage, reasoning, model and signed thinking blocks;
+``messages()`` sends the reasoning back as ``reasoning_content`` (DeepSeek's wire
+form, which it requires on later requests of a thinking-mode conversation), the
+thinking blocks as ``thinking_blocks`` (LiteLLM's name; Anthropic requires them back
+unchanged), and marks an error result's tool message ``is_error`` (Anthropic's
+``tool_result`` field). Adapters that do not know a key drop it.
 
 ``session.subscribe(fn)`` calls ``fn(event)`` for every event as it is appended;
 ``session.record(path)`` writes the log to a JSONL file as it grows, each event
@@ -37,7 +40,7 @@ from typing import IO, Any, ClassVar, Literal, TypeAlias, overload
 import attrs
 
 from guardstack.pipeline.errors import GuardstackWarning, SessionCorruptError, SessionTailWarning
-from guardstack.pipeline.model import ToolCallRequest, Usage
+from guardstack.pipeline.model import ToolCallRequest, Usage, as_thinking_blocks
 from guardstack.pipeline.onion import Registration
 from guardstack.pipeline.readonly import read_only
 from guardstack.pipeline.values import MessageSource, ToolError, ToolResult, aborted_result
@@ -122,7 +125,8 @@ class UserMessage:
 class AssistantMessage:
     """What the model answered: its text and the tool calls it asked for, in its order.
 
-    ``usage``, ``reasoning`` and ``model`` are the reply's, when the model gave them.
+    ``usage``, ``reasoning``, ``model`` and ``thinking_blocks`` are the reply's, when
+    the model gave them.
     """
 
     type: ClassVar[str] = "assistant/message"
@@ -133,6 +137,9 @@ class AssistantMessage:
     usage: Usage | None = None
     reasoning: str | None = None
     model: str | None = None
+    thinking_blocks: tuple[Mapping[str, Any], ...] = attrs.field(
+        default=(), converter=as_thinking_blocks
+    )
 
 
 @attrs.frozen
@@ -201,6 +208,8 @@ def _event_to_wire(event: Event) -> dict[str, Any]:
                 wire["reasoning"] = event.reasoning
             if event.model is not None:
                 wire["model"] = event.model
+            if event.thinking_blocks:
+                wire["thinking_blocks"] = [dict(block) for block in event.thinking_blocks]
         case ToolCallEvent():
             wire |= {
                 "turn": event.turn,
@@ -282,6 +291,13 @@ def _usage_from_wire(wire: Mapping[str, Any]) -> Usage | None:
         raise _Schema(f"field 'usage': {error}") from error
 
 
+def _thinking_blocks_from_wire(wire: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    blocks = wire.get("thinking_blocks", [])
+    if not isinstance(blocks, list) or not all(isinstance(block, dict) for block in blocks):
+        raise _Schema("field 'thinking_blocks' is not a list of objects")
+    return tuple(blocks)
+
+
 def _request_from_wire(wire: object) -> ToolCallRequest:
     if not isinstance(wire, dict):
         raise _Schema("a tool call is not an object")
@@ -310,6 +326,7 @@ def _event_from_wire(wire: Mapping[str, Any]) -> Event:
             _usage_from_wire(wire),
             _optional_text(wire, "reasoning"),
             _optional_text(wire, "model"),
+            _thinking_blocks_from_wire(wire),
         )
     if kind == SystemMessage.type:
         return SystemMessage(_field(wire, "text", str))
@@ -358,11 +375,20 @@ def _plain_message_of(event: Event) -> dict[str, Any] | None:
     if isinstance(event, UserMessage):
         return {"role": "user", "content": event.text}
     if isinstance(event, ToolResultEvent):
-        return {"role": "tool", "tool_call_id": event.call_id, "content": event.result.content}
+        result: dict[str, Any] = {
+            "role": "tool",
+            "tool_call_id": event.call_id,
+            "content": event.result.content,
+        }
+        if event.result.is_error:
+            result["is_error"] = True  # for Anthropic's tool_result; other adapters drop it
+        return result
     if isinstance(event, AssistantMessage) and (event.text or event.tool_calls):
         message: dict[str, Any] = {"role": "assistant", "content": event.text or None}
         if event.reasoning is not None:
             message["reasoning_content"] = event.reasoning
+        if event.thinking_blocks:
+            message["thinking_blocks"] = [dict(block) for block in event.thinking_blocks]
         if event.tool_calls:
             message["tool_calls"] = [
                 {

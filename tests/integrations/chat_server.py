@@ -60,37 +60,54 @@ class Raw:
 Step = Answer | Fail | Hang | Raw
 
 
-class ChatServer:
-    """Answers the n-th request with the n-th step of its script."""
+class ScriptedServer:
+    """Answers the n-th request to ``path`` with the n-th step of its script.
 
-    def __init__(self, *, require_reasoning: bool = False) -> None:
-        self.script: list[Step] = []
-        self.require_reasoning = require_reasoning
+    The plumbing every provider's loopback server shares: the script, the records,
+    hanging answers released at ``reset``. A subclass says how its provider refuses a
+    request (``refuse``), writes an error body (``error``) and answers (``answer``).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.script: list[Any] = []
         self.bodies: list[bytes] = []
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self._released = threading.Event()
         self._lock = threading.Lock()
         self._server = HTTPServer(host="127.0.0.1", port=0, threaded=True)
-        self._server.expect_request(PATH, method="POST").respond_with_handler(self._handle)
+        self._server.expect_request(path, method="POST").respond_with_handler(self._handle)
         self._server.start()
-
-    @property
-    def base_url(self) -> str:
-        return self._server.url_for("/v1")
 
     def reset(self) -> None:
         """Forget the last test: release hung answers, clear the script and the records."""
         self._released.set()
         with self._lock:
-            self.script, self.bodies, self.requests = [], [], []
-            self.require_reasoning = False
+            self.script, self.bodies, self.requests, self.headers = [], [], [], []
+            self.forget()
         self._released = threading.Event()
+
+    def forget(self) -> None:
+        """Clear a subclass's own per-test settings (called under the lock)."""
 
     def stop(self) -> None:
         self._released.set()
         self._server.clear()
         if self._server.is_running():
             self._server.stop()
+
+    def url_for(self, path: str) -> str:
+        return str(self._server.url_for(path))
+
+    def refuse(self, parsed: dict[str, Any]) -> Response | None:
+        """The provider's refusal of a request it would not accept, if any."""
+        return None
+
+    def error(self, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+        raise NotImplementedError
+
+    def answer(self, step: Any, parsed: dict[str, Any]) -> Response:
+        raise NotImplementedError
 
     def _handle(self, request: Request) -> Response:
         body = request.get_data()
@@ -99,25 +116,54 @@ class ChatServer:
             index = len(self.requests)
             self.bodies.append(body)
             self.requests.append(parsed)
-        if self.require_reasoning:
-            missing = _missing_reasoning(parsed["messages"])
-            if missing is not None:
-                return _error(
-                    400,
-                    f"Missing `reasoning_content` field in the assistant message at "
-                    f"message index {missing}",
-                )
+            self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        refused = self.refuse(parsed)
+        if refused is not None:
+            return refused
         if index >= len(self.script):
-            return _error(500, f"the test script has no step for request {index + 1}")
+            return self.error(500, f"the test script has no step for request {index + 1}")
         step = self.script[index]
         if isinstance(step, Hang):
             released = self._released
             released.wait(HANG_LIMIT_S)
-            return _error(504, "hung")
+            return self.error(504, "hung")
         if isinstance(step, Fail):
-            return _error(step.status, step.message, step.headers)
+            return self.error(step.status, step.message, step.headers)
         if isinstance(step, Raw):
             return Response(step.body, content_type=step.content_type)
+        return self.answer(step, parsed)
+
+
+class ChatServer(ScriptedServer):
+    """A chat-completions server (``/v1/chat/completions``)."""
+
+    def __init__(self, *, require_reasoning: bool = False) -> None:
+        super().__init__(PATH)
+        self.script: list[Step] = []
+        self.require_reasoning = require_reasoning
+
+    @property
+    def base_url(self) -> str:
+        return self.url_for("/v1")
+
+    def forget(self) -> None:
+        self.require_reasoning = False
+
+    def refuse(self, parsed: dict[str, Any]) -> Response | None:
+        if self.require_reasoning:
+            missing = _missing_reasoning(parsed["messages"])
+            if missing is not None:
+                return self.error(
+                    400,
+                    f"Missing `reasoning_content` field in the assistant message at "
+                    f"message index {missing}",
+                )
+        return None
+
+    def error(self, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+        return _error(status, message, headers)
+
+    def answer(self, step: Any, parsed: dict[str, Any]) -> Response:
         if parsed.get("stream"):
             include_usage = bool((parsed.get("stream_options") or {}).get("include_usage"))
             return Response(_events(step, include_usage), mimetype="text/event-stream")
