@@ -15,16 +15,28 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from guardstack.pipeline import MODEL_FAILED, ModelError
+from guardstack.pipeline import (
+    MODEL_FAILED,
+    MODEL_OVERLOADED,
+    MODEL_RATE_LIMITED,
+    MODEL_REJECTED,
+    MODEL_TIMEOUT,
+    MODEL_UNAVAILABLE,
+    ModelError,
+    ModelReply,
+)
 from guardstack.pipeline.validate import cut
 
 __all__ = [
     "GARBAGE",
     "OnDelta",
+    "answer",
     "check_on_delta",
     "error_message",
     "report_delta",
     "retry_after_s",
+    "status_error",
+    "tokens",
     "unreadable",
 ]
 
@@ -66,6 +78,27 @@ def retry_after_s(headers: Mapping[str, str] | None) -> float | None:
     return None
 
 
+def status_error(status: int, message: str, headers: Mapping[str, str] | None) -> ModelError:
+    """The ``ModelError`` of an HTTP error status: 429 → ``MODEL_RATE_LIMITED`` and 529 →
+    ``MODEL_OVERLOADED`` (each with the provider's wait), 408 → ``MODEL_TIMEOUT``, 5xx
+    and 409 → ``MODEL_UNAVAILABLE``, any other → ``MODEL_REJECTED``."""
+    described = f"HTTP {status}: {message}"
+    if status == 429:
+        return ModelError(described, MODEL_RATE_LIMITED, retry_after_s(headers))
+    if status == 529:
+        return ModelError(described, MODEL_OVERLOADED, retry_after_s(headers))
+    if status == 408:
+        return ModelError(described, MODEL_TIMEOUT)
+    if status >= 500 or status == 409:
+        return ModelError(described, MODEL_UNAVAILABLE, retry_after_s(headers))
+    return ModelError(described, MODEL_REJECTED)
+
+
+def tokens(value: object) -> int:
+    """A token count a provider reported, or 0 for anything that is not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def unreadable(error: BaseException) -> ModelError:
     """The ``MODEL_FAILED`` error for a reply the adapter could not read."""
     return ModelError(
@@ -73,6 +106,24 @@ def unreadable(error: BaseException) -> ModelError:
         f"{cut(error_message(error), 300)}",
         MODEL_FAILED,
     )
+
+
+async def answer(
+    call: Callable[[], Awaitable[ModelReply]],
+    provider_errors: type[BaseException],
+    model_error: Callable[[BaseException], ModelError],
+) -> ModelReply:
+    """Make one provider call: its client's exceptions mapped by ``model_error``, garbage
+    from the provider (a stream line that is not JSON, content that is not a list…) a
+    ``MODEL_FAILED`` a ``Retry`` can classify, never a crash."""
+    try:
+        return await call()
+    except ModelError:
+        raise
+    except provider_errors as error:
+        raise model_error(error) from error
+    except GARBAGE as error:
+        raise unreadable(error) from error
 
 
 def check_on_delta(on_delta: Any) -> None:

@@ -58,19 +58,19 @@ import attrs
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._provider import (
-    GARBAGE,
     OnDelta,
+    answer,
     check_on_delta,
     error_message,
     report_delta,
     retry_after_s,
-    unreadable,
+    status_error,
+    tokens,
 )
 from guardstack.pipeline import (
     MODEL_FAILED,
     MODEL_OVERLOADED,
     MODEL_RATE_LIMITED,
-    MODEL_REJECTED,
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
     ModelError,
@@ -143,16 +143,11 @@ class AnthropicModel:
             **anthropic_request(messages, tools, self.request_params.get("system")),
         }
         params |= {key: value for key, value in self.request_params.items() if key != "system"}
-        try:
-            if self.stream:
-                return await self._streamed(params)
-            return _reply_from_message(await self.client.messages.create(**params))
-        except self._anthropic.AnthropicError as error:
-            raise model_error(error) from error
-        except ModelError:
-            raise
-        except GARBAGE as error:
-            raise unreadable(error) from error
+        call = self._streamed if self.stream else self._once
+        return await answer(lambda: call(params), self._anthropic.AnthropicError, model_error)
+
+    async def _once(self, params: dict[str, Any]) -> ModelReply:
+        return _reply_from_message(await self.client.messages.create(**params))
 
     async def _streamed(self, params: dict[str, Any]) -> ModelReply:
         stream = await self.client.messages.create(**params, stream=True)
@@ -309,20 +304,13 @@ def model_error(error: BaseException) -> ModelError:
         status = error.status_code
         headers = error.response.headers
         kind = getattr(error, "type", None) or _error_type(getattr(error, "body", None))
-        described = f"HTTP {status} {kind}: {message}" if kind else f"HTTP {status}: {message}"
         if status < 400:  # an error event inside a stream the server had started
             code = _STREAM_ERRORS.get(str(kind), MODEL_UNAVAILABLE)
             described = f"the stream failed ({kind}): {message}"
             return ModelError(described, code, retry_after_s(headers))
-        if status == 429:
-            return ModelError(described, MODEL_RATE_LIMITED, retry_after_s(headers))
-        if status == 529 or kind == "overloaded_error":
-            return ModelError(described, MODEL_OVERLOADED, retry_after_s(headers))
-        if status == 408:
-            return ModelError(described, MODEL_TIMEOUT)
-        if status >= 500 or status == 409:
-            return ModelError(described, MODEL_UNAVAILABLE, retry_after_s(headers))
-        return ModelError(described, MODEL_REJECTED)
+        if kind == "overloaded_error" and status not in (429, 529):
+            status = 529  # overloaded, whatever status a proxy put on it
+        return status_error(status, f"{kind}: {message}" if kind else message, headers)
     return ModelError(f"{type(error).__name__}: {message}", MODEL_FAILED)
 
 
@@ -332,22 +320,18 @@ def _error_type(body: object) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def _tokens(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def _usage(usage: Any) -> Usage | None:
     if usage is None:
         return None
-    plain = _tokens(getattr(usage, "input_tokens", 0))
-    read = _tokens(getattr(usage, "cache_read_input_tokens", None))
-    written = _tokens(getattr(usage, "cache_creation_input_tokens", None))
+    plain = tokens(getattr(usage, "input_tokens", 0))
+    read = tokens(getattr(usage, "cache_read_input_tokens", None))
+    written = tokens(getattr(usage, "cache_creation_input_tokens", None))
     details = getattr(usage, "output_tokens_details", None)
     return Usage(
         input_tokens=plain + read + written,
-        output_tokens=_tokens(getattr(usage, "output_tokens", 0)),
+        output_tokens=tokens(getattr(usage, "output_tokens", 0)),
         cached_input_tokens=read,
-        reasoning_tokens=_tokens(getattr(details, "thinking_tokens", None)),
+        reasoning_tokens=tokens(getattr(details, "thinking_tokens", None)),
         cache_write_tokens=written,
     )
 

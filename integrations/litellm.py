@@ -43,15 +43,15 @@ from typing import Any
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._provider import (
-    GARBAGE,
     OnDelta,
+    answer,
     check_on_delta,
     error_message,
     report_delta,
     retry_after_s,
-    unreadable,
+    status_error,
 )
-from guardstack.integrations.openai import StreamedReply, reply_from_choices, status_error
+from guardstack.integrations.openai import StreamedReply, reply_from_choices
 from guardstack.pipeline import (
     MODEL_FAILED,
     MODEL_OVERLOADED,
@@ -115,17 +115,11 @@ class LiteLLMModel:
         }
         if tools:
             params["tools"] = tools
-        litellm = self._litellm
-        try:
-            if self.stream:
-                return await self._streamed(params)
-            return _reply(await litellm.acompletion(**params), litellm)
-        except ModelError:
-            raise
-        except self._openai.OpenAIError as error:  # LiteLLM's exceptions subclass openai's
-            raise model_error(error) from error
-        except GARBAGE as error:
-            raise unreadable(error) from error
+        call = self._streamed if self.stream else self._once
+        return await answer(lambda: call(params), self._openai.OpenAIError, model_error)
+
+    async def _once(self, params: dict[str, Any]) -> ModelReply:
+        return _reply(await self._litellm.acompletion(**params), self._litellm)
 
     async def _streamed(self, params: dict[str, Any]) -> ModelReply:
         params.setdefault("stream_options", {"include_usage": True})

@@ -42,19 +42,16 @@ import attrs
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._provider import (
-    GARBAGE,
     OnDelta,
+    answer,
     check_on_delta,
     error_message,
     report_delta,
-    retry_after_s,
-    unreadable,
+    status_error,
+    tokens,
 )
 from guardstack.pipeline import (
     MODEL_FAILED,
-    MODEL_OVERLOADED,
-    MODEL_RATE_LIMITED,
-    MODEL_REJECTED,
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
     ModelError,
@@ -73,7 +70,6 @@ __all__ = [
     "chat_messages",
     "model_error",
     "reply_from_choices",
-    "status_error",
 ]
 
 EXTRA = "openai"
@@ -122,19 +118,12 @@ class OpenAIChatModel:
         }
         if tools:
             params["tools"] = tools
-        try:
-            if self.stream:
-                return await self._streamed(params)
-            response = await self.client.chat.completions.create(**params)
-            return _reply_from_completion(response, self._openai)
-        except self._openai.OpenAIError as error:
-            raise model_error(error) from error
-        except ModelError:
-            raise
-        except GARBAGE as error:
-            # Garbage from the provider (a stream line that is not JSON, ``choices`` that
-            # are not a list of choices…): a failure a Retry can classify, not a crash.
-            raise unreadable(error) from error
+        call = self._streamed if self.stream else self._once
+        return await answer(lambda: call(params), self._openai.OpenAIError, model_error)
+
+    async def _once(self, params: dict[str, Any]) -> ModelReply:
+        response = await self.client.chat.completions.create(**params)
+        return _reply_from_completion(response, self._openai)
 
     async def _streamed(self, params: dict[str, Any]) -> ModelReply:
         params.setdefault("stream_options", {"include_usage": True})
@@ -177,20 +166,6 @@ def model_error(error: BaseException) -> ModelError:
     return ModelError(f"{type(error).__name__}: {message}", MODEL_FAILED)
 
 
-def status_error(status: int, message: str, headers: Mapping[str, str] | None) -> ModelError:
-    """The ``ModelError`` of an HTTP error status (see the module docstring)."""
-    described = f"HTTP {status}: {message}"
-    if status == 429:
-        return ModelError(described, MODEL_RATE_LIMITED, retry_after_s(headers))
-    if status == 529:
-        return ModelError(described, MODEL_OVERLOADED, retry_after_s(headers))
-    if status == 408:
-        return ModelError(described, MODEL_TIMEOUT)
-    if status >= 500 or status == 409:
-        return ModelError(described, MODEL_UNAVAILABLE, retry_after_s(headers))
-    return ModelError(described, MODEL_REJECTED)
-
-
 def _usage(usage: Any) -> Usage | None:
     if usage is None:
         return None
@@ -200,17 +175,13 @@ def _usage(usage: Any) -> Usage | None:
     if cached is None:  # DeepSeek reports its context cache this way
         cached = getattr(usage, "prompt_cache_hit_tokens", None)
     return Usage(
-        input_tokens=_tokens(getattr(usage, "prompt_tokens", 0)),
-        output_tokens=_tokens(getattr(usage, "completion_tokens", 0)),
-        cached_input_tokens=_tokens(cached),
-        reasoning_tokens=_tokens(getattr(completion_details, "reasoning_tokens", None)),
+        input_tokens=tokens(getattr(usage, "prompt_tokens", 0)),
+        output_tokens=tokens(getattr(usage, "completion_tokens", 0)),
+        cached_input_tokens=tokens(cached),
+        reasoning_tokens=tokens(getattr(completion_details, "reasoning_tokens", None)),
         # LiteLLM reports Anthropic's cache writes this way
-        cache_write_tokens=_tokens(getattr(usage, "cache_creation_input_tokens", None)),
+        cache_write_tokens=tokens(getattr(usage, "cache_creation_input_tokens", None)),
     )
-
-
-def _tokens(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _text(value: object) -> str | None:
