@@ -161,12 +161,19 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
             cycle=plugin.cycle,
             no_progress=plugin.no_progress,
             repeated_error=plugin.repeated_error,
+            poll=plugin.poll,
+            walking=plugin.walking,
+            monologue=plugin.monologue,
         )
         ladder = _those_set(
             "{} at detection {}",
             **{"remind": plugin.remind, "deny": plugin.deny, "end the turn": plugin.end_turn},
         )
-        return f"loop-detector: watches for loops ({patterns}); {ladder}; a new prompt resets it"
+        compared = "volatile fields masked" if plugin.volatile else "compared exactly"
+        return (
+            f"loop-detector: watches for loops ({patterns}; {compared}); {ladder}; "
+            "a new prompt resets it"
+        )
     if isinstance(plugin, AgentLimit):
         return f"agent-limit: at most {plugin.max_agents} agents; the next one is refused"
     return f"{getattr(plugin, 'name', type(plugin).__name__)}: (no explanation known)"

@@ -71,9 +71,7 @@ def _prices(value: object) -> dict[str, Price] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping) or not value:
-        raise invalid(
-            PLUGIN, "prices", value, f"a mapping of model name to {PRICE_FORM}"
-        )
+        raise invalid(PLUGIN, "prices", value, f"a mapping of model name to {PRICE_FORM}")
     prices: dict[str, Price] = {}
     for model, pair in value.items():
         if not isinstance(model, str) or not model:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import anyio
+import attrs
+
 from benchmarks.ordering import scenario, stacks
 from guardstack.cli.compare import compare
 
@@ -61,12 +66,44 @@ async def test_the_loop_corpus_is_what_its_seed_makes_and_the_defaults_hold() ->
     labels = json.loads(corpus.LABELS.read_text(encoding="utf-8"))
     made = {case.name: case.loop_start for case in corpus.cases()}
     assert made == {name: label["loop_start"] for name, label in labels.items()}
+    for name in corpus.SETS:  # the tuning and validation sets, too
+        labels = json.loads(corpus.set_paths(name)[1].read_text(encoding="utf-8"))
+        made = {case.name: case.loop_start for case in corpus.set_cases(name)}
+        assert made == {key: label["loop_start"] for key, label in labels.items()}
     everything = score.detectors()
     chosen = {
         name: everything[name] for name in ("original reminder @3", "LoopDetector (defaults)")
     }
-    score_of = await score.score(chosen)
-    ours, seed = score_of["LoopDetector (defaults)"], score_of["original reminder @3"]
-    assert ours["recall"] == 1.0
-    assert ours["precision"] > seed["precision"]
-    assert ours["false_shapes"] == ["poll_until_done"]
+    for which in ("shipped", "validation"):
+        score_of = await score.score(chosen, which)
+        ours, original = score_of["LoopDetector (defaults)"], score_of["original reminder @3"]
+        # the issue's goals, on sessions the tuning never saw and on the shipped corpus
+        assert ours["precision"] >= 0.95, (which, ours)
+        assert ours["recall"] >= 0.95, (which, ours)
+        assert ours["precision"] > original["precision"]
+        if which == "validation":
+            assert ours["median_steps"] <= 4
+
+
+def test_no_single_change_to_the_defaults_scores_better_on_the_tuning_set() -> None:
+    """The defaults are the tuning grid's choice (``python -m benchmarks.loops --tune``):
+    checked here one parameter at a time, so a changed rule that would move the choice
+    fails this test instead of leaving the README's table stale."""
+    from benchmarks.loops import score
+    from guardstack.guards import LoopDetector
+
+    labels, sessions = score.load("tuning")
+    shipped = LoopDetector()
+
+    def row(**changes: int) -> str:
+        values = {key: changes.get(key, getattr(shipped, key)) for key in score.GRID}
+        return ", ".join(f"{key}={value}" for key, value in values.items())
+
+    rows: dict[str, Any] = {}
+    for key, values in score.GRID.items():
+        for value in values:
+            rows[row(**{key: value})] = lambda key=key, value=value: attrs.evolve(
+                shipped, **{key: value}
+            )
+    results = anyio.run(score.score_loaded, rows, labels, sessions)
+    assert score.choose(results) == row()

@@ -1,6 +1,11 @@
 """The labelled loop corpus: seeded, generated sessions of each loop shape and of look-alikes.
 
-    python -m benchmarks.loops.corpus      # writes benchmarks/loops/sessions/*.jsonl + labels.json
+    python -m benchmarks.loops.corpus      # writes every set's sessions and labels
+
+Three sets: the **shipped** corpus below (``sessions/``, ``labels.json``), and the
+**tuning** and **validation** sets of ``shapes.py`` (``sessions-tuning/``,
+``sessions-validation/``): loops that do not repeat exactly and their look-alikes,
+drawn in two vocabularies with two seeds. Defaults are chosen on tuning only.
 
 Each case is a list of tool calls with the results they got, after a short, varied
 prefix of legitimate work. Loops (label: the index of the first *wasted* call, the
@@ -39,6 +44,7 @@ from typing import Any
 import anyio
 import attrs
 
+from benchmarks.loops import shapes
 from guardstack.pipeline import (
     Harness,
     ModelReply,
@@ -54,6 +60,17 @@ SESSIONS = HERE / "sessions"
 LABELS = HERE / "labels.json"
 SEED = 20261130
 PER_SHAPE = 12
+#: The generalisation sets: (vocabulary, seed), each with its sessions and labels.
+SETS = {"tuning": (shapes.TUNING, 20261201), "validation": (shapes.VALIDATION, 20261202)}
+SET_PER_SHAPE = 8
+
+
+def set_paths(name: str) -> tuple[Path, Path]:
+    """Where a set's sessions and labels are: the shipped corpus, or a generalisation set."""
+    if name == "shipped":
+        return SESSIONS, LABELS
+    return HERE / f"sessions-{name}", HERE / f"labels-{name}.json"
+
 
 Step = tuple[str, dict[str, Any], str, bool]  # tool, arguments, result, failed
 
@@ -218,14 +235,38 @@ async def record(case: Case) -> Any:
     return agent.session
 
 
-def write(directory: Path = SESSIONS) -> None:
+def set_cases(name: str, per_shape: int = SET_PER_SHAPE) -> list[Case]:
+    """Every case of a generalisation set, the same for the same name."""
+    vocabulary, seed = SETS[name]
+    rng = random.Random(seed)
+    made: list[Case] = []
+    for shape, make in shapes.loops(vocabulary, rng).items():
+        for n in range(per_shape):
+            prefix = _prefix(rng)
+            steps, wasted_after = make()
+            made.append(
+                Case(f"{shape}-{n:02d}", shape, (*prefix, *steps), len(prefix) + wasted_after)
+            )
+    for shape, legit in shapes.look_alikes(vocabulary, rng).items():
+        for n in range(per_shape):
+            made.append(Case(f"{shape}-{n:02d}", shape, (*_prefix(rng), *legit()), None))
+    return made
+
+
+def write_set(made: list[Case], directory: Path, labels_path: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     labels = {}
-    for case in cases():
+    for case in made:
         session = anyio.run(record, case)
         session.save(directory / f"{case.name}.jsonl")
         labels[case.name] = {"shape": case.shape, "loop_start": case.loop_start}
-    LABELS.write_text(json.dumps(labels, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    labels_path.write_text(json.dumps(labels, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def write() -> None:
+    write_set(cases(), SESSIONS, LABELS)
+    for name in SETS:
+        write_set(set_cases(name), *set_paths(name))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,14 @@ def first_detection(outcomes: list[ToolOutcome]) -> int | None:
     return None
 
 
-ONLY = {"identical": None, "cycle": None, "no_progress": None, "repeated_error": None}
+ONLY = {
+    "identical": None,
+    "cycle": None,
+    "no_progress": None,
+    "repeated_error": None,
+    "walking": None,
+    "poll": None,
+}
 
 
 def only(pattern: str, threshold: int, **ladder: Any) -> LoopDetector:
@@ -92,16 +99,21 @@ async def test_identical_does_not_fire_on_a_batch_of_different_arguments() -> No
 
 
 async def test_a_cycle_of_two_fires_and_pagination_does_not() -> None:
-    built = detector_harness(only("cycle", 3), Tools())
+    tools = Tools()
+    tools.answers["test"] = "1 failed"
+    tools.answers["edit"] = "patch does not apply"
+    built = detector_harness(only("cycle", 3), tools)
     ab = [("edit", {"f": "x", "patch": "p"}), ("test", {})] * 3
     assert first_detection(await calls(built, *ab)) == 6
-    built = detector_harness(only("cycle", 3), Tools())
+    tools.answers["list"] = lambda a: f"items {a['page'] * 20}-{a['page'] * 20 + 19}"
+    built = detector_harness(only("cycle", 3), tools)
     pages = [("list", {"page": n}) for n in range(20)]
     assert first_detection(await calls(built, *pages)) is None
 
 
 async def test_a_test_fix_cycle_that_makes_progress_is_not_a_cycle() -> None:
     tools = Tools()
+    tools.answers["test"] = lambda a: f"{8 - a['run']} failed"
     built = detector_harness(LoopDetector(), tools)
     sequence: list[tuple[str, dict[str, Any]]] = []
     for attempt in range(8):
@@ -111,13 +123,29 @@ async def test_a_test_fix_cycle_that_makes_progress_is_not_a_cycle() -> None:
 
 async def test_no_progress_fires_on_a_poll_that_never_changes_and_not_on_one_that_does() -> None:
     tools = Tools()
-    tools.answers["poll"] = "running"
+    tools.answers["poll"] = "3 items in the queue"
     built = detector_harness(only("no_progress", 4), tools)
     assert first_detection(await calls(built, *[("poll", {"job": 1})] * 6)) == 4
-    states = iter(["running", "running", "running", "done"])
+    states = iter(["1 item", "1 item", "1 item", "done"])
     tools.answers["poll"] = lambda a: next(states)
     built = detector_harness(only("no_progress", 4), tools)
     assert first_detection(await calls(built, *[("poll", {"job": 1})] * 4)) is None
+
+
+async def test_a_pending_status_is_a_poll_given_its_own_patience_whatever_the_tool_is_called() -> (
+    None
+):
+    tools = Tools()
+    tools.answers["list"] = "job 7: running"
+    built = detector_harness(only("poll", 6, no_progress=3, identical=3), tools)
+    outcomes = await calls(built, *[("list", {"job": 7})] * 8)
+    assert first_detection(outcomes) == 6  # not at 3: a pending status is waited for
+    assert "answered the same pending status 6 times" in outcomes[5].contexts[0].text
+    progress = iter(f"job 7: running, {n * 10}% done" for n in range(20))
+    tools.answers["list"] = lambda a: next(progress)
+    built = detector_harness(LoopDetector(remind=1, deny=2, end_turn=3), tools)
+    outcomes = await calls(built, *[("list", {"job": 7})] * 20)
+    assert first_detection(outcomes) is None  # it advances: never a loop, never denied
 
 
 async def test_repeated_error_fires_and_a_retry_with_changed_arguments_does_not() -> None:
@@ -141,7 +169,8 @@ async def test_excluded_tools_are_transparent() -> None:
 
 async def test_the_ladder_reminds_then_denies_then_ends_the_turn() -> None:
     tools = Tools()
-    tools.answers["read"] = lambda a: f"{next(_ids)}"  # identical only, never no_progress
+    answers = itertools.cycle(["a", "b"])  # alternating: identical, never no_progress
+    tools.answers["read"] = lambda a: next(answers)
     built = detector_harness(LoopDetector(identical=3, remind=1, deny=2, end_turn=4), tools)
     outcomes = await calls(built, *[("read", {"a": 1})] * 6)
     kinds = [

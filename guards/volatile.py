@@ -1,0 +1,182 @@
+"""What ``LoopDetector`` treats as volatile: the parts of a call or result that change
+from one repetition of a loop to the next without meaning anything.
+
+Real agents rarely repeat byte for byte: a fresh ``ts`` on every call, a random
+``request_id``, an ``attempt`` counter, a query retyped in another case, a test run
+that reports "1 failed in 0.53s" and then "in 0.61s". Calls and results are compared
+after normalising exactly these, and nothing else:
+
+* **arguments**, by key: a value under a volatile key (``ts``, ``timestamp``,
+  ``*_at``, ``nonce``, ``request_id``, ``attempt``, … — ``VOLATILE_KEYS``, or your own
+  patterns) is replaced by a marker; free text (a string with a space in it, or under
+  a query-like key: ``q``, ``query``, ``search``, ``text``, ``prompt``, ``question``)
+  is compared ignoring case and runs of whitespace. Paths, ids under other keys and
+  every other value are compared exactly, so two calls that differ in anything else
+  are never merged. Counters that step by one across consecutive calls are the
+  detector's (it needs the previous call to see them);
+* **results**, by value: ISO dates and times, times of day, epoch timestamps, UUIDs,
+  long hex ids and durations (``0.53s``, ``120 ms``) are replaced by markers.
+
+It also names three kinds of result the rules read: *empty* (``[]``, "no results"…),
+an *acknowledgement* (``ok``, "noted", "plan updated"…: nothing a later call could
+depend on) and a *pending status* (``running``, ``queued``, "in progress"…).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from guardstack.guards.canonical import canonical_json
+
+__all__ = [
+    "FREE_TEXT_KEYS",
+    "VOLATILE_KEYS",
+    "arguments_key",
+    "is_acknowledgement",
+    "is_empty",
+    "is_pending",
+    "result_key",
+    "top_level",
+]
+
+#: Argument keys whose values change on every call of a loop (fnmatch, any case).
+VOLATILE_KEYS: Final = (
+    "ts",
+    "timestamp",
+    "time",
+    "now",
+    "date",
+    "datetime",
+    "*_at",
+    "*_ts",
+    "*_time",
+    "*_timestamp",
+    "nonce",
+    "*request_id",
+    "*requestid",
+    "request-id",
+    "trace_id",
+    "traceid",
+    "span_id",
+    "correlation_id",
+    "idempotency_key",
+    "client_token",
+    "cache_buster",
+    "cachebuster",
+    "_",
+    "rid",
+    "attempt",
+    "attempts",
+    "attempt_number",
+    "retry",
+    "retries",
+    "try",
+    "tries",
+)
+#: Argument keys that hold free text, compared ignoring case and whitespace.
+FREE_TEXT_KEYS: Final = frozenset({"q", "query", "search", "text", "prompt", "question", "term"})
+
+_MARK: Final = "\x00volatile\x00"
+_SPACE = re.compile(r"\s+")
+_RESULT_PARTS = (
+    (
+        re.compile(
+            r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
+        ),
+        "<time>",
+    ),
+    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b"), "<time>"),
+    (
+        re.compile(
+            r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+        ),
+        "<id>",
+    ),
+    (re.compile(r"\b[0-9a-fA-F]{16,}\b"), "<id>"),
+    (re.compile(r"\b1[5-9]\d{8}(?:\d{3})?(?:\.\d+)?\b"), "<time>"),
+    (
+        re.compile(
+            r"\b\d+(?:\.\d+)?\s?(?:ms|msec|milliseconds?|s|secs?|seconds?|m|mins?|minutes?)\b",
+            re.IGNORECASE,
+        ),
+        "<duration>",
+    ),
+)
+_EMPTY = re.compile(
+    r"(?:|\[\s*\]|\{\s*\}|null|none|nil|0 (?:results?|items?|matches|rows|hits|files)"
+    r"|no (?:results?|items?|matches|rows|hits|files|more \w+|data|entries)(?: found)?"
+    r"|nothing(?: found)?|not found|empty)[.!]?",
+    re.IGNORECASE,
+)
+_ACKNOWLEDGED = re.compile(
+    r"(?:ok|okay|done|noted|saved|updated|added|recorded|success|succeeded|true|ack"
+    r"|acknowledged|plan updated|todo updated|todos updated|task updated|logged|\u2713)[.!]?",
+    re.IGNORECASE,
+)
+_PENDING = re.compile(
+    r"\b(?:running|queued|pending|in[ _-]progress|waiting|processing|starting|not ready"
+    r"|building|scheduled|not (?:yet )?(?:done|finished|complete))\b",
+    re.IGNORECASE,
+)
+
+
+def _volatile_key(key: str, patterns: re.Pattern[str] | None) -> bool:
+    return patterns is not None and patterns.fullmatch(key.lower()) is not None
+
+
+def _normalised(value: Any, key: str | None, patterns: re.Pattern[str] | None, depth: int) -> Any:
+    if key is not None and _volatile_key(key, patterns):
+        return _MARK
+    if isinstance(value, str):
+        if key is not None and (key.lower() in FREE_TEXT_KEYS or " " in value.strip()):
+            return _SPACE.sub(" ", value).strip().casefold()
+        return value
+    if depth < 32 and isinstance(value, Mapping):
+        try:
+            items = list(value.items())
+        except Exception:  # a hostile mapping: compared by its canonical form instead
+            return value
+        return {k: _normalised(v, str(k), patterns, depth + 1) for k, v in items}
+    if depth < 32 and isinstance(value, list | tuple):
+        return [_normalised(item, key, patterns, depth + 1) for item in value]
+    return value
+
+
+def arguments_key(arguments: Any, patterns: re.Pattern[str] | None, free_text: bool) -> str:
+    """The canonical form of ``arguments`` with volatile keys masked (and, with
+    ``free_text``, free text case- and whitespace-folded)."""
+    if patterns is None and not free_text:
+        return canonical_json(arguments)
+    return canonical_json(_normalised(arguments, None, patterns if patterns else None, 0))
+
+
+def top_level(arguments: Any) -> dict[str, str] | None:
+    """Each top-level argument's canonical text (``None`` when the arguments are not an
+    object): what the detector compares to name the fields it treated as volatile."""
+    if not isinstance(arguments, Mapping):
+        return None
+    try:
+        return {str(key): canonical_json(value) for key, value in arguments.items()}
+    except Exception:
+        return None
+
+
+def result_key(text: str) -> str:
+    """A result's text with its volatile parts (times, ids, durations) masked."""
+    for pattern, marker in _RESULT_PARTS:
+        text = pattern.sub(marker, text)
+    return text
+
+
+def is_empty(text: str) -> bool:
+    return len(text) <= 40 and _EMPTY.fullmatch(text.strip()) is not None
+
+
+def is_acknowledgement(text: str) -> bool:
+    return len(text) <= 40 and _ACKNOWLEDGED.fullmatch(text.strip()) is not None
+
+
+def is_pending(text: str) -> bool:
+    return len(text) <= 200 and _PENDING.search(text) is not None
