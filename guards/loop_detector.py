@@ -105,6 +105,9 @@ SOURCE: Final = MessageSource("plugin", PLUGIN)
 DETECTED_EVENT: Final = "guardstack.loop_detected"
 #: The longest repeated sequence ``cycle`` looks for.
 MAX_CYCLE: Final = 5
+#: How many of a turn's latest calls the patterns look at (runs longer than this are
+#: counted as this long; every threshold is far below it).
+WINDOW: Final = 64
 #: How alike two text replies must be (after their shared template) to be a monologue.
 MONOLOGUE_SIMILARITY: Final = 0.9
 
@@ -163,10 +166,10 @@ class _Entry:
     result: str
     error: str | None
     step: object
-    fields: dict[str, str] | None = attrs.field(eq=False)
+    fields: dict[str, Hashable] | None = attrs.field(eq=False)
     raw_result: str = attrs.field(eq=False)
     #: The fields that are not volatile: what counters and walking compare.
-    stable: dict[str, str] | None = attrs.field(default=None, eq=False)
+    stable: dict[str, Hashable] | None = attrs.field(default=None, eq=False)
     acknowledgement: bool = False
     empty: bool = False
     pending: bool = False
@@ -308,7 +311,7 @@ class LoopDetector:
             raw = result.content
             content = vol.result_key(raw) if normalise else raw
             failure = None
-        seen = (e for e in previous if e.key == key)
+        seen = (e for e in previous[-WINDOW:] if e.key == key)
         fresh = all(e.result != content or e.error != failure for e in seen)
         return _Entry(
             key,
@@ -331,6 +334,7 @@ class LoopDetector:
         """The loop the last entry completes (most specific pattern first), or ``None``."""
         if not entries:
             return None
+        entries = entries[-WINDOW:]
         last = entries[-1]
         # Bookkeeping (another tool's acknowledged call) is looked through.
         view = [e for e in entries if e.name == last.name or not e.acknowledgement]
@@ -435,7 +439,11 @@ def _run_length(entries: list[_Entry], same: Any) -> int:
     return count
 
 
-def _counted_on(before: dict[str, str] | None, after: dict[str, str]) -> bool:
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _counted_on(before: dict[str, Hashable] | None, after: dict[str, Hashable]) -> bool:
     """Whether ``after`` is ``before`` with whole-number fields one further on (a counter:
     ``attempt`` 1 → 2, ``page`` 3 → 4) and everything else the same."""
     if before is None or before.keys() != after.keys():
@@ -444,11 +452,8 @@ def _counted_on(before: dict[str, str] | None, after: dict[str, str]) -> bool:
     if not moved:
         return False
     for key in moved:
-        try:
-            old, new = int(before[key]), int(after[key])
-        except ValueError:
-            return False
-        if new != old + 1:
+        old, new = before[key], after[key]
+        if not (_whole(old) and _whole(new) and new == old + 1):  # type: ignore[operator]
             return False
     return True
 
@@ -479,17 +484,19 @@ def _walk_length(entries: list[_Entry]) -> int:
     return count
 
 
-def _numeric_step(before: dict[str, str], after: dict[str, str]) -> tuple[str, int] | None:
+def _numeric_step(
+    before: dict[str, Hashable], after: dict[str, Hashable]
+) -> tuple[str, int] | None:
     if before.keys() != after.keys():
         return None
     moved = [key for key in after if after[key] != before[key]]
     if len(moved) != 1:
         return None
-    try:
-        old, new = float(before[moved[0]]), float(after[moved[0]])
-    except ValueError:
+    old, new = before[moved[0]], after[moved[0]]
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (old, new))
+    if not numbers or old == new:
         return None
-    return (moved[0], 1 if new > old else -1) if new != old else None
+    return moved[0], 1 if new > old else -1  # type: ignore[operator]
 
 
 def _cycle_repeats(entries: list[_Entry], length: int) -> int:
@@ -517,7 +524,7 @@ def _cycle_repeats(entries: list[_Entry], length: int) -> int:
 def _differing(entries: list[_Entry]) -> tuple[str, ...]:
     """The argument fields that differ among calls the detector took for the same."""
     names: set[str] = set()
-    by_key: dict[str, list[dict[str, str]]] = {}
+    by_key: dict[str, list[dict[str, Hashable]]] = {}
     for entry in entries:
         if entry.fields is not None:
             by_key.setdefault(entry.key, []).append(entry.fields)

@@ -24,8 +24,9 @@ depend on) and a *pending status* (``running``, ``queued``, "in progress"…).
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any, Final
 
 from guardstack.guards.canonical import canonical_json
@@ -145,20 +146,34 @@ def _normalised(value: Any, key: str | None, patterns: re.Pattern[str] | None, d
 
 
 def arguments_key(arguments: Any, patterns: re.Pattern[str] | None, free_text: bool) -> str:
-    """The canonical form of ``arguments`` with volatile keys masked (and, with
-    ``free_text``, free text case- and whitespace-folded)."""
-    if patterns is None and not free_text:
-        return canonical_json(arguments)
-    return canonical_json(_normalised(arguments, None, patterns if patterns else None, 0))
+    """A key for ``arguments`` with volatile keys masked (and, with ``free_text``, free
+    text case- and whitespace-folded): sorted-key JSON, or the reminder's canonical
+    form for what JSON cannot hold (key order never matters either way)."""
+    value = (
+        _normalised(arguments, None, patterns, 0)
+        if patterns is not None or free_text
+        else arguments
+    )
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        return canonical_json(value)
 
 
-def top_level(arguments: Any) -> dict[str, str] | None:
-    """Each top-level argument's canonical text (``None`` when the arguments are not an
-    object): what the detector compares to name the fields it treated as volatile."""
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def top_level(arguments: Any) -> dict[str, Hashable] | None:
+    """Each top-level argument: a scalar as it is, anything else as its canonical text
+    (``None`` when the arguments are not an object). What the detector compares for
+    counters and walking, and to name the fields it treated as volatile."""
     if not isinstance(arguments, Mapping):
         return None
     try:
-        return {str(key): canonical_json(value) for key, value in arguments.items()}
+        return {
+            str(key): value if isinstance(value, _SCALARS) else canonical_json(value)
+            for key, value in arguments.items()
+        }
     except Exception:
         return None
 
