@@ -65,7 +65,8 @@ elseif tokens + 1e-9 >= amount then
 else
   wait = (amount - tokens) / rate
 end
-redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.17g', now))
+local fmt = '%.17g'
+redis.call('HSET', KEYS[1], 'tokens', string.format(fmt, tokens), 'ts', string.format(fmt, now))
 redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
 return string.format('%.17g', wait)
 """
@@ -214,7 +215,7 @@ class RedisStore:
                 f"RedisStore: on_error must be 'open', 'closed' or None, got {cut(on_error)}"
             )
         if not isinstance(prefix, str):
-            raise ValueError(f"RedisStore: prefix must be text, got {cut(prefix)}")
+            raise TypeError(f"RedisStore: prefix must be text, got {cut(prefix)}")
         self.timeout_s = _positive("timeout_ms", timeout_ms) / 1000
         self.lease_s = _positive("lease_ms", lease_ms) / 1000
         self.idle_ttl_ms = int(_positive("idle_ttl_s", idle_ttl_s) * 1000)

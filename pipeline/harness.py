@@ -44,6 +44,9 @@ __all__ = ["PLUGIN_GROUP", "Harness", "PluginHandle", "read_config_file", "resol
 
 PLUGIN_GROUP = "guardstack.plugins"
 _ENTRY_KEYS = frozenset({"id", "name", "config"})
+#: Entries that name the harness's state store rather than a layer (anywhere in the list).
+_STORE_ENTRIES = frozenset({"redis-store"})
+STORE_GROUP = "guardstack.stores"
 #: A configuration larger or deeper than this is refused before anything is built.
 MAX_CONFIG_NODES = 10_000
 MAX_CONFIG_DEPTH = 32
@@ -148,6 +151,16 @@ class Harness:
         allow_imports: bool,
     ) -> list[PluginHandle]:
         entries = _read_entries(source)
+        stores = [(n, e) for n, e in enumerate(entries) if e.get("name") in _STORE_ENTRIES]
+        if len(stores) > 1:
+            raise ConfigError(
+                f"entries {stores[0][0] + 1} and {stores[1][0] + 1}: one store per configuration",
+                key="name",
+                value=stores[1][1].get("name"),
+            )
+        if stores:
+            self.store = _store(*stores[0])
+            entries = [e for e in entries if e.get("name") not in _STORE_ENTRIES]
         factories = [
             _resolve_entry(entry, position, allow_imports) for position, entry in enumerate(entries)
         ]
@@ -412,6 +425,51 @@ def _resolve_entry(
             f"plugin {label}: {error.reason}", plugin=plugin_id, key="name", value=name
         ) from error
     return plugin_id, name, factory
+
+
+def _store(position: int, entry: Mapping[str, Any]) -> StateStore:
+    """The state store a ``redis-store`` entry configures (its constructor's keywords)."""
+    name = str(entry.get("name"))
+    label = f"entry {position + 1} ({name})"
+    for key in entry:
+        if key not in ("name", "config"):
+            raise ConfigError(
+                f"{label}: unknown entry key {cut(key)}; a store entry has name and config",
+                plugin=name,
+                key=str(key),
+                value=entry[key],
+            )
+    config = entry.get("config") or {}
+    if not isinstance(config, Mapping):
+        raise ConfigError(
+            f"{label}: `config` must be a mapping, got {cut(config)}",
+            plugin=name,
+            key="config",
+            value=config,
+        )
+    [point] = [p for p in entry_points(group=STORE_GROUP) if p.name == name]
+    try:
+        factory = point.load()
+    except ImportError as error:
+        raise ConfigError(f"{label}: {error}", plugin=name, key="name", value=name) from error
+    accepted = ("url", "prefix", "timeout_ms", "lease_ms", "idle_ttl_s", "on_error")
+    arguments: dict[str, Any] = {}
+    for key, value in config.items():
+        snake = _snake(str(key))
+        if snake not in accepted:
+            raise ConfigError(
+                f"{label}: unknown config key {cut(key)}{did_you_mean(snake, accepted)}; "
+                f"known keys: {', '.join(accepted)}",
+                plugin=name,
+                key=str(key),
+                value=value,
+            )
+        arguments[snake] = value
+    try:
+        store: StateStore = factory(**arguments)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{label}: {error}", plugin=name, key="config", value=config) from error
+    return store
 
 
 def _build(plugin_id: str, name: str, factory: type[Plugin], entry: Mapping[str, Any]) -> Plugin:

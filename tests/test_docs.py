@@ -20,6 +20,7 @@ ELSEWHERE = {
     "docs/models.md": "tests/integrations/test_docs_models.py",
     "docs/mcp.md": "tests/integrations/test_docs_mcp.py",
     "docs/temporal.md": "tests/integrations/test_docs_temporal.py",
+    "docs/shared-limits.md": "tests/integrations/test_redis.py",
 }
 
 #: What each page's examples must print (a page without examples lists nothing).
@@ -63,6 +64,7 @@ PRINTS = {
     "docs/models.md": [],
     "docs/mcp.md": [],
     "docs/temporal.md": [],
+    "docs/shared-limits.md": [],
 }
 
 

