@@ -30,11 +30,15 @@ the store's ``on_error`` says ``"open"``).
 
 from __future__ import annotations
 
+import datetime
 import logging
+import time
+import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+import anyio
 import attrs
 
 from guardstack.pipeline.contract import (
@@ -45,7 +49,7 @@ from guardstack.pipeline.contract import (
     StateStore,
     Usage,
 )
-from guardstack.pipeline.errors import ConfigError, TurnBlocked
+from guardstack.pipeline.errors import ConfigError, GuardstackWarning, TurnBlocked
 from guardstack.pipeline.validate import invalid, number, optional_integer
 
 if TYPE_CHECKING:
@@ -65,6 +69,22 @@ def _check_usd(_: Any, __: Any, value: Any) -> None:
 
 Price = tuple[float, float, float, float]
 PRICE_FORM = "[usd per million input, output] (then cache reads, cache writes)"
+
+
+def _check_tenant(_: Any, __: Any, value: Any) -> None:
+    if value is not None and not callable(value) and not (isinstance(value, str) and value):
+        raise invalid(PLUGIN, "tenant", value, "a name, a function of the model request, or None")
+
+
+def _check_warn_at(_: Any, __: Any, value: Any) -> None:
+    if value is not None and not (0 < number(PLUGIN, "warn_at", value) < 1):
+        raise invalid(PLUGIN, "warn_at", value, "a fraction between 0 and 1")
+
+
+def _windows(now: float) -> dict[str, str]:
+    """The calendar (UTC) window each limit counts in at ``now``."""
+    moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+    return {"day": moment.strftime("%Y-%m-%d"), "month": moment.strftime("%Y-%m")}
 
 
 def _prices(value: object) -> dict[str, Price] | None:
@@ -100,24 +120,50 @@ class UsageLimit:
     )
     usd_per_session: float | None = attrs.field(default=None, validator=_check_usd)
     prices: Mapping[str, Price] | None = attrs.field(default=None, converter=_prices)
+    #: Calendar (UTC) windows, one counter per tenant shared by every agent and process.
+    usd_per_day: float | None = attrs.field(default=None, kw_only=True, validator=_check_usd)
+    usd_per_month: float | None = attrs.field(default=None, kw_only=True, validator=_check_usd)
+    tokens_per_day: int | None = attrs.field(
+        default=None, kw_only=True, validator=optional_integer(PLUGIN, "tokens_per_day")
+    )
+    #: Whose windows a call counts in: a name, a function of the ``ModelRequest``, or
+    #: ``None`` (one tenant for every agent of this plugin).
+    tenant: str | Callable[[ModelRequest], str] | None = attrs.field(
+        default=None, kw_only=True, validator=_check_tenant
+    )
+    #: At this fraction of a window's limit, one ``GuardstackWarning`` (across processes).
+    warn_at: float | None = attrs.field(default=None, kw_only=True, validator=_check_warn_at)
+    #: What a call reserves for its output when the model states no ``max_tokens``.
+    estimate_output_tokens: int = attrs.field(
+        default=1_000, kw_only=True, validator=optional_integer(PLUGIN, "estimate_output_tokens")
+    )
     #: Where the spend is kept (``None``: the harness's store).
     store: StateStore | None = attrs.field(default=None, kw_only=True, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        limits = (self.tokens_per_turn, self.tokens_per_session, self.usd_per_session)
+        limits = (
+            self.tokens_per_turn,
+            self.tokens_per_session,
+            self.usd_per_session,
+            self.usd_per_day,
+            self.usd_per_month,
+            self.tokens_per_day,
+        )
         if all(limit is None for limit in limits):
             raise invalid(
                 PLUGIN,
                 "tokens_per_turn",
                 None,
-                "set (or `tokens_per_session` or `usd_per_session`); with none it caps nothing",
+                "set (or `tokens_per_session`, `usd_per_session`, `usd_per_day`, "
+                "`usd_per_month`, `tokens_per_day`); with none it caps nothing",
             )
-        if self.usd_per_session is not None and self.prices is None:
+        dollars = (self.usd_per_session, self.usd_per_day, self.usd_per_month)
+        if any(limit is not None for limit in dollars) and self.prices is None:
             raise invalid(
                 PLUGIN,
                 "prices",
                 None,
-                f"given with `usd_per_session` (model name -> {PRICE_FORM})",
+                f"given with a dollar limit (model name -> {PRICE_FORM})",
             )
 
     def price(self, model: str | None, fallback: str | None) -> Price:
@@ -223,7 +269,119 @@ class UsageLimit:
                     )
             return reply
 
-        scope.use(scope.loop.model_call, model_layer, name=PLUGIN)
+        windows = [
+            (kind, period, limit)
+            for kind, period, limit in (
+                ("usd", "day", self.usd_per_day),
+                ("usd", "month", self.usd_per_month),
+                ("tokens", "day", self.tokens_per_day),
+            )
+            if limit is not None
+        ]
+        if not windows:
+            scope.use(scope.loop.model_call, model_layer, name=PLUGIN)
+            return
+
+        def tenant_of(request: ModelRequest) -> str:
+            if callable(self.tenant):
+                return str(self.tenant(request))
+            return self.tenant or "all"
+
+        async def reserve(
+            tenant: str, periods: dict[str, str], estimate: dict[str, float]
+        ) -> tuple[list[tuple[str, float]], str | None]:
+            """Reserve ``estimate`` in every window (all or none): the reservations, or
+            the refusal naming the window that is full."""
+            reserved: list[tuple[str, float]] = []
+            try:
+                for kind, period, limit in windows:
+                    key = f"{namespace}:{tenant}:{kind}:{period}:{periods[period]}"
+                    added, total = await store.add(key, estimate[kind], limit=limit)
+                    if not added:
+                        await _give_back(store, reserved)
+                        unit = f"${total:.4f}" if kind == "usd" else f"{total:g} tokens"
+                        bound = f"${limit:.4f}" if kind == "usd" else f"{limit:g} tokens"
+                        return [], (
+                            f"{PLUGIN}: tenant {tenant!r} has used {unit} this {period} and "
+                            f"the limit is {bound} per {period} (this call's reservation "
+                            "would pass it)"
+                        )
+                    reserved.append((key, estimate[kind]))
+            except BaseException:
+                await _give_back(store, reserved)
+                raise
+            return reserved, None
+
+        async def windowed(request: ModelRequest, call_next: ModelNext) -> ModelReply:
+            """Reserve against every window, run the call, settle what it really cost."""
+            tenant = tenant_of(request)
+            asked_for = _model_name(request.agent)
+            now = getattr(store, "wall_clock", time.time)()
+            periods = _windows(now)
+            estimate = self.estimate(request, asked_for)
+            try:
+                reserved, refusal = await reserve(tenant, periods, estimate)
+            except ConfigError:
+                raise
+            except Exception as error:
+                if store.on_error != "open":
+                    raise TurnBlocked(
+                        f"{PLUGIN}: its {store.name} store is not answering "
+                        f"({type(error).__name__}); no model call is made without it"
+                    ) from error
+                return await model_layer(request, call_next)
+            if refusal is not None:
+                raise TurnBlocked(refusal)
+            try:
+                reply = await model_layer(request, call_next)
+            except BaseException:
+                await _give_back(store, reserved)
+                raise
+            usage = reply.usage if isinstance(reply, ModelReply) else None
+            priced = usage is not None and (self.usd_per_day or self.usd_per_month)
+            actual = {
+                "usd": self.cost_usd(usage, reply.model, asked_for) if priced and usage else 0.0,
+                "tokens": float(usage.total_tokens) if usage else 0.0,
+            }
+            for (key, amount), (kind, period, limit) in zip(reserved, windows, strict=True):
+                try:
+                    _, total = await store.add(key, actual[kind] - amount)
+                    if self.warn_at is not None and total >= self.warn_at * limit:
+                        first, _ = await store.add(f"{key}:warned", 1, limit=1)
+                        if first:
+                            warnings.warn(
+                                f"{PLUGIN}: tenant {tenant!r} has used {total:g} of its "
+                                f"{limit:g} {kind} this {period} ({self.warn_at:.0%} warning)",
+                                GuardstackWarning,
+                                stacklevel=2,
+                            )
+                except Exception:
+                    logger.warning("%s: could not settle a reservation", PLUGIN, exc_info=True)
+            return reply
+
+        scope.use(scope.loop.model_call, windowed, name=PLUGIN)
+
+    def estimate(self, request: ModelRequest, asked_for: str | None) -> dict[str, float]:
+        """What a call reserves before it is made: its input (a token per four characters
+        of the request, the stated rule) and its output (the model's ``max_tokens``, else
+        ``estimate_output_tokens``), in tokens and, at the model's price, in dollars."""
+        characters = sum(len(str(message.get("content") or "")) for message in request.messages)
+        input_tokens = characters // 4 + 1
+        stated = getattr(request.agent.model, "max_tokens", None)
+        output = stated if isinstance(stated, int) and stated > 0 else self.estimate_output_tokens
+        usd = 0.0
+        if self.prices is not None and (self.usd_per_day or self.usd_per_month):
+            usd = self.cost_usd(Usage(input_tokens, output), None, asked_for)
+        return {"usd": usd, "tokens": float(input_tokens + output)}
+
+
+async def _give_back(store: StateStore, reserved: list[tuple[str, float]]) -> None:
+    with anyio.CancelScope(shield=True):
+        for key, amount in reserved:
+            try:
+                await store.add(key, -amount)
+            except Exception:
+                logger.warning("%s: could not give a reservation back", PLUGIN, exc_info=True)
 
 
 def _model_name(agent: Agent) -> str | None:

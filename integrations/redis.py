@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 import uuid
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -234,6 +235,9 @@ class RedisStore:
         #: How often a waiting bulkhead asks again (slots freed elsewhere wake no one here).
         self.poll_s = min(0.05, self.lease_s / 3)
         self._scripts = {name: client.register_script(text) for name, text in _SCRIPTS.items()}
+        #: The UTC wall clock calendar windows are cut by: this process's (keep the
+        #: workers' clocks in step, as NTP does; a window's edge moves with them).
+        self.wall_clock = time.time
         self._leases: dict[str, str] = {}  # lease id -> its slots key, while a call holds it
         self._renewer: asyncio.Task[None] | None = None
 

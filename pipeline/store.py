@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -210,11 +211,14 @@ class MemoryStore:
         max_keys: int = 100_000,
         *,
         clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] | None = None,
         on_error: Literal["open", "closed"] | None = None,
     ) -> None:
         self.max_keys = integer("MemoryStore", "max_keys", max_keys)
         #: The monotonic clock windows and waits are measured with (anyio's: virtual in tests).
         self.clock = clock or anyio.current_time
+        #: The UTC wall clock calendar windows are cut by (seconds since the epoch).
+        self.wall_clock = wall_clock or time.time
         self.on_error = on_error  # a memory store never fails; kept for the protocol
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._warned = False

@@ -185,7 +185,7 @@ def test_caps_load_from_config_and_refuse_bad_values() -> None:
     assert str(raised.value) == (
         "plugin 'cap' (model-call-limit): config key 'per_turn' = 0: must be an integer >= 1"
     )
-    with pytest.raises(ConfigError, match="`prices` must be given with `usd_per_session`"):
+    with pytest.raises(ConfigError, match="`prices` must be given with a dollar limit"):
         UsageLimit(usd_per_session=1.0)
     with pytest.raises(ConfigError, match=r"prices\.m"):
         UsageLimit(usd_per_session=1.0, prices={"m": [1]})

@@ -14,8 +14,9 @@ from typing import Any
 
 import anyio
 
+from guardstack.guards import UsageLimit
 from guardstack.integrations.redis import RedisStore
-from guardstack.pipeline import Harness, ToolCall, ToolDefinition
+from guardstack.pipeline import Harness, ModelReply, ToolCall, ToolDefinition, Usage
 from guardstack.wrappers import CircuitBreaker, ConcurrencyLimit, RateLimit
 
 
@@ -23,8 +24,43 @@ def say(**event: Any) -> None:
     print(json.dumps({"t": time.time(), **event}), flush=True)
 
 
+class Spender:
+    """A model whose every call costs $0.0001 (100 output tokens at $1 a million) and
+    states max_tokens=120, so it reserves a little more than it spends."""
+
+    model = "m"
+    max_tokens = 120
+
+    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+        await anyio.sleep(0.02)
+        say(event="spent", usd=0.0001)
+        return ModelReply("ok", usage=Usage(0, 100), model="m")
+
+
+async def spend(store: RedisStore, seconds: float) -> None:
+    harness = Harness(Spender(), store=store)
+    harness.plugin(UsageLimit(usd_per_day=0.005, prices={"m": (1.0, 1.0)}, tenant="shared"))
+    deadline = time.monotonic() + seconds
+
+    async def agent(n: int) -> None:
+        while time.monotonic() < deadline:
+            result = await harness.loop.create(f"{id(harness)}-{n}-{time.monotonic()}").prompt("go")
+            say(event="turn", reason=result.reason)
+            if result.reason == "blocked":
+                return
+
+    async with anyio.create_task_group() as group:
+        for n in range(5):
+            group.start_soon(agent, n)
+
+
 async def main(mode: str, url: str, prefix: str, seconds: float) -> None:
     store = RedisStore(url, prefix=prefix, timeout_ms=1000, lease_ms=600)
+    if mode == "spend":
+        say(event="ready")
+        await spend(store, seconds)
+        await store.aclose()
+        return
     harness = Harness(store=store)
 
     async def work(arguments: Any, call: ToolCall) -> str:

@@ -260,6 +260,21 @@ def test_a_breaker_opened_by_one_process_refuses_in_all_and_one_probe_runs(
     )
 
 
+def test_a_days_spend_under_a_storm_from_several_processes_never_passes_its_limit(
+    redis_server: RedisServer,
+) -> None:
+    """Three processes, five agents each, spending $0.0001 a call against one tenant's
+    $0.005 a day: reservations are atomic, so the day never passes its limit, and every
+    process stops once it is spent."""
+    per_process = events(workers("spend", redis_server.url, 3, 5.0))
+    spent = sum(e["usd"] for run in per_process for e in run if e["event"] == "spent")
+    assert spent <= 0.005 + 1e-9
+    assert spent >= 0.005 - 15 * 0.00012  # it was spent, less what the last in flight held
+    for run in per_process:
+        assert any(e.get("reason") == "blocked" for e in run)  # each process stopped
+    print(f"\nspend: ${spent:.4f} of $0.005 across 3 processes")
+
+
 async def test_redis_killed_mid_run_each_layer_does_what_on_error_says_then_recovers() -> None:
     path = binary()
     if path is None:

@@ -1,0 +1,143 @@
+"""UsageLimit's calendar windows: a tenant's day and month shared by every agent, spend
+reserved before a call and settled after, one warning at ``warn_at``."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import anyio
+import pytest
+
+from guardstack.guards import UsageLimit
+from guardstack.pipeline import (
+    GuardstackWarning,
+    Harness,
+    MemoryStore,
+    ModelReply,
+    ScriptedModel,
+    Usage,
+)
+
+PRICES = {"m": (1.0, 2.0)}  # $ per million: input, output
+
+
+class Clock:
+    def __init__(self, when: str) -> None:
+        self.now = datetime.datetime.fromisoformat(when).timestamp()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Priced:
+    """A model that answers with the given usage, after ``delay_s``."""
+
+    model = "m"
+    max_tokens = 100
+
+    def __init__(self, usage: Usage, delay_s: float = 0.0) -> None:
+        self.usage = usage
+        self.delay_s = delay_s
+        self.calls = 0
+
+    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+        self.calls += 1
+        await anyio.sleep(self.delay_s)
+        return ModelReply("ok", usage=self.usage, model="m")
+
+
+def harness(limit: UsageLimit, model: Any, clock: Clock) -> Harness:
+    built = Harness(model, store=MemoryStore(wall_clock=clock))
+    built.plugin(limit)
+    return built
+
+
+async def test_a_tenants_day_is_shared_by_every_agent_and_a_new_day_starts_afresh() -> None:
+    clock = Clock("2026-12-01T23:00:00+00:00")
+    model = Priced(Usage(100_000, 10_000))  # $0.10 + $0.02 = $0.12 a call
+    built = harness(UsageLimit(usd_per_day=0.30, prices=PRICES, tenant="acme"), model, clock)
+    reasons = [(await built.loop.create(f"s{n}").prompt("hi")).reason for n in range(4)]
+    # the third call's reservation (its stated max_tokens) fit under $0.30; what it really
+    # cost took the day to $0.36 — an estimate below the real cost is the overshoot
+    assert reasons == ["completed", "completed", "completed", "blocked"]
+    blocked = await built.loop.create("s9").prompt("hi")
+    assert blocked.error is not None
+    assert "tenant 'acme' has used $0.3600 this day and the limit is $0.3000 per day" in (
+        blocked.error
+    )
+    clock.now += 3600  # past midnight UTC: a new day
+    assert (await built.loop.create("s10").prompt("hi")).reason == "completed"
+
+
+async def test_tenants_are_kept_apart_by_a_function_of_the_request() -> None:
+    clock = Clock("2026-12-01T10:00:00+00:00")
+    model = Priced(Usage(0, 50))
+    limit = UsageLimit(
+        tokens_per_day=250, tenant=lambda request: request.agent.session_id.split("/")[0]
+    )
+    built = harness(limit, model, clock)
+    results = [
+        (await built.loop.create(f"{tenant}/{n}").prompt("hi")).reason
+        for n in range(3)
+        for tenant in ("a", "b")
+    ]
+    # each call reserves 101 + ~1 input tokens; a tenant's second call settles at 50 each
+    assert results.count("completed") == 6
+
+
+async def test_concurrent_calls_overshoot_by_at_most_what_is_in_flight() -> None:
+    clock = Clock("2026-12-01T10:00:00+00:00")
+    model = Priced(Usage(1, 50), delay_s=1.0)  # each call costs less than it reserves
+    limit = UsageLimit(usd_per_day=0.002, prices=PRICES)
+    built = harness(limit, model, clock)
+    results: list[str] = []
+
+    async def one(n: int) -> None:
+        results.append((await built.loop.create(f"s{n}").prompt("hi")).reason)
+
+    async with anyio.create_task_group() as group:
+        for n in range(20):
+            group.start_soon(one, n)
+    spent = await built.store.read(next(k for k in built.store._entries if ":usd:day:" in k))  # type: ignore[attr-defined]
+    assert spent <= 0.002  # reservations are atomic: the day never passes its limit
+    assert results.count("completed") == model.calls
+    assert 1 <= model.calls < 20
+    assert spent == pytest.approx(model.calls * (1 * 1 + 50 * 2) / 1e6)  # settled
+
+
+async def test_one_warning_at_warn_at() -> None:
+    clock = Clock("2026-12-01T10:00:00+00:00")
+    model = Priced(Usage(100_000, 0))  # $0.10 a call
+    built = harness(UsageLimit(usd_per_month=1.0, prices=PRICES, warn_at=0.25), model, clock)
+
+    async def six_calls() -> None:
+        for n in range(6):
+            await built.loop.create(f"s{n}").prompt("hi")
+
+    with pytest.warns(GuardstackWarning, match=r"used 0\.3 of its 1 usd this month") as caught:
+        await six_calls()
+    assert len([w for w in caught if "warning)" in str(w.message)]) == 1
+
+
+def test_bad_window_config_names_the_key() -> None:
+    from guardstack.pipeline import ConfigError
+
+    with pytest.raises(ConfigError, match="warn_at"):
+        UsageLimit(usd_per_day=1, prices=PRICES, warn_at=1.5)
+    with pytest.raises(ConfigError, match="prices"):
+        UsageLimit(usd_per_day=1)
+    with pytest.raises(ConfigError, match="tenant"):
+        UsageLimit(tokens_per_day=5, tenant="")
+
+
+async def test_a_scripted_agent_without_a_price_is_refused_not_guessed() -> None:
+    clock = Clock("2026-12-01T10:00:00+00:00")
+    built = harness(
+        UsageLimit(usd_per_day=1.0, prices={"other": (1, 1)}),
+        ScriptedModel([ModelReply("x", usage=Usage(1, 1))]),
+        clock,
+    )
+    result = await built.loop.create("s").prompt("hi")
+    assert result.reason == "error"
+    assert "no price for model" in (result.error or "")
