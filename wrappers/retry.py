@@ -46,6 +46,7 @@ a global), for tests.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -65,6 +66,7 @@ from guardstack.pipeline.contract import (
     Outcome,
     Scope,
     StageAdapter,
+    StateStore,
     adapter_for,
 )
 from guardstack.pipeline.validate import (
@@ -122,10 +124,21 @@ class RetryBudget:
     also refill at ``min_retries_per_second``, and the balance never exceeds
     ``capacity`` (it starts full). Under a storm, retries are therefore limited to
     about ``ratio`` of the traffic plus a trickle, instead of multiplying it.
+
+    With ``store=`` (a ``RedisStore``) the bucket lives there under ``key``, shared by
+    every process: eight workers retrying against one API then share one budget. A
+    store that fails refuses the retry (a budget fails closed: no retry storm while
+    the store is down); the call's own attempt is never held up.
     """
 
     def __init__(
-        self, ratio: float = 0.2, min_retries_per_second: float = 1.0, capacity: float = 10.0
+        self,
+        ratio: float = 0.2,
+        min_retries_per_second: float = 1.0,
+        capacity: float = 10.0,
+        *,
+        store: StateStore | None = None,
+        key: str = "retry-budget",
     ) -> None:
         owner = "retry budget"
         self.ratio = number(owner, "ratio", ratio)
@@ -135,6 +148,8 @@ class RetryBudget:
         self.capacity = number(owner, "capacity", capacity, minimum=1)
         self._tokens = self.capacity
         self._updated: float | None = None
+        self.store = store
+        self.key = key
 
     def _refill(self) -> None:
         now = anyio.current_time()
@@ -161,10 +176,29 @@ class RetryBudget:
             return True
         return False
 
+    async def deposit_shared(self) -> None:
+        """``deposit``, in the store when the budget has one."""
+        if self.store is None:
+            self.deposit()
+            return
+        with contextlib.suppress(Exception):  # a lost deposit only makes retries scarcer
+            await self.store.take(self.key, self.min_retries_per_second, self.capacity, -self.ratio)
+
+    async def withdraw_shared(self) -> bool:
+        """``try_withdraw``, in the store when the budget has one (refused if it fails)."""
+        if self.store is None:
+            return self.try_withdraw()
+        try:
+            wait = await self.store.take(self.key, self.min_retries_per_second, self.capacity)
+        except Exception:
+            return False
+        return wait == 0.0
+
     def __repr__(self) -> str:
+        shared = f", store={self.store.name}" if self.store is not None else ""
         return (
             f"RetryBudget(ratio={self.ratio}, min_retries_per_second="
-            f"{self.min_retries_per_second}, capacity={self.capacity})"
+            f"{self.min_retries_per_second}, capacity={self.capacity}{shared})"
         )
 
 
@@ -350,7 +384,10 @@ class _RetryRun:
         policy, stage = self.policy, self.stage
         budget = policy.budget
         if budget is not None:
-            budget.deposit()
+            if budget.store is None:
+                budget.deposit()
+            else:
+                await budget.deposit_shared()
         attempt = 1
         while True:
             outcome = await stage.attempt(call_next, stage.with_attempt(item, attempt))
@@ -399,7 +436,7 @@ class _RetryRun:
         else wait the backoff (at least ``retry_after_s``, within our ceiling) and
         check that the next attempt may still start."""
         budget = self.policy.budget
-        if budget is not None and not budget.try_withdraw():
+        if budget is not None and not await budget.withdraw_shared():
             return False
         if _BACKOFF_ENABLED.get():
             delay = self.delay_s(attempt)

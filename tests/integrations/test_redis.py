@@ -379,3 +379,35 @@ async def test_a_redis_store_config_entry_gives_every_layer_of_the_file_one_stor
 
 async def _ok(arguments: Any, call: ToolCall) -> str:
     return "ok"
+
+
+async def test_a_retry_budget_in_redis_is_shared_by_every_harness(
+    redis_server: RedisServer,
+) -> None:
+    from guardstack.pipeline import TOOL_FAILED
+    from guardstack.wrappers import Retry, RetryBudget
+
+    prefix = f"r{uuid.uuid4().hex[:6]}:"
+    stores = [RedisStore(redis_server.url, prefix=prefix) for _ in range(2)]
+    attempts = 0
+
+    async def failing(arguments: Any, call: ToolCall) -> str:
+        nonlocal attempts
+        attempts += 1
+        raise RuntimeError("down")
+
+    harnesses = []
+    for store in stores:  # two processes' worth, one budget: capacity 3, no refill to speak of
+        budget = RetryBudget(ratio=0.0, min_retries_per_second=0.001, capacity=3, store=store)
+        harness = Harness(store=store)
+        harness.tools.register(ToolDefinition("flaky", failing))
+        harness.plugin(Retry(attempts=5, backoff_ms=1, retry_on=[TOOL_FAILED], budget=budget))
+        harnesses.append(harness)
+    try:
+        for harness in harnesses * 2:
+            outcome = await harness.tools.execute(ToolCall("flaky", {}, "c", conversation="x"))
+            assert outcome.result.code == TOOL_FAILED
+        assert attempts == 4 + 3  # four first attempts, and only the budget's three retries
+    finally:
+        for store in stores:
+            await store.aclose()
