@@ -64,6 +64,7 @@ from guardstack.pipeline import (
     ToolResult,
     Usage,
 )
+from guardstack.pipeline.store import Admission
 from guardstack.pipeline.values import failure_from_exception, message_of
 from guardstack.wrappers import Retry
 
@@ -86,6 +87,7 @@ __all__ = ["Conversation", "TemporalAgent", "TurnOutcome", "serve", "worker"]
 OWNER: Final = "temporal"
 TOOL_ACTIVITY: Final = "guardstack.tool"
 MODEL_ACTIVITY: Final = "guardstack.model"
+STORE_ACTIVITY: Final = "guardstack.store"
 WORKFLOW: Final = "guardstack.turn"
 #: How long an activity for a tool without a declared budget may run.
 NO_BUDGET_MS: Final = 24 * 3_600_000
@@ -116,6 +118,11 @@ class TemporalAgent:
     start_to_close_cap_ms: int | None = None
     #: Temporal's own attempts per activity; 1 leaves retrying to guardstack.
     activity_attempts: int = 1
+    #: Where the stack's keyed layers and caps keep their state (a ``RedisStore``): each
+    #: store operation is a local activity on the worker, so every workflow and worker
+    #: shares the limits and the workflow stays deterministic. ``None``: each turn's
+    #: own memory store (limits that live for one turn).
+    store: Any = attrs.field(default=None, kw_only=True)
 
     def tool(self, name: str) -> ToolDefinition:
         for definition in self.tools:
@@ -233,6 +240,74 @@ async def tool_attempt(agent: str, name: str, arguments: Any, call_id: str) -> d
     return outcome.result.to_dict()
 
 
+@activity.defn(name=STORE_ACTIVITY)
+async def store_operation(
+    agent: str, operation: str, args: list[Any], kwargs: dict[str, Any]
+) -> Any:
+    """One store operation on the worker's real store (a local activity of the workflow)."""
+    store = _served(activity.info().task_queue, agent).store
+    if operation not in _STORE_OPERATIONS or store is None:
+        raise ApplicationError(f"no store operation {operation!r}", non_retryable=True)
+    answer = await getattr(store, operation)(*args, **kwargs)
+    if isinstance(answer, Admission):
+        return {"admitted": answer.admitted, "wait_s": answer.wait_s, "probe": answer.probe}
+    return list(answer) if isinstance(answer, tuple) else answer
+
+
+_STORE_OPERATIONS: Final = frozenset(
+    {"take", "admit", "record", "release_probe", "acquire", "release", "add", "read"}
+)
+
+
+class _WorkflowStore:
+    """The workflow's view of an agent's store: every operation a local activity."""
+
+    suspends = True
+
+    def __init__(self, spec: TemporalAgent) -> None:
+        self.spec = spec
+        self.name = getattr(spec.store, "name", "store")
+        self.on_error = getattr(spec.store, "on_error", None)
+        self.poll_s = getattr(spec.store, "poll_s", None)
+
+    async def _run(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        return await workflow.execute_local_activity(
+            store_operation,
+            args=[self.spec.name, operation, list(args), kwargs],
+            start_to_close_timeout=timedelta(seconds=10),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+
+    async def take(self, key: str, per_second: float, burst: float, amount: float = 1.0) -> float:
+        return float(await self._run("take", key, per_second, burst, amount))
+
+    async def admit(self, key: str, break_s: float) -> Admission:
+        answer = await self._run("admit", key, break_s)
+        return Admission(bool(answer["admitted"]), float(answer["wait_s"]), bool(answer["probe"]))
+
+    async def record(self, key: str, failed: bool, probe: bool, **window: Any) -> Any:
+        return await self._run("record", key, failed, probe, **window)
+
+    async def release_probe(self, key: str) -> None:
+        await self._run("release_probe", key)
+
+    async def acquire(self, key: str, limit: int) -> str | None:
+        answer = await self._run("acquire", key, limit)
+        return None if answer is None else str(answer)
+
+    async def release(self, key: str, lease: str) -> None:
+        await self._run("release", key, lease)
+
+    async def add(
+        self, key: str, amount: float, *, limit: float | None = None, initial: float = 0.0
+    ) -> tuple[bool, float]:
+        added, total = await self._run("add", key, amount, limit=limit, initial=initial)
+        return bool(added), float(total)
+
+    async def read(self, key: str) -> float:
+        return float(await self._run("read", key))
+
+
 @activity.defn(name=MODEL_ACTIVITY)
 async def model_call(
     agent: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
@@ -332,7 +407,8 @@ class TurnWorkflow:
     @workflow.run
     async def run(self, request: dict[str, Any]) -> dict[str, Any]:
         spec = _served(workflow.info().task_queue, request["agent"])
-        harness = Harness(_ActivityModel(spec), spec.max_steps, system=spec.system)
+        store = _WorkflowStore(spec) if spec.store is not None else None
+        harness = Harness(_ActivityModel(spec), spec.max_steps, system=spec.system, store=store)
         for tool in spec.tools:
             harness.tools.register(attrs.evolve(tool, execute=_activity_tool(spec, tool)))
         for plugin in spec.plugins():
@@ -391,7 +467,7 @@ async def worker(
         client,
         task_queue=task_queue,
         workflows=[TurnWorkflow],
-        activities=[tool_attempt, model_call],
+        activities=[tool_attempt, model_call, store_operation],
         **options,
     )
     try:

@@ -411,3 +411,56 @@ async def test_a_retry_budget_in_redis_is_shared_by_every_harness(
     finally:
         for store in stores:
             await store.aclose()
+
+
+async def test_two_temporal_workflows_on_different_workers_share_one_rate_limit(
+    redis_server: RedisServer,
+) -> None:
+    """Each worker's agent keeps its layers' state in its own RedisStore on one server;
+    store operations are local activities, so both turns' workflows share the bucket."""
+    pytest.importorskip("temporalio", reason="pip install 'guardstack[temporal]'")
+    from temporalio.testing import WorkflowEnvironment
+
+    from guardstack.integrations.temporal import Conversation, TemporalAgent, worker
+    from guardstack.pipeline import ModelReply, ToolCallRequest
+    from tests.integrations.test_temporal import BIN
+
+    class Model:
+        async def complete(self, messages: list[dict[str, Any]], tools: Any) -> ModelReply:
+            results = [m["content"] for m in messages if m["role"] == "tool"]
+            if results:
+                return ModelReply(f"search said: {results[-1]}")
+            return ModelReply(tool_calls=[ToolCallRequest("search", {"q": "x"})])
+
+    async def search(arguments: Any, call: ToolCall) -> str:
+        return "3 results"
+
+    prefix = f"tw{uuid.uuid4().hex[:6]}:"
+    stores = [RedisStore(redis_server.url, prefix=prefix) for _ in range(2)]
+
+    def agent(store: RedisStore) -> TemporalAgent:
+        return TemporalAgent(
+            "searcher",
+            tools=[ToolDefinition("search", search)],
+            model=Model(),
+            plugins=lambda: [RateLimit(per_second=0.001, burst=1, wait=False)],
+            store=store,
+        )
+
+    server = BIN / "temporal-test-server"
+    try:
+        async with (
+            await WorkflowEnvironment.start_time_skipping(
+                test_server_existing_path=str(server)
+            ) as env,
+            worker(env.client, "queue-a", [agent(stores[0])]),
+            worker(env.client, "queue-b", [agent(stores[1])]),
+        ):
+            first = await Conversation(env.client, "searcher", "c-a", "queue-a").prompt("go")
+            second = await Conversation(env.client, "searcher", "c-b", "queue-b").prompt("go")
+    finally:
+        for store in stores:
+            await store.aclose()
+    assert first.text == "search said: 3 results"
+    # the other worker's workflow found the bucket empty: one limit across both
+    assert second.text.startswith('search said: Error: tool "search" is rate limited')
