@@ -237,6 +237,10 @@ def test_a_concurrency_limit_holds_across_processes_and_a_killed_holder_gives_ba
     [run] = events([after])
     first = min(e["t"] for e in run if e["event"] == "start")
     assert first - killed_at < 0.6 + 0.5
+    print(
+        f"\nslots: peak {peak} of 3 across 3 processes; a killed holder's slots back in "
+        f"{first - killed_at:.2f} s (lease 0.6 s)"
+    )
 
 
 def test_a_breaker_opened_by_one_process_refuses_in_all_and_one_probe_runs(
@@ -254,6 +258,10 @@ def test_a_breaker_opened_by_one_process_refuses_in_all_and_one_probe_runs(
     for earlier, later in itertools.pairwise(probes):
         assert later - earlier >= 0.95  # a half-open breaker let one probe through, not three
     assert probes[0] - opened >= 0.95
+    print(
+        f"\nbreaker: {len(refused)} calls refused across 3 processes, {len(probes)} probes "
+        f"in {len(probes)} half-open periods"
+    )
     assert all(
         any(e["code"] == "TOOL_UNAVAILABLE" for e in run if e["event"] == "result")
         for run in per_process
