@@ -11,6 +11,7 @@ from guardstack.guards.repeat_tool_reminder import (
 )
 from guardstack.guards.tool_call_limit import ToolCallLimit
 from guardstack.guards.tool_call_timeout_policy import ToolCallTimeoutPolicy
+from guardstack.guards.turn_deadline import TurnDeadline
 from guardstack.guards.usage_limit import UsageLimit
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "RepeatToolReminder",
     "ToolCallLimit",
     "ToolCallTimeoutPolicy",
+    "TurnDeadline",
     "UsageLimit",
     "canonical_json",
 ]

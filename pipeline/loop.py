@@ -278,6 +278,11 @@ class Agent:
         self.session = session
         self.model = model
         self._scope: anyio.CancelScope | None = None
+        #: When the running turn must end (anyio time), set by ``TurnDeadline``; a turn
+        #: cancelled at or past it ends with reason ``deadline`` instead of ``aborted``.
+        self.turn_deadline: float | None = None
+        #: The budget behind ``turn_deadline``, in milliseconds (for the log's text).
+        self.turn_deadline_ms: int | None = None
         session.close_open_turn()  # a resumed mid-turn snapshot: answer what it left open
         self._turn = sum(isinstance(event, TurnStart) for event in session.events)
         #: Tokens every model reply of this session used (rebuilt from the log on resume).
@@ -387,8 +392,29 @@ class Agent:
             if step:
                 log(StepEnd(turn, step))
             cancelled = isinstance(error, anyio.get_cancelled_exc_class())
-            log(TurnEnd(turn, "aborted", None if cancelled else type(error).__name__))
+            deadline = self.turn_deadline
+            if cancelled and deadline is not None and anyio.current_time() >= deadline:
+                spent = self.turn_deadline_ms
+                log(TurnEnd(turn, "deadline", f"turn-deadline: the turn's {spent} ms ran out"))
+            else:
+                log(TurnEnd(turn, "aborted", None if cancelled else type(error).__name__))
             raise
+
+    def last_turn_result(self) -> TurnResult:
+        """The last turn's result as its log records it (its end reason and error, the
+        model's last text, its steps): for layers that end a turn from outside it."""
+        events = self.session.events
+        starts = [i for i, event in enumerate(events) if isinstance(event, TurnStart)]
+        turn = events[starts[-1] :] if starts else []
+        end = next((e for e in reversed(turn) if isinstance(e, TurnEnd)), None)
+        texts = [e.text for e in turn if isinstance(e, AssistantMessage)]
+        return TurnResult(
+            end.reason if end is not None else "aborted",
+            texts[-1] if texts else "",
+            end.error if end is not None else None,
+            sum(isinstance(e, StepStart) for e in turn),
+            self.turn_usage,
+        )
 
     def _result(
         self, reason: TurnEndReason, text: str, error: str | None, steps: int

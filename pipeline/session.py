@@ -61,8 +61,10 @@ __all__ = [
     "UserMessage",
 ]
 
-TurnEndReason: TypeAlias = Literal["completed", "max-steps", "aborted", "error", "blocked"]
-_TURN_END_REASONS = frozenset(("completed", "max-steps", "aborted", "error", "blocked"))
+TurnEndReason: TypeAlias = Literal[
+    "completed", "max-steps", "aborted", "error", "blocked", "deadline"
+]
+_TURN_END_REASONS = frozenset(("completed", "max-steps", "aborted", "error", "blocked", "deadline"))
 _FORMAT = 1
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 logger = logging.getLogger("guardstack")

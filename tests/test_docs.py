@@ -46,6 +46,7 @@ PRINTS = {
         "thread-a None\nthread-a None\nthread-a TOOL_DENIED\nthread-b None\n",
         "thread-a after reset None",
         'Potential loop detected: the sequence "read" → "edit" repeated 3 times',
+        "deadline - turn-deadline: the turn's 50 ms ran out",
     ],
     "docs/order.md": [
         "warning: retry waits for TOOL_TIMOUT, which no layer in this stack produces"

@@ -1,0 +1,67 @@
+"""TurnDeadline: one time budget for a whole turn, seen by every call inside it.
+
+Where it belongs: around the whole turn (``AgentLoop.instrument_turn``), so every
+model call and tool call of the turn runs inside its deadline: ``anyio``'s
+effective deadline there is the turn's end, so ``Retry(respect_deadline=True)``
+never starts an attempt that cannot finish, and each call's own budget
+(``ToolCallTimeoutPolicy``, a ``Timeout``) still applies when it is shorter. When
+the deadline passes, the running calls are cancelled and answered ``ABORTED`` (a
+call never started: ``ABORTED_BEFORE_DISPATCH``), the turn ends with reason
+``deadline`` — the log whole, so the next turn starts from a valid request — and
+``prompt`` returns that result instead of raising.
+
+It is per turn: the next prompt gets the whole budget again. A cancel from outside
+(``agent.cancel()``, a task group) still ends the turn ``aborted``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+import anyio
+import attrs
+
+from guardstack.pipeline.contract import Scope, TurnRun
+from guardstack.pipeline.validate import integer
+
+if TYPE_CHECKING:
+    from guardstack.pipeline.contract import Agent
+
+__all__ = ["TurnDeadline"]
+
+PLUGIN: Final = "turn-deadline"
+
+
+def _check_ms(_: Any, __: Any, value: Any) -> None:
+    integer(PLUGIN, "ms", value, minimum=1)
+
+
+@attrs.frozen
+class TurnDeadline:
+    """The whole turn's time budget, in milliseconds."""
+
+    name: ClassVar[str] = PLUGIN
+
+    ms: int = attrs.field(validator=_check_ms)
+
+    def apply(self, scope: Scope) -> None:
+        budget_s = self.ms / 1000
+
+        def hook(run: TurnRun) -> TurnRun:
+            async def within(agent: Agent, text: str) -> Any:
+                deadline = anyio.current_time() + budget_s
+                outer, outer_ms = agent.turn_deadline, agent.turn_deadline_ms
+                if outer is not None and outer <= deadline:
+                    deadline = outer  # an enclosing (parent's) deadline is sooner: it wins
+                else:
+                    agent.turn_deadline, agent.turn_deadline_ms = deadline, self.ms
+                try:
+                    with anyio.CancelScope(deadline=deadline):
+                        return await run(agent, text)
+                finally:
+                    agent.turn_deadline, agent.turn_deadline_ms = outer, outer_ms
+                return agent.last_turn_result()  # the deadline cut it: its log says so
+
+            return within
+
+        scope.adopt(scope.loop.instrument_turn(hook))
