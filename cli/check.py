@@ -33,6 +33,7 @@ from guardstack.guards import (
     RepeatToolReminder,
     ToolCallLimit,
     ToolCallTimeoutPolicy,
+    TurnDeadline,
     UsageLimit,
 )
 from guardstack.pipeline.harness import Harness
@@ -173,6 +174,11 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
         return (
             f"loop-detector: watches for loops ({patterns}; {compared}); {ladder}; "
             "a new prompt resets it"
+        )
+    if isinstance(plugin, TurnDeadline):
+        return (
+            f"turn-deadline: the whole turn has {plugin.ms} ms; every call in it sees that "
+            "deadline, and the turn ends with reason deadline when it passes"
         )
     if isinstance(plugin, AgentLimit):
         return f"agent-limit: at most {plugin.max_agents} agents; the next one is refused"

@@ -246,11 +246,7 @@ class UsageLimit:
                 except ConfigError:
                     raise
                 except Exception as error:
-                    if store.on_error != "open":
-                        raise TurnBlocked(
-                            f"{PLUGIN}: its {store.name} store is not answering "
-                            f"({type(error).__name__}); no model call is made without it"
-                        ) from error
+                    _fail_closed(store, error)
             self.check(agent, so_far)
             reply = await call_next(request)
             if tracks_cost and isinstance(reply, ModelReply) and reply.usage is not None:
@@ -324,11 +320,7 @@ class UsageLimit:
             except ConfigError:
                 raise
             except Exception as error:
-                if store.on_error != "open":
-                    raise TurnBlocked(
-                        f"{PLUGIN}: its {store.name} store is not answering "
-                        f"({type(error).__name__}); no model call is made without it"
-                    ) from error
+                _fail_closed(store, error)
                 return await model_layer(request, call_next)
             if refusal is not None:
                 raise TurnBlocked(refusal)
@@ -373,6 +365,15 @@ class UsageLimit:
         if self.prices is not None and (self.usd_per_day or self.usd_per_month):
             usd = self.cost_usd(Usage(input_tokens, output), None, asked_for)
         return {"usd": usd, "tokens": float(input_tokens + output)}
+
+
+def _fail_closed(store: StateStore, error: Exception) -> None:
+    """A spend cap's answer to a failing store: end the turn, unless the store says open."""
+    if store.on_error != "open":
+        raise TurnBlocked(
+            f"{PLUGIN}: its {store.name} store is not answering "
+            f"({type(error).__name__}); no model call is made without it"
+        ) from error
 
 
 async def _give_back(store: StateStore, reserved: list[tuple[str, float]]) -> None:

@@ -168,6 +168,7 @@ def test_every_plugin_guardstack_ships_is_explained() -> None:
         "agent-limit": {"max_agents": 3},
         "model-call-limit": {"per_turn": 3},
         "usage-limit": {"tokens_per_turn": 100},
+        "turn-deadline": {"ms": 1000},
     }
     for point in entry_points(group=PLUGIN_GROUP):
         harness = Harness()
