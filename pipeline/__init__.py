@@ -4,6 +4,7 @@ Plugin authors need only ``guardstack.pipeline.contract`` (layer and stage types
 ``Plugin``, ``Scope``), the values and the errors re-exported here.
 """
 
+from guardstack.pipeline.agent_tool import AgentTool
 from guardstack.pipeline.contract import (
     DispatchNext,
     Execute,
@@ -65,6 +66,7 @@ from guardstack.pipeline.session import (
 from guardstack.pipeline.store import MemoryStore, StateStore
 from guardstack.pipeline.testing import ScriptedModel
 from guardstack.pipeline.values import (
+    AGENT_STOPPED,
     INVALID_ARGUMENTS,
     MAX_TIMEOUT_MS,
     TOOL_ABORTED,
@@ -91,6 +93,7 @@ from guardstack.pipeline.values import (
 )
 
 __all__ = [
+    "AGENT_STOPPED",
     "INVALID_ARGUMENTS",
     "MAX_TIMEOUT_MS",
     "MODEL_FAILED",
@@ -113,6 +116,7 @@ __all__ = [
     "Agent",
     "AgentLimitExceeded",
     "AgentLoop",
+    "AgentTool",
     "Allow",
     "AssistantMessage",
     "Block",

@@ -97,7 +97,8 @@ async def _submit(agent: Agent, text: str) -> str:
 
 async def _complete(request: ModelRequest) -> ModelReply:
     """The innermost ``model_call`` layer: the agent's model itself."""
-    return await request.agent.model.complete(request.messages, request.tools)
+    model = request.model if request.model is not None else request.agent.model
+    return await model.complete(request.messages, request.tools)
 
 
 def _checked(reply: object) -> ModelReply:

@@ -280,6 +280,9 @@ class ModelRequest:
     tools: list[dict[str, Any]]
     attempt: int = 1
     hedge: int = 0
+    #: The model that answers, when not the agent's own (a child agent's call charged
+    #: to its parent's caps: ``AgentTool``).
+    model: Model | None = attrs.field(default=None, kw_only=True)
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from guardstack.pipeline.loop import Agent
 
 __all__ = [
+    "AGENT_STOPPED",
     "INVALID_ARGUMENTS",
     "MAX_TIMEOUT_MS",
     "TOOL_ABORTED",
@@ -70,6 +71,8 @@ TOOL_UNAVAILABLE: Final = "TOOL_UNAVAILABLE"
 TOOL_OVERLOADED: Final = "TOOL_OVERLOADED"
 #: A rate limit had no token and was told not to wait.
 TOOL_RATE_LIMITED: Final = "TOOL_RATE_LIMITED"
+#: A child agent (``AgentTool``) was stopped by a cap, a deadline or a guard.
+AGENT_STOPPED: Final = "AGENT_STOPPED"
 
 #: The largest budget a timer can hold in the original (2**31 - 1 ms, about 24.8 days).
 MAX_TIMEOUT_MS: Final = 2_147_483_647

@@ -40,6 +40,8 @@ PRINTS = {
         "'turn/start', 'user/message', 'step/start', 'assistant/message', 'tool/call'",
         "logged turn/end",
         "{'role': 'system', 'content': 'Be brief.'}",
+        "blocked - usage-limit: this session cost $1.2000 and the limit is $1.0000 per session"
+        " - 1200000",
     ],
     "docs/guards.md": [
         "0. tool-call-timeout-policy",

@@ -1,0 +1,119 @@
+"""AgentTool: a child agent as a tool, inside its parent's deadline and budget.
+
+A tool that runs another agent is where budgets leak: the child gets fresh caps and
+no deadline, so a parent capped at $1.25 whose children spend $1.00 each is billed
+$2.00+. ``AgentTool(name, agent, description=…)`` is a ``ToolDefinition`` whose call
+runs one turn of a child agent on the model's ``{"task": …}`` and returns the child's
+final text:
+
+* every model call the child makes also goes through the **parent's** model stage
+  (as a request of the parent's, answered by the child's model), so the parent's
+  ``UsageLimit`` and ``ModelCallLimit`` charge it as it happens — a parent's cap stops
+  a running child — and its usage rolls up into the parent's turn; the child's own
+  caps apply as well, and the stricter one wins;
+* the child inherits the parent's turn deadline (``TurnDeadline``), so a stalled
+  child is cut when the parent's time runs out, and cancelling the parent cancels it;
+* a child stopped by a cap, a deadline or a guard answers ``AGENT_STOPPED`` with the
+  reason, which the parent's model reads; it never raises into the parent;
+* the child's session id is ``{parent}/{tool}/{n}`` (``n`` counts per parent).
+
+``agent`` is a ``Harness`` (one shared by every call) or a function returning one (a
+fresh child harness per call).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from guardstack.pipeline.model import ModelReply, ModelRequest
+from guardstack.pipeline.values import (
+    AGENT_STOPPED,
+    INVALID_ARGUMENTS,
+    ToolCall,
+    ToolDefinition,
+    ToolResult,
+)
+
+if TYPE_CHECKING:
+    from guardstack.pipeline.harness import Harness
+    from guardstack.pipeline.loop import Agent
+    from guardstack.pipeline.model import Model
+
+__all__ = ["AgentTool"]
+
+TASK_SCHEMA = {
+    "type": "object",
+    "properties": {"task": {"type": "string", "description": "What the agent should do."}},
+    "required": ["task"],
+    "additionalProperties": False,
+}
+
+
+class _ThroughParent:
+    """A child's model, each call of which goes through its parent's model stage."""
+
+    def __init__(self, parent: Agent, model: Model) -> None:
+        self.parent = parent
+        self.inner = model
+        self.model = getattr(model, "model", None)
+        self.max_tokens = getattr(model, "max_tokens", None)
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelReply:
+        parent = self.parent
+        request = ModelRequest(parent, messages, tools, model=self.inner)
+        reply: ModelReply = await parent.loop.model_call._chain(request)
+        if isinstance(reply, ModelReply) and reply.usage is not None:
+            parent.turn_usage += reply.usage  # rolled up as it happens: the parent's caps see it
+            parent.usage += reply.usage
+        return reply
+
+
+def AgentTool(
+    name: str,
+    agent: Harness | Callable[[], Harness],
+    *,
+    description: str,
+    timeout_ms: int | None = None,
+) -> ToolDefinition:
+    """A ``ToolDefinition`` that runs a child agent's turn (see the module docstring)."""
+    from guardstack.pipeline.harness import Harness
+
+    if not isinstance(agent, Harness) and not callable(agent):
+        raise TypeError(f"AgentTool {name!r}: agent must be a Harness or a function returning one")
+    children: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+    async def run(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
+        task = arguments.get("task") if isinstance(arguments, Mapping) else None
+        if not isinstance(task, str) or not task.strip():
+            return ToolResult.failure(
+                f'agent {name!r} needs a task: {{"task": "what to do"}}',
+                code=INVALID_ARGUMENTS,
+            )
+        harness = agent if isinstance(agent, Harness) else agent()
+        parent = call.agent
+        owner: Any = parent if parent is not None else run
+        number = children.get(owner, 0) + 1
+        children[owner] = number
+        base = parent.session_id if parent is not None else (call.conversation or "agent")
+        child = harness.loop.create(f"{base}/{name}/{number}")
+        if parent is not None:
+            child.model = _ThroughParent(parent, child.model)
+            child.turn_deadline, child.turn_deadline_ms = (
+                parent.turn_deadline,
+                parent.turn_deadline_ms,
+            )
+        result = await child.prompt(task)
+        if result.reason == "completed":
+            return ToolResult(result.text)
+        why = result.error or result.reason
+        return ToolResult.failure(
+            f"agent {name!r} stopped ({result.reason}): {why}", code=AGENT_STOPPED
+        )
+
+    return ToolDefinition(
+        name, run, description=description, parameters=TASK_SCHEMA, timeout_ms=timeout_ms
+    )
