@@ -30,8 +30,8 @@ test: $(STAMP)  ## every test, asyncio and trio, in virtual time
 TYPECHECK := build/typecheck/guardstack
 
 check: $(STAMP)  ## lint, format, strict type checks, the import contract, the guides
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --no-cache --check .
 	@# mypy cannot follow the editable install's import hook: give it guardstack/ as links
 	mkdir -p $(TYPECHECK)
 	for package in pipeline guards wrappers integrations cli; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
