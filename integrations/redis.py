@@ -37,6 +37,7 @@ import contextlib
 import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from guardstack.integrations._extras import require
@@ -245,6 +246,10 @@ class RedisStore:
         return f"RedisStore({self.url or '<client>'!r}, prefix={self.prefix!r})"
 
     async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        return await self._answer(lambda: self._scripts[script](keys=keys, args=args))
+
+    async def _answer(self, request: Callable[[], Awaitable[Any]]) -> Any:
+        """One round trip, on asyncio, within ``timeout_ms``: any failure a ``StoreError``."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -254,7 +259,7 @@ class RedisStore:
             ) from None
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._scripts[script](keys=keys, args=args)
+                return await request()
         except TimeoutError as error:
             raise StoreError(f"redis did not answer within {self.timeout_s * 1000:g} ms") from error
         except asyncio.CancelledError:
@@ -319,11 +324,7 @@ class RedisStore:
 
     async def breaker_state(self, key: str) -> BreakerState:
         """A breaker's state now, as the server holds it (``closed`` when it has none)."""
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                state = await self.client.hget(self.prefix + key, "state")
-        except Exception as error:
-            raise StoreError(f"redis: {type(error).__name__}: {error}") from error
+        state = await self._answer(lambda: self.client.hget(self.prefix + key, "state"))
         text = state.decode() if isinstance(state, bytes) else state
         return text if text in ("open", "half_open") else "closed"  # type: ignore[return-value]
 
@@ -342,11 +343,7 @@ class RedisStore:
 
     async def release(self, key: str, lease: str) -> None:
         slots = self._leases.pop(lease, self.prefix + key)
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                await self.client.zrem(slots, lease)
-        except Exception as error:
-            raise StoreError(f"redis: {type(error).__name__}: {error}") from error
+        await self._answer(lambda: self.client.zrem(slots, lease))
 
     async def _renew_leases(self) -> None:
         """Renew every lease this process holds every third of a lease, until none is held."""
@@ -375,11 +372,7 @@ class RedisStore:
             raise StoreError(f"redis answered {cut(answer)} to a counter's add") from error
 
     async def read(self, key: str) -> float:
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                value = await self.client.get(self.prefix + key)
-        except Exception as error:
-            raise StoreError(f"redis: {type(error).__name__}: {error}") from error
+        value = await self._answer(lambda: self.client.get(self.prefix + key))
         return 0.0 if value is None else _number(value)
 
     async def aclose(self) -> None:

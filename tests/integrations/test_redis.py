@@ -32,7 +32,7 @@ from guardstack.pipeline import (
     ToolCall,
     ToolDefinition,
 )
-from guardstack.pipeline.store import StoreError  # noqa: F401
+from guardstack.pipeline.store import StoreError
 from guardstack.wrappers import CircuitBreaker, RateLimit
 from tests.integrations.redis_server import RedisServer, binary
 
@@ -103,6 +103,35 @@ async def test_each_operation_answers_as_the_memory_store_does(store: RedisStore
     assert await store.add("counter", -1) == (True, 2.0)
     assert await store.read("counter") == 2.0
     assert await store.read("nothing") == 0.0
+
+
+async def test_keys_another_writer_corrupted_are_store_errors_and_layers_apply_their_policy(
+    store: RedisStore,
+) -> None:
+    """Garbage in the server (a key of the wrong type, a counter that is not a number):
+    each operation raises ``StoreError``, never something else, and a layer on the store
+    does what its policy says."""
+    client = store.client
+    await client.set(store.prefix + "bucket", "not a hash")
+    await client.hset(store.prefix + "counter", "x", "1")
+    await client.set(store.prefix + "text", "many")
+    for operation in (
+        store.take("bucket", 1, 1),
+        store.admit("bucket", 1),
+        store.acquire("bucket", 1),
+        store.add("counter", 1),
+        store.read("text"),
+    ):
+        with pytest.raises(StoreError):
+            await operation
+    harness = Harness(store=store)
+    harness.tools.register(ToolDefinition("t", _ok))
+    harness.plugin(RateLimit(per_second=1, burst=1, key="bucket"))  # fails open
+    harness.plugin(ToolCallLimit(per_tool={"t": 5}))
+    await client.set(f"{store.prefix}rate-limit:bucket", "not a hash")
+    with pytest.warns(GuardstackWarning, match="redis store failed"):
+        outcome = await harness.tools.execute(ToolCall("t", {}, "c", conversation="x"))
+    assert outcome.result.code is None  # let through; the cap's counters were fine
 
 
 operations = st.lists(
