@@ -28,6 +28,7 @@ import attrs
 
 from guardstack.guards import (
     AgentLimit,
+    BudgetNotice,
     LoopDetector,
     ModelCallLimit,
     RepeatToolReminder,
@@ -36,6 +37,7 @@ from guardstack.guards import (
     TurnDeadline,
     UsageLimit,
 )
+from guardstack.pipeline.agent_tool import is_agent_tool
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.values import (
     INVALID_ARGUMENTS,
@@ -121,6 +123,7 @@ def check(harness: Harness) -> Report:
         warnings.append("chaos injects faults on purpose: for tests and game days, not production")
     if not any(isinstance(p, RepeatToolReminder | LoopDetector) for p in plugins):
         warnings.append("no loop guard: neither repeat-tool-reminder nor loop-detector is applied")
+    warnings.extend(_tree_warnings(harness, plugins))
     return Report(tuple(lines), tuple(warnings))
 
 
@@ -181,8 +184,49 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
             "deadline, and the turn ends with reason deadline when it passes"
         )
     if isinstance(plugin, AgentLimit):
-        return f"agent-limit: at most {plugin.max_agents} agents; the next one is refused"
+        bounds = _those_set(
+            "{1} {0}",
+            **{
+                "agents in all": plugin.max_agents,
+                "levels deep": plugin.max_depth,
+                "children per agent per turn": plugin.max_children,
+            },
+        )
+        return (
+            f"agent-limit: at most {bounds} (child agents below this harness count too); "
+            "a refused child answers AGENT_STOPPED"
+        )
+    if isinstance(plugin, BudgetNotice):
+        return (
+            f"budget-notice: before each model call, tells the model what is left of "
+            f"{', '.join(plugin.show)} (of the caps that apply, its ancestors' included)"
+        )
     return f"{getattr(plugin, 'name', type(plugin).__name__)}: (no explanation known)"
+
+
+def _tree_warnings(harness: Harness, plugins: list[object]) -> list[str]:
+    """Agent tools start child agents: is the tree bounded in depth and in time?"""
+    names = sorted(
+        name
+        for name in (schema["function"]["name"] for schema in harness.tools.schemas())
+        if (tool := harness.tools.get(name)) is not None and is_agent_tool(tool)
+    )
+    if not names:
+        return []
+    found: list[str] = []
+    limits = [p for p in plugins if isinstance(p, AgentLimit)]
+    if not any(p.max_depth is not None or p.max_agents is not None for p in limits):
+        found.append(
+            f"agent tools ({', '.join(names)}) start child agents but no agent-limit bounds "
+            "the tree (max_depth or max_agents): a child that delegates again can recurse"
+        )
+    timed = any(isinstance(p, TurnDeadline) for p in plugins)
+    if not timed and any(harness.tools.get(name).timeout_ms is None for name in names):  # type: ignore[union-attr]
+        found.append(
+            f"agent tools ({', '.join(names)}) have no deadline: add turn-deadline (the "
+            "children inherit it) or give each a timeout_ms, or a stalled child hangs the turn"
+        )
+    return found
 
 
 def _those_set(template: str, **values: int | None) -> str:

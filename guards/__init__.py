@@ -1,6 +1,7 @@
 """Agent guards (reduce waste) and caps (stop loss), each a self-contained plugin."""
 
 from guardstack.guards.agent_limit import AgentLimit
+from guardstack.guards.budget_notice import BudgetNotice
 from guardstack.guards.canonical import canonical_json
 from guardstack.guards.loop_detector import DETECTED_EVENT, Detection, LoopDetector
 from guardstack.guards.model_call_limit import ModelCallLimit
@@ -19,6 +20,7 @@ __all__ = [
     "DETECTED_EVENT",
     "GENTLE_TEXT",
     "AgentLimit",
+    "BudgetNotice",
     "Detection",
     "LoopDetector",
     "ModelCallLimit",

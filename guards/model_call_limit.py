@@ -124,5 +124,20 @@ class ModelCallLimit:
                     except Exception:
                         continue
 
+        async def remaining(agent: Agent) -> dict[str, float]:
+            left: list[float] = []
+            turn = turns.of_agent(agent)
+            try:
+                if self.per_turn is not None:
+                    used = 0.0 if turn is None else await store.read(f"{namespace}:{turn}:turn")
+                    left.append(self.per_turn - used)
+                if self.per_session is not None:
+                    used = await store.read(f"{namespace}:session:{agent.session_id}")
+                    left.append(self.per_session - max(used, logged_replies(agent)))
+            except Exception:
+                return {}
+            return {"model_calls": max(0.0, min(left))}
+
         scope.use(scope.loop.model_call, model_layer, name=PLUGIN)
         scope.use(scope.loop.prompt_submit, turns.reset_on_prompt, name=PLUGIN)
+        scope.adopt(scope.loop.ledger.report_remaining(remaining))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Hashable, Mapping
-from typing import ClassVar, Final, Literal
+from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 import anyio
 import attrs
@@ -42,6 +42,9 @@ from guardstack.guards.agent_state import ConversationState, Resettable
 from guardstack.pipeline.contract import UNKNOWN_KEY, PreNext, Scope, StateStore
 from guardstack.pipeline.validate import compile_patterns, integer, invalid
 from guardstack.pipeline.values import Deny, PreDecision, ToolCall
+
+if TYPE_CHECKING:
+    from guardstack.pipeline.contract import Agent
 
 __all__ = ["ToolCallLimit"]
 
@@ -152,6 +155,10 @@ class ToolCallLimit:
         turns: ConversationState[str] = self._resets.track(ConversationState(PLUGIN))
         cap = _Cap(self, turns, scope.store_for(self.store), scope.namespace)
         scope.use(scope.tools.pre_execute, cap.pre_execute, name=self.name)
+        # a child agent's calls (AgentTool) count here too, as this agent's
+        scope.adopt(scope.loop.ledger.count_tool_calls(cap.pre_execute))
+        if self.per_turn is not None:
+            scope.adopt(scope.loop.ledger.report_remaining(cap.remaining))
         # a new turn starts with fresh counts
         scope.use(scope.loop.prompt_submit, turns.reset_on_prompt, name=self.name)
 
@@ -215,6 +222,20 @@ class _Cap:
         if isinstance(decision, Deny):
             await self._give_back(taken)  # denied calls do not use up the budget
         return decision
+
+    async def remaining(self, agent: Agent) -> dict[str, float]:
+        """How many more tool calls the agent's turn may make (for ``BudgetNotice``)."""
+        limit = self.config.per_turn
+        token = self.turns.of_agent(agent)
+        if limit is None:
+            return {}
+        try:
+            used = (
+                0.0 if token is None else await self.store.read(f"{self.namespace}:{token}:total")
+            )
+        except Exception:
+            return {}
+        return {"tool_calls": max(0.0, limit - used)}
 
     def _deny(self, reason: str) -> Deny:
         return Deny(reason, end_turn=self.config.on_exceeded == "end_turn")

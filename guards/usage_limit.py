@@ -274,6 +274,32 @@ class UsageLimit:
             )
             if limit is not None
         ]
+
+        async def remaining(agent: Agent) -> dict[str, float]:
+            """What is left of every limit that applies (for ``BudgetNotice``)."""
+            tokens: list[float] = []
+            usd: list[float] = []
+            if self.tokens_per_turn is not None:
+                tokens.append(self.tokens_per_turn - agent.turn_usage.total_tokens)
+            if self.tokens_per_session is not None:
+                tokens.append(self.tokens_per_session - agent.usage.total_tokens)
+            try:
+                if self.usd_per_session is not None:
+                    key = f"{namespace}:usd:{agent.session_id}"
+                    usd.append(self.usd_per_session - await spent(agent, key, _model_name(agent)))
+                if windows and not callable(self.tenant):
+                    periods = _windows(getattr(store, "wall_clock", time.time)())
+                    for kind, period, limit in windows:
+                        key = (
+                            f"{namespace}:{self.tenant or 'all'}:{kind}:{period}:{periods[period]}"
+                        )
+                        (usd if kind == "usd" else tokens).append(limit - await store.read(key))
+            except Exception:
+                logger.debug("%s: could not read what is left", PLUGIN, exc_info=True)
+            left = {"tokens": min(tokens, default=None), "usd": min(usd, default=None)}
+            return {key: max(0.0, value) for key, value in left.items() if value is not None}
+
+        scope.adopt(scope.loop.ledger.report_remaining(remaining))
         if not windows:
             scope.use(scope.loop.model_call, model_layer, name=PLUGIN)
             return

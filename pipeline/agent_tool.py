@@ -23,10 +23,11 @@ fresh child harness per call).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from guardstack.pipeline.errors import AgentLimitExceeded
+from guardstack.pipeline.ledger import ChildPolicy
 from guardstack.pipeline.model import ModelReply, ModelRequest
 from guardstack.pipeline.values import (
     AGENT_STOPPED,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from guardstack.pipeline.loop import Agent
     from guardstack.pipeline.model import Model
 
-__all__ = ["AgentTool"]
+__all__ = ["AgentTool", "is_agent_tool"]
 
 TASK_SCHEMA = {
     "type": "object",
@@ -52,7 +53,8 @@ TASK_SCHEMA = {
 
 
 class _ThroughParent:
-    """A child's model, each call of which goes through its parent's model stage."""
+    """A child's model, each call of which goes through its parent's model stage (and,
+    for a grandchild, on up through every ancestor's)."""
 
     def __init__(self, parent: Agent, model: Model) -> None:
         self.parent = parent
@@ -64,12 +66,33 @@ class _ThroughParent:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> ModelReply:
         parent = self.parent
-        request = ModelRequest(parent, messages, tools, model=self.inner)
+        above = parent.model
+        answering: Model = (
+            _ThroughParent(above.parent, self.inner)
+            if isinstance(above, _ThroughParent)
+            else self.inner
+        )
+        request = ModelRequest(parent, messages, tools, model=answering)
         reply: ModelReply = await parent.loop.model_call._chain(request)
         if isinstance(reply, ModelReply) and reply.usage is not None:
             parent.turn_usage += reply.usage  # rolled up as it happens: the parent's caps see it
             parent.usage += reply.usage
         return reply
+
+
+def _refusal(parent: Agent, depth: int) -> tuple[str | None, list[ChildPolicy]]:
+    """Why ``parent`` may not start a child (the first policy that says no), else the
+    policies to tell once it has: every ancestor's loop's, each asked once."""
+    policies: list[ChildPolicy] = []
+    for agent in (parent, *parent.ancestors):
+        for policy in agent.loop.ledger.children:
+            if any(policy is seen for seen in policies):
+                continue
+            refusal = policy.refusal(parent, depth)
+            if refusal is not None:
+                return refusal, []
+            policies.append(policy)
+    return None, policies
 
 
 def AgentTool(
@@ -84,28 +107,38 @@ def AgentTool(
 
     if not isinstance(agent, Harness) and not callable(agent):
         raise TypeError(f"AgentTool {name!r}: agent must be a Harness or a function returning one")
-    children: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+    direct = 0  # children of calls made outside an agent loop
 
     async def run(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
+        nonlocal direct
         task = arguments.get("task") if isinstance(arguments, Mapping) else None
         if not isinstance(task, str) or not task.strip():
             return ToolResult.failure(
                 f'agent {name!r} needs a task: {{"task": "what to do"}}',
                 code=INVALID_ARGUMENTS,
             )
-        harness = agent if isinstance(agent, Harness) else agent()
         parent = call.agent
-        owner: Any = parent if parent is not None else run
-        number = children.get(owner, 0) + 1
-        children[owner] = number
-        base = parent.session_id if parent is not None else (call.conversation or "agent")
-        child = harness.loop.create(f"{base}/{name}/{number}")
-        if parent is not None:
-            child.model = _ThroughParent(parent, child.model)
-            child.turn_deadline, child.turn_deadline_ms = (
-                parent.turn_deadline,
-                parent.turn_deadline_ms,
+        if parent is None:
+            direct += 1
+            base, number = str(call.conversation or "agent"), direct
+        else:
+            refusal, policies = _refusal(parent, parent.depth + 1)
+            if refusal is not None:
+                return ToolResult.failure(
+                    f"agent {name!r} was not started: {refusal}", code=AGENT_STOPPED
+                )
+            base, number = parent.session_id, len(parent.session.children) + 1
+        harness = agent if isinstance(agent, Harness) else agent()
+        try:
+            child = harness.loop.create(f"{base}/{name}/{number}")
+        except AgentLimitExceeded as refused:  # the child harness's own AgentLimit
+            return ToolResult.failure(
+                f"agent {name!r} was not started: {refused}", code=AGENT_STOPPED
             )
+        if parent is not None:
+            for policy in policies:
+                policy.admitted(parent, child)
+            _adopt(parent, child, call.call_id)
         result = await child.prompt(task)
         if result.reason == "completed":
             return ToolResult(result.text)
@@ -114,6 +147,26 @@ def AgentTool(
             f"agent {name!r} stopped ({result.reason}): {why}", code=AGENT_STOPPED
         )
 
+    run.starts_agent = True  # type: ignore[attr-defined]  # for check and is_agent_tool
     return ToolDefinition(
         name, run, description=description, parameters=TASK_SCHEMA, timeout_ms=timeout_ms
     )
+
+
+def is_agent_tool(definition: ToolDefinition) -> bool:
+    """Whether ``definition`` runs a child agent (was made by ``AgentTool``)."""
+    return getattr(definition.execute, "starts_agent", False) is True
+
+
+def _adopt(parent: Agent, child: Agent, call_id: str) -> None:
+    """Make ``child`` a child of ``parent``: linked in its log, spending from its caps,
+    inside its deadline."""
+    child.parent, child.depth = parent, parent.depth + 1
+    child.model = _ThroughParent(parent, child.model)
+    child.turn_deadline, child.turn_deadline_ms = parent.turn_deadline, parent.turn_deadline_ms
+    child.tree_caps = (
+        *((parent, cap) for cap in parent.loop.ledger.tool_caps),
+        *parent.tree_caps,
+    )
+    parent.session.add_child(child.session)
+    parent._child_of_call[call_id] = child.session_id

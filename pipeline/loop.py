@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -45,6 +45,7 @@ import attrs
 
 from guardstack.pipeline.contract import ModelNext, PromptNext, TurnRun
 from guardstack.pipeline.errors import ConfigError, TurnBlocked, TurnInProgressError
+from guardstack.pipeline.ledger import Ledger, merge_remaining
 from guardstack.pipeline.model import Model, ModelReply, ModelRequest, ToolCallRequest, Usage
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.registry import Phase
@@ -64,8 +65,10 @@ from guardstack.pipeline.session import (
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     USER_SOURCE,
+    MessageSource,
     ToolCall,
     ToolOutcome,
+    ToolResult,
     aborted_result,
     message_of,
 )
@@ -168,6 +171,8 @@ class AgentLoop:
         self._model_hooks: list[Callable[[ModelNext], ModelNext]] = []
         self._call_model: ModelNext = self._through_stage
         self._create_hooks: list[Callable[[Agent], None]] = []
+        #: What a tree of agents counts at this loop's agents (``AgentTool``'s children).
+        self.ledger = Ledger()
 
     def _through_stage(self, request: ModelRequest) -> Awaitable[ModelReply]:
         return self.model_call._chain(request)
@@ -292,6 +297,17 @@ class Agent:
         self.turn_usage = Usage()
         #: Model calls the current (or last) turn made.
         self.turn_model_calls = 0
+        #: The current (or last) turn's step.
+        self.step = 0
+        #: The agent whose tool started this one (``AgentTool``), and its depth in the
+        #: tree (the root is 1).
+        self.parent: Agent | None = None
+        self.depth = 1
+        #: Ancestors' tool-call caps, each with the ancestor it counts for (set by
+        #: ``AgentTool``; the registry runs them outside this agent's own pre-execute).
+        self.tree_caps: tuple[tuple[Agent, Callable[..., Awaitable[Any]]], ...] = ()
+        #: Tool call id -> the id of the child session that call started.
+        self._child_of_call: dict[str, str] = {}
 
     @property
     def session_id(self) -> str:
@@ -299,6 +315,39 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent {self.session_id!r}>"
+
+    @property
+    def turn(self) -> int:
+        """The current (or last) turn's number, from 1 (0 before the first)."""
+        return self._turn
+
+    @property
+    def ancestors(self) -> list[Agent]:
+        """The parent, its parent, … up to the root (empty for a root agent)."""
+        chain, agent = [], self.parent
+        while agent is not None:
+            chain.append(agent)
+            agent = agent.parent
+        return chain
+
+    async def remaining(self) -> dict[str, float]:
+        """What is left of every cap that applies to this agent now, the stricter per key:
+        its own loop's ``steps`` and the ``time`` to its turn deadline, what its caps
+        report, and what its ancestors' caps report (a child spends from them too). Keys
+        as ``ledger.BUDGET_KEYS``; a cap that does not apply is absent."""
+        left: dict[str, float] = {"steps": float(max(0, self.loop.max_steps - self.step))}
+        if self.turn_deadline is not None:
+            left["time"] = max(0.0, self.turn_deadline - anyio.current_time())
+        for agent in (self, *self.ancestors):
+            for report in tuple(agent.loop.ledger.remaining):
+                merge_remaining(left, await report(agent))
+        return left
+
+    def note(self, text: str, plugin: str) -> None:
+        """Log a context message from ``plugin`` now (a ``user/message`` it sources); the
+        next request rebuilt from the log carries it. For layers that speak to the model
+        outside a tool call's outcome (``BudgetNotice``)."""
+        self.session.append(UserMessage(text, MessageSource("plugin", plugin)))
 
     def cancel(self) -> None:
         """Cancel the running turn, if any; ``prompt`` then returns reason ``aborted``."""
@@ -327,7 +376,7 @@ class Agent:
 
     async def _turn_body(self, text: str) -> TurnResult:
         self._turn += 1
-        self.turn_usage, self.turn_model_calls = Usage(), 0
+        self.turn_usage, self.turn_model_calls, self.step = Usage(), 0, 0
         turn, log = self._turn, self.session.append
         log(TurnStart(turn))
         log(UserMessage(text, USER_SOURCE))
@@ -335,6 +384,7 @@ class Agent:
         try:
             while step < self.loop.max_steps:
                 step += 1
+                self.step = step
                 step_calls = None
                 log(StepStart(turn, step))
                 request = ModelRequest(self, self.session.messages(), self.loop.tools.schemas())
@@ -429,7 +479,7 @@ class Agent:
                 self.session.append(ToolCallEvent.of(turn, step, request))
             if index not in calls.answered:
                 result = aborted_result(before_dispatch=not started)
-                self.session.append(ToolResultEvent(turn, step, request.call_id, result))
+                self.session.append(self._result_event(turn, step, request.call_id, result))
 
     def _log_call(self, turn: int, step: int, calls: _StepCalls, index: int) -> None:
         """Log ``tool/call`` for call ``index``: from here on it counts as started."""
@@ -444,9 +494,16 @@ class Agent:
     def _answer(
         self, turn: int, step: int, calls: _StepCalls, index: int, outcome: ToolOutcome
     ) -> None:
-        request = calls.requests[index]
-        self.session.append(ToolResultEvent(turn, step, request.call_id, outcome.result))
+        call_id = calls.requests[index].call_id
+        self.session.append(self._result_event(turn, step, call_id, outcome.result))
         calls.answered.add(index)
+
+    def _result_event(
+        self, turn: int, step: int, call_id: str, result: ToolResult
+    ) -> ToolResultEvent:
+        """A call's ``tool/result``, naming the child session the call started, if any."""
+        child = self._child_of_call.pop(call_id, None) if self._child_of_call else None
+        return ToolResultEvent(turn, step, call_id, result, child)
 
     async def _run_calls(self, turn: int, step: int, calls: _StepCalls) -> list[ToolOutcome]:
         execute = self.loop.tools.execute

@@ -181,6 +181,27 @@ class _Early:
     final: bool = False
 
 
+def _under_ancestors(
+    call: ToolCall, caps: tuple[tuple[Any, Callable[..., Awaitable[Any]]], ...], registry: Any
+) -> PreNext:
+    """A child agent's pre-execute: every ancestor's tool-call cap (``AgentTool``'s
+    ledger), each seeing the call as its ancestor's, outside the child's own layers."""
+
+    def through(index: int) -> PreNext:
+        if index == len(caps):
+            return registry.pre_execute._chain  # type: ignore[no-any-return]
+        ancestor, cap = caps[index]
+        inner = through(index + 1)
+
+        def step(_: ToolCall) -> Awaitable[PreDecision]:
+            as_ancestor = attrs.evolve(call, agent=ancestor)
+            return cap(as_ancestor, lambda _seen: inner(call))
+
+        return step
+
+    return through(0)
+
+
 def _checked(result: object) -> ToolResult:
     if type(result) is not ToolResult and not isinstance(result, ToolResult):
         raise TypeError(f"dispatch returned {_short_repr(result)}; expected a ToolResult")
@@ -354,8 +375,12 @@ class ToolRegistry:
         try:
             early = _check_arguments(call.arguments)
             decided = None if early is None else _Early(early)
-            if decided is None and self.pre_execute.layered:
-                decided = await self._pre_execute(call)
+            if decided is None:
+                caps = getattr(call.agent, "tree_caps", None)
+                if caps:
+                    decided = await self._pre_execute(call, _under_ancestors(call, caps, self))
+                elif self.pre_execute.layered:
+                    decided = await self._pre_execute(call, self.pre_execute._chain)
         finally:
             if order is not None:
                 order.leave("pre_execute")
@@ -381,10 +406,10 @@ class ToolRegistry:
             if order is not None:
                 order.leave("post_execute")
 
-    async def _pre_execute(self, call: ToolCall) -> _Early | None:
+    async def _pre_execute(self, call: ToolCall, chain: PreNext) -> _Early | None:
         """``None`` to dispatch; else a denial, or a final failure of a broken layer."""
         try:
-            decision = await self.pre_execute._chain(call)
+            decision = await chain(call)
             if isinstance(decision, Deny):
                 return _Early(denied_result(decision.reason), ends_turn=decision.end_turn)
             if not isinstance(decision, Allow):

@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import tempfile
+import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, ClassVar, Literal, TypeAlias, overload
@@ -172,6 +173,9 @@ class ToolResultEvent:
     step: int
     call_id: str
     result: ToolResult
+    #: The id of the child agent's session this call ran (``AgentTool``), if any: its
+    #: log is saved beside this one and loaded into ``session.children``.
+    child_session: str | None = None
 
 
 Event: TypeAlias = (
@@ -227,6 +231,8 @@ def _event_to_wire(event: Event) -> dict[str, Any]:
                 "call_id": event.call_id,
                 "result": event.result.to_dict(),
             }
+            if event.child_session is not None:
+                wire["child_session"] = event.child_session
         case _:
             wire |= attrs.asdict(event)
     return wire
@@ -338,6 +344,7 @@ def _event_from_wire(wire: Mapping[str, Any]) -> Event:
             _count(wire, "step"),
             _field(wire, "call_id", str),
             _result_from_wire(wire),
+            _optional_text(wire, "child_session"),
         )
     if kind == ToolCallEvent.type:
         request = _request_from_wire(
@@ -466,7 +473,14 @@ class Recording(Registration):
         session.save(path)  # raises here, at the start, if the path cannot be written
         self._file: IO[str] | None = open(path, "a", encoding="utf-8")  # noqa: SIM115
         self._subscription = session.subscribe(self._write)
+        self._children: list[Recording] = []
         super().__init__(self._stop)
+        for child_id, child in session.children.items():
+            self.follow(child, child_id)
+
+    def follow(self, child: Session, child_id: str | None = None) -> None:
+        """Record a child session beside this file, for as long as this recording."""
+        self._children.append(child.record(child_path(self.path, child_id or child.session_id)))
 
     def _write(self, event: Event) -> None:
         file = self._file
@@ -508,6 +522,8 @@ class Recording(Registration):
             )
 
     def _stop(self) -> None:
+        for child in self._children:
+            child.dispose()
         self._subscription.dispose()
         self._close()
         if self.session._recordings.get(self.key) is self:
@@ -524,6 +540,8 @@ class Session:
         self._subscribers: list[Callable[[Event], object]] = []
         self._recordings: dict[str, Recording] = {}
         self.damaged_tail: str | None = None
+        #: The sessions of the child agents this one started (``AgentTool``), by id.
+        self.children: dict[str, Session] = {}
         for event in events:
             self.append(event)
 
@@ -596,12 +614,22 @@ class Session:
         return first.text if isinstance(first, SystemMessage) else None
 
     def usage(self) -> Usage:
-        """The tokens every logged model reply used, summed."""
+        """The tokens every logged model reply used, summed, with the children's (a
+        child's usage is rolled up into its parent's, as its turn counted it)."""
         total = Usage()
         for event in self._events:
             if isinstance(event, AssistantMessage) and event.usage is not None:
                 total += event.usage
+        for child in self.children.values():
+            total += child.usage()
         return total
+
+    def add_child(self, child: Session) -> None:
+        """Link a child agent's session (``AgentTool`` does): it is saved beside this
+        one, recorded beside every recording of this one, and found by ``load``."""
+        self.children[child.session_id] = child
+        for recording in tuple(self._recordings.values()):
+            recording.follow(child)
 
     def close_open_turn(self) -> bool:
         """End a turn the log left open (a crash or a mid-turn snapshot); say if it did.
@@ -679,6 +707,9 @@ class Session:
         saves to one path never mix: the file is always one whole session.
         """
         target = os.fspath(path)
+        for child_id, child in self.children.items():
+            child.save(child_path(target, child_id))  # children first: a parent never
+            # names a child log that is not there
         _write_atomically(target, self.to_jsonl())
         recording = self._recordings.get(_path_key(target))
         if recording is not None:
@@ -734,6 +765,29 @@ class Session:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Session:
-        """Read a log written by ``save``. Guard state is never part of it."""
-        with open(path, "rb") as file:
-            return cls.from_jsonl(file.read(), origin=os.fspath(path))
+        """Read a log written by ``save``, with its children's logs beside it (a child
+        log that is missing warns and is left out). Guard state is never part of it."""
+        source = os.fspath(path)
+        with open(source, "rb") as file:
+            session = cls.from_jsonl(file.read(), origin=source)
+        for event in session._events:
+            if not isinstance(event, ToolResultEvent) or event.child_session is None:
+                continue
+            found = child_path(source, event.child_session)
+            if os.path.exists(found):
+                session.children[event.child_session] = cls.load(found)
+            else:
+                warnings.warn(
+                    f"{source}: the log of child session {event.child_session!r} is not "
+                    f"at {found}; loaded without it",
+                    GuardstackWarning,
+                    stacklevel=2,
+                )
+        return session
+
+
+def child_path(parent: str, child_id: str) -> str:
+    """Where a child session's log lives beside its parent's: ``<parent stem>.<child id,
+    percent-quoted>.jsonl``."""
+    stem, _ = os.path.splitext(parent)
+    return f"{stem}.{urllib.parse.quote(child_id, safe='')}.jsonl"
