@@ -83,7 +83,7 @@ class BudgetNotice:
             elif kind == "usd":
                 parts.append(f"${amount:.2f}")
             else:
-                parts.append(f"{math.floor(amount):,} s")
+                parts.append(f"{round(amount):,} s")
         if not parts:
             return None
         return f"Budget left: {', '.join(parts)}. Plan to finish within it."

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, Final
 
 from guardstack.pipeline import Harness, ToolCall, ToolDefinition, ToolOutcome, ToolResult
+from guardstack.pipeline.ledger import TREE_CAPS, RunKey
 from guardstack.pipeline.validate import compile_patterns, invalid
 from guardstack.pipeline.values import validate_timeout_ms
 
@@ -118,6 +119,21 @@ class RunKeys:
         return key
 
 
+def _charging_below(run: RunTool, caps: tuple[tuple[RunKey, Any], ...]) -> RunTool:
+    """``run`` with ``caps`` charged for every guarded call made inside it: a sub-agent
+    run the framework starts in a tool counts against this run's caps, no fresh
+    allowance."""
+
+    async def charged(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
+        token = TREE_CAPS.set(caps + TREE_CAPS.get())
+        try:
+            return await run(arguments, call)
+        finally:
+            TREE_CAPS.reset(token)
+
+    return charged
+
+
 class FrameworkCalls:
     """One adapter's way into a harness: budgets, conversations, runs."""
 
@@ -187,5 +203,8 @@ class FrameworkCalls:
     ) -> ToolOutcome:
         """Run one framework tool call through the harness's three tool stages."""
         call = ToolCall(name, arguments, call_id, conversation=conversation)
+        caps = self.harness.loop.ledger.tool_caps
+        if caps:
+            run = _charging_below(run, tuple((RunKey(conversation), cap) for cap in caps))
         tool = self.definition(name, run, description, parameters, timeout_ms)
         return await self.harness.tools.execute(call, tool=tool)

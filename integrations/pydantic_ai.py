@@ -25,14 +25,23 @@ pre-execute, dispatch and post-execute stages see every call.
 * a cap that ends the turn raises ``TurnBlocked`` out of ``agent.run`` (as
   pydantic-ai's own ``UsageLimits`` raise);
 * the conversation is the run's ``conversation_id`` (else its ``run_id``); each
-  new run starts a new turn.
+  new run starts a new turn;
+* sub-agents: a run a tool starts (the agent it delegates to, ``await
+  other.run(…)``) is part of the calling run's tree — its guarded tool calls count
+  against the calling run's ``ToolCallLimit`` too (no fresh allowance), and it
+  inherits guardstack's deadline for the call as its pydantic-ai run deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import math
 from collections.abc import Mapping
 from typing import Any
+
+import anyio
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._framework import FrameworkCalls, RunKeys, budget_ms, with_contexts
@@ -46,6 +55,11 @@ from pydantic_ai import RunContext  # noqa: E402
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, ToolFailed  # noqa: E402
 from pydantic_ai.messages import ToolReturn  # noqa: E402
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset  # noqa: E402
+
+try:  # pydantic-ai's run deadlines (2.x): the one a run started inside a run inherits
+    from pydantic_ai._cancel import provide_run_deadline as _provide_run_deadline
+except ImportError:  # pragma: no cover - an older pydantic-ai: no deadline to hand down
+    _provide_run_deadline = None
 
 __all__ = ["GuardstackToolset"]
 
@@ -105,7 +119,8 @@ class GuardstackToolset(WrapperToolset[Any]):
 
         async def run(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
             try:
-                value = await wrapped.call_tool(name, tool_args, ctx, inner)
+                with _deadline_below(ctx):
+                    value = await wrapped.call_tool(name, tool_args, ctx, inner)
             except _SIGNALS as signal:
                 text = _signal_text(signal)
                 error = ToolError(text, type(signal).__name__, TOOL_FAILED)
@@ -126,6 +141,22 @@ class GuardstackToolset(WrapperToolset[Any]):
             error = outcome.result.error
             raise TurnBlocked(error.message if error is not None else outcome.result.content)
         return _answer(outcome)
+
+
+def _deadline_below(ctx: RunContext[Any]) -> contextlib.AbstractContextManager[None]:
+    """Inside a guarded call, a run the tool starts (an agent it delegates to) inherits
+    guardstack's deadline for the call — its budget, a ``TurnDeadline`` — as
+    pydantic-ai's own run deadline, when sooner than the run's: so the sub-agent sees it
+    as ``ctx.deadline`` / ``ctx.remaining_time()``, its ``timeout=`` can only shorten it,
+    and pydantic-ai ends it with ``RunTimedOut`` instead of a cancel from outside."""
+    deadline = anyio.current_effective_deadline()
+    if _provide_run_deadline is None or deadline == math.inf:
+        return contextlib.nullcontext()
+    left = max(0.0, deadline - anyio.current_time())
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=left)
+    if ctx.deadline is not None and ctx.deadline <= at:
+        return contextlib.nullcontext()
+    return _provide_run_deadline(at)
 
 
 def _answer(outcome: ToolOutcome) -> Any:

@@ -20,21 +20,40 @@ The keys ``remaining`` reports: ``steps``, ``tool_calls``, ``model_calls``,
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import contextvars
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+import attrs
 
 from guardstack.pipeline.onion import Registration
 
 if TYPE_CHECKING:
     from guardstack.pipeline.loop import Agent
 
-__all__ = ["BUDGET_KEYS", "ChildPolicy", "Ledger", "Remaining"]
+__all__ = ["BUDGET_KEYS", "TREE_CAPS", "ChildPolicy", "Ledger", "Remaining", "RunKey"]
 
 #: What ``remaining`` reports, in the order a notice lists it.
 BUDGET_KEYS = ("steps", "tool_calls", "model_calls", "tokens", "usd", "time")
 
 #: ``async (agent) -> {key: amount left}`` for the caps one plugin enforces.
 Remaining: TypeAlias = Callable[["Agent"], Awaitable[Mapping[str, float]]]
+
+
+@attrs.frozen
+class RunKey:
+    """An ancestor that is a framework run's conversation key, not an ``Agent``."""
+
+    key: Hashable
+
+
+#: Outside the agent loop (a framework's own runs): the ancestors' tool-call caps for
+#: calls made inside a guarded tool call — a sub-agent run the framework starts there —
+#: each with the ``RunKey`` it counts in. Set by the framework adapters while a
+#: tool body runs; the registry reads it for calls with no ``agent``.
+TREE_CAPS: contextvars.ContextVar[tuple[tuple[Any, Callable[..., Awaitable[Any]]], ...]] = (
+    contextvars.ContextVar("guardstack_tree_caps", default=())
+)
 
 
 class ChildPolicy(Protocol):

@@ -33,6 +33,7 @@ import attrs
 
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
+from guardstack.pipeline.ledger import TREE_CAPS, RunKey
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
 from guardstack.pipeline.validate import integer
@@ -187,6 +188,7 @@ def _under_ancestors(
     """A child agent's pre-execute: every ancestor's tool-call cap (``AgentTool``'s
     ledger), each seeing the call as its ancestor's, outside the child's own layers."""
 
+
     def through(index: int) -> PreNext:
         if index == len(caps):
             return registry.pre_execute._chain  # type: ignore[no-any-return]
@@ -194,7 +196,12 @@ def _under_ancestors(
         inner = through(index + 1)
 
         def step(_: ToolCall) -> Awaitable[PreDecision]:
-            as_ancestor = attrs.evolve(call, agent=ancestor)
+            # an agent of the loop, or a framework run's conversation key
+            as_ancestor = (
+                attrs.evolve(call, agent=None, conversation=ancestor.key)
+                if isinstance(ancestor, RunKey)
+                else attrs.evolve(call, agent=ancestor)
+            )
             return cap(as_ancestor, lambda _seen: inner(call))
 
         return step
@@ -376,7 +383,8 @@ class ToolRegistry:
             early = _check_arguments(call.arguments)
             decided = None if early is None else _Early(early)
             if decided is None:
-                caps = getattr(call.agent, "tree_caps", None)
+                agent = call.agent
+                caps = getattr(agent, "tree_caps", ()) if agent is not None else TREE_CAPS.get()
                 if caps:
                     decided = await self._pre_execute(call, _under_ancestors(call, caps, self))
                 elif self.pre_execute.layered:

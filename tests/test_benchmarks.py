@@ -43,6 +43,16 @@ async def test_the_parallel_step_benchmark_does_the_same_work_as_its_peer() -> N
     assert sum(message["role"] == "tool" for message in ours) == PARALLEL
 
 
+async def test_the_agent_tree_benchmark_does_the_same_work_both_ways() -> None:
+    from benchmarks.agents import same_answers
+    from guardstack.pipeline import Usage
+
+    by_hand, tree = await same_answers()
+    assert by_hand[:2] == tree[:2] == ("completed", "parent answer")
+    # AgentTool rolls the child's three calls into the parent's turn; by hand it cannot
+    assert (by_hand[2], tree[2]) == (Usage(20, 20), Usage(50, 50))
+
+
 async def test_the_stack_benchmarks_peers_answer_like_ours() -> None:
     from benchmarks.stack import HandWritten, Telemetry, ours
     from guardstack.pipeline import ToolCall

@@ -43,6 +43,14 @@ PRINTS = {
         "blocked - usage-limit: this session cost $1.2000 and the limit is $1.0000 per session"
         " - 1200000",
     ],
+    "docs/agent-trees.md": [
+        "no cap: $2.00",
+        "capped at $1.25: $1.25, blocked",
+        "Error: agent 'delegate' was not started: agent-limit: a child here would be at depth 4 "
+        "and the limit is max_depth=3 (the root agent is depth 1); do the task yourself",
+        "Budget left: 9 more steps after this one, 5 tool calls, $2.00, 120 s. Plan to "
+        "finish within it.",
+    ],
     "docs/guards.md": [
         "0. tool-call-timeout-policy",
         "thread-a None\nthread-a None\nthread-a TOOL_DENIED\nthread-b None\n",

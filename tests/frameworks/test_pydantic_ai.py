@@ -10,7 +10,8 @@ from typing import Any
 
 import anyio
 import pytest
-from pydantic_ai import Agent, FunctionToolset, ModelRetry
+from pydantic_ai import Agent, FunctionToolset, ModelRetry, RunContext
+from pydantic_ai.exceptions import RunTimedOut
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -22,7 +23,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from guardstack.guards import GENTLE_TEXT
+from guardstack.guards import GENTLE_TEXT, ToolCallLimit, ToolCallTimeoutPolicy
 from guardstack.integrations.pydantic_ai import GuardstackToolset
 from guardstack.pipeline import Harness, TurnBlocked
 from tests.frameworks.scenario import (
@@ -164,3 +165,73 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "guardstack.integrations.pydantic_ai")
     with pytest.raises(ImportError, match=r"pip install 'guardstack\[pydantic-ai\]'"):
         importlib.import_module("guardstack.integrations.pydantic_ai")
+
+
+def in_task(script: Script) -> Any:
+    """The script as an async model function: pydantic-ai runs a plain one in a worker
+    thread, which the virtual clock does not wait for while a deadline is pending."""
+
+    async def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return script(messages, info)
+
+    return answer
+
+
+async def test_a_sub_agent_run_spends_from_the_calling_run_and_inherits_its_deadline() -> None:
+    built = Harness()
+    built.plugin(ToolCallTimeoutPolicy())
+    built.plugin(ToolCallLimit(per_turn=3))
+    searched: list[float | None] = []
+
+    async def lookup(ctx: RunContext[None], query: str) -> str:
+        """Look something up."""
+        searched.append(ctx.remaining_time())
+        return "found"
+
+    async def ponder(query: str) -> str:
+        """Think for a long time."""
+        await anyio.sleep(3600)
+        return "never"
+
+    child_tools = GuardstackToolset(FunctionToolset([lookup, ponder]), built)
+    researcher = Agent(
+        FunctionModel(in_task(Script(*([[("lookup", {"query": str(n)})] for n in range(5)])))),
+        toolsets=[child_tools],
+    )
+    stalled = Agent(
+        FunctionModel(in_task(Script([("ponder", {"query": "x"})]))), toolsets=[child_tools]
+    )
+
+    answers: list[str] = []
+
+    async def delegate(task: str) -> str:
+        """Hand a task to the researcher."""
+        chosen = stalled if task == "stall" else researcher
+        try:
+            answers.append((await chosen.run(task)).output)
+        except RunTimedOut:
+            answers.append("the sub-agent ran out of time")
+        return answers[-1]
+
+    parent_tools = GuardstackToolset(
+        FunctionToolset([delegate]), built, timeouts_ms={"delegate": 10_000}
+    )
+    parent = Agent(
+        FunctionModel(in_task(Script([("delegate", {"task": "research"})]))),
+        toolsets=[parent_tools],
+    )
+    await parent.run("go")
+    # the parent's run may make 3 guarded calls: its delegate and two of the child's lookups
+    assert len(searched) == 2
+    # the child saw the delegate call's 10 s budget as its own run deadline
+    assert all(left is not None and 9.0 < left <= 10.0 for left in searched)
+
+    parent = Agent(
+        FunctionModel(in_task(Script([("delegate", {"task": "stall"})]))),
+        toolsets=[parent_tools],
+    )
+    started = anyio.current_time()
+    await parent.run("go")
+    assert anyio.current_time() - started == pytest.approx(10.0, abs=0.01)
+    # ended by pydantic-ai's own RunTimedOut at the inherited deadline, not a cancel
+    assert answers[-1] == "the sub-agent ran out of time"

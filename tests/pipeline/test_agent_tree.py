@@ -341,7 +341,7 @@ async def test_budget_notice_says_what_is_left_and_is_logged() -> None:
     harness.tools.register(search)
     harness.plugin(ToolCallLimit(per_turn=3))
     harness.plugin(UsageLimit(usd_per_session=1.0, prices={"m": (0.0, 1.0)}))
-    harness.plugin(TurnDeadline(ms=90_500))
+    harness.plugin(TurnDeadline(ms=90_400))
     harness.plugin(BudgetNotice())
     agent = harness.loop.create("s")
     await agent.prompt("go")

@@ -194,3 +194,25 @@ def test_a_tools_budget_outside_a_retry_of_timeouts_is_a_retry_that_never_retrie
     assert not any("can never retry that timeout" in w for w in warnings_of(inside))
     total = stack(*GUARDS, Timeout(ms=20_000), Retry(attempts=3), ToolCallTimeoutPolicy())
     assert not any("can never retry that timeout" in w for w in warnings_of(total))
+
+
+def test_agent_tools_without_a_bound_or_a_deadline_are_warned_about() -> None:
+    from guardstack.guards import AgentLimit, BudgetNotice, TurnDeadline
+    from guardstack.pipeline import AgentTool
+
+    harness = Harness()
+    harness.tools.register(AgentTool("research", Harness, description="Research."))
+    warnings = check(harness).warnings
+    assert any("agent tools (research) start child agents but no agent-limit" in w for w in warnings)
+    assert any("agent tools (research) have no deadline" in w for w in warnings)
+
+    harness.plugin(AgentLimit(max_depth=3, max_children=4))
+    harness.plugin(TurnDeadline(ms=60_000))
+    harness.plugin(BudgetNotice())
+    report = check(harness)
+    assert not any("agent tools" in w for w in report.warnings)
+    assert (
+        "agent-limit: at most 3 levels deep, 4 children per agent per turn (child agents "
+        "below this harness count too); a refused child answers AGENT_STOPPED"
+    ) in report.lines[0]
+    assert report.lines[2].startswith("budget-notice: before each model call, tells the model")
