@@ -13,8 +13,9 @@ agent's turn (three model calls, two tool calls), then the parent answers. Two w
 Each is measured bare and capped (``UsageLimit``, ``ToolCallLimit``,
 ``ModelCallLimit``): AgentTool with the caps on the parent, which charge every child
 call; by hand with the same caps on the parent and on the child harness — what a user
-does without AgentTool, each child call checked once, against a fresh allowance. The goal: AgentTool ≤ 1.2× by hand. Rounds
-interleaved, GC on, the median of ``--runs`` runs with its range.
+does without AgentTool, each child call checked once, against a fresh allowance. The
+goal: AgentTool ≤ 1.2× by hand. Rounds interleaved, GC on, the median of ``--runs``
+runs with its range.
 
     python -m benchmarks.agents [--runs 3] [--calls 2000]
 """
@@ -22,6 +23,7 @@ interleaved, GC on, the median of ``--runs`` runs with its range.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from typing import Any
 
@@ -139,12 +141,20 @@ async def main() -> None:
         return
     rows = []
     for caps in ("bare", "capped"):
+
+        def cost(run: dict[str, float], kind: str, caps: str = caps) -> float:
+            return run[f"{kind}-{caps}"]
+
         rows.append(
             [
                 caps,
-                f"{median(runs, lambda r, c=caps: r[f'hand-{c}']) / 1000:.1f} µs",
-                f"{median(runs, lambda r, c=caps: r[f'tree-{c}']) / 1000:.1f} µs",
-                ratio(runs, lambda r, c=caps: r[f"tree-{c}"], lambda r, c=caps: r[f"hand-{c}"]),
+                f"{median(runs, functools.partial(cost, kind='hand')) / 1000:.1f} µs",
+                f"{median(runs, functools.partial(cost, kind='tree')) / 1000:.1f} µs",
+                ratio(
+                    runs,
+                    functools.partial(cost, kind="tree"),
+                    functools.partial(cost, kind="hand"),
+                ),
             ]
         )
     print("One parent turn delegating to a child agent (3 model calls, 2 tool calls):\n")

@@ -56,6 +56,7 @@ from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, T
 from pydantic_ai.messages import ToolReturn  # noqa: E402
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset  # noqa: E402
 
+_provide_run_deadline: Any
 try:  # pydantic-ai's run deadlines (2.x): the one a run started inside a run inherits
     from pydantic_ai._cancel import provide_run_deadline as _provide_run_deadline
 except ImportError:  # pragma: no cover - an older pydantic-ai: no deadline to hand down
@@ -156,7 +157,8 @@ def _deadline_below(ctx: RunContext[Any]) -> contextlib.AbstractContextManager[N
     at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=left)
     if ctx.deadline is not None and ctx.deadline <= at:
         return contextlib.nullcontext()
-    return _provide_run_deadline(at)
+    provided: contextlib.AbstractContextManager[None] = _provide_run_deadline(at)
+    return provided
 
 
 def _answer(outcome: ToolOutcome) -> Any:

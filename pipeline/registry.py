@@ -188,7 +188,6 @@ def _under_ancestors(
     """A child agent's pre-execute: every ancestor's tool-call cap (``AgentTool``'s
     ledger), each seeing the call as its ancestor's, outside the child's own layers."""
 
-
     def through(index: int) -> PreNext:
         if index == len(caps):
             return registry.pre_execute._chain  # type: ignore[no-any-return]

@@ -203,7 +203,9 @@ def test_agent_tools_without_a_bound_or_a_deadline_are_warned_about() -> None:
     harness = Harness()
     harness.tools.register(AgentTool("research", Harness, description="Research."))
     warnings = check(harness).warnings
-    assert any("agent tools (research) start child agents but no agent-limit" in w for w in warnings)
+    assert any(
+        "agent tools (research) start child agents but no agent-limit" in w for w in warnings
+    )
     assert any("agent tools (research) have no deadline" in w for w in warnings)
 
     harness.plugin(AgentLimit(max_depth=3, max_children=4))
