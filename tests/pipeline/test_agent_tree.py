@@ -391,11 +391,19 @@ async def test_the_childs_invoke_agent_span_is_under_the_parents_execute_tool_sp
     rig = SpanRig()
     parent = Harness(Plan([calls("research")]))
     parent.tools.register(
-        AgentTool("research", worker([], Tracing(rig.provider)), description="R.")
+        AgentTool(
+            "research", worker([], Tracing(rig.provider), usage=Usage(3, 4)), description="R."
+        )
     )
     parent.plugin(Tracing(rig.provider))
     await parent.loop.create("p").prompt("go")
     spans = {span.name: span for span in rig.spans}
+    parent_turn = dict(spans["invoke_agent p"].attributes or {})
+    # the child's usage is rolled up into the parent's turn
+    assert (
+        parent_turn["gen_ai.usage.input_tokens"],
+        parent_turn["gen_ai.usage.output_tokens"],
+    ) == (3, 4)
     child_turn, tool_span = spans["invoke_agent p/research/1"], spans["execute_tool research"]
     assert child_turn.parent is not None
     assert child_turn.parent.span_id == tool_span.context.span_id
