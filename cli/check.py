@@ -28,6 +28,7 @@ import attrs
 
 from guardstack.guards import (
     AgentLimit,
+    Approval,
     BudgetNotice,
     LoopDetector,
     ModelCallLimit,
@@ -124,6 +125,7 @@ def check(harness: Harness) -> Report:
     if not any(isinstance(p, RepeatToolReminder | LoopDetector) for p in plugins):
         warnings.append("no loop guard: neither repeat-tool-reminder nor loop-detector is applied")
     warnings.extend(_tree_warnings(harness, plugins))
+    warnings.extend(_approval_warnings(plugins))
     return Report(tuple(lines), tuple(warnings))
 
 
@@ -196,12 +198,47 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
             f"agent-limit: at most {bounds} (child agents below this harness count too); "
             "a refused child answers AGENT_STOPPED"
         )
+    if isinstance(plugin, Approval):
+        which = f"tools matching {', '.join(plugin.require)}" if plugin.require else ""
+        asks = " and ".join(
+            part
+            for part in (which, "tools annotated destructive" if plugin.destructive else "")
+            if part
+        )
+        limit = f" up to {plugin.timeout_ms} ms, then {plugin.on_timeout}s" * bool(
+            plugin.timeout_ms
+        )
+        how = (
+            f"waits for its approver{limit}"
+            if plugin.approver is not None
+            else "pauses the turn (reason approval) until agent.resume(decisions=...)"
+        )
+        return (
+            f"approval: asks a person about {asks or 'calls other layers Ask about'}, and "
+            f"{how}; pre-execute layers registered before it decide first"
+        )
     if isinstance(plugin, BudgetNotice):
         return (
             f"budget-notice: before each model call, tells the model what is left of "
             f"{', '.join(plugin.show)} (of the caps that apply, its ancestors' included)"
         )
     return f"{getattr(plugin, 'name', type(plugin).__name__)}: (no explanation known)"
+
+
+def _approval_warnings(plugins: list[object]) -> list[str]:
+    """A cap or loop guard after Approval: a person is asked about calls it refuses."""
+    at = next((i for i, p in enumerate(plugins) if isinstance(p, Approval)), None)
+    if at is None:
+        return []
+    refusers = (ToolCallLimit, LoopDetector, AgentLimit)
+    late = [getattr(p, "name", "?") for p in plugins[at + 1 :] if isinstance(p, refusers)]
+    if not late:
+        return []
+    return [
+        f"{', '.join(late)} registered after approval: a person is asked about calls "
+        f"{'it' if len(late) == 1 else 'they'} may then refuse; register "
+        f"{'it' if len(late) == 1 else 'them'} before approval so they deny first"
+    ]
 
 
 def _tree_warnings(harness: Harness, plugins: list[object]) -> list[str]:

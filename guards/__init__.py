@@ -1,6 +1,7 @@
 """Agent guards (reduce waste) and caps (stop loss), each a self-contained plugin."""
 
 from guardstack.guards.agent_limit import AgentLimit
+from guardstack.guards.approval import Approval
 from guardstack.guards.budget_notice import BudgetNotice
 from guardstack.guards.canonical import canonical_json
 from guardstack.guards.loop_detector import DETECTED_EVENT, Detection, LoopDetector
@@ -20,6 +21,7 @@ __all__ = [
     "DETECTED_EVENT",
     "GENTLE_TEXT",
     "AgentLimit",
+    "Approval",
     "BudgetNotice",
     "Detection",
     "LoopDetector",

@@ -13,7 +13,8 @@ SDK ``ClientSession``) into a ``ToolDefinition``::
   wins) or ``default_timeout_ms``; a tool with neither has none, as everywhere;
 * ``readOnlyHint`` or ``idempotentHint: true`` make a tool ``idempotent=True``,
   ``idempotentHint: false`` makes it ``idempotent=False`` (a ``Retry`` never runs it
-  twice); without annotations it is undeclared;
+  twice); without annotations it is undeclared; an explicit ``destructiveHint: true``
+  (without ``readOnlyHint``) makes it ``destructive=True``, which ``Approval`` asks about;
 * a guardstack timeout cancels the MCP request, and the SDK tells the server
   (``notifications/cancelled``), so the server stops the work too;
 * an MCP error result (``isError``) becomes ``TOOL_FAILED`` with the server's text;
@@ -114,9 +115,21 @@ async def mcp_tools(
                 dict(tool.input_schema),
                 budget,
                 _idempotent(tool),
+                destructive=_destructive(tool),
             )
         )
     return definitions
+
+
+def _destructive(tool: Tool) -> bool | None:
+    """Only an explicit ``destructiveHint: true`` on a tool not marked read-only is
+    destructive (an unannotated tool is not assumed to be); read-only is ``False``."""
+    hints = tool.annotations
+    if hints is None:
+        return None
+    if hints.read_only_hint:
+        return False
+    return True if hints.destructive_hint is True else None
 
 
 def _idempotent(tool: Tool) -> bool | None:

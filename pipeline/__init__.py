@@ -5,6 +5,7 @@ Plugin authors need only ``guardstack.pipeline.contract`` (layer and stage types
 """
 
 from guardstack.pipeline.agent_tool import AgentTool
+from guardstack.pipeline.approval import Approve, Edit, PendingApproval, Reject, call_digest
 from guardstack.pipeline.contract import (
     DispatchNext,
     Execute,
@@ -18,6 +19,7 @@ from guardstack.pipeline.contract import (
 )
 from guardstack.pipeline.errors import (
     AgentLimitExceeded,
+    ApprovalMismatch,
     ConfigError,
     DuplicateToolError,
     GuardstackError,
@@ -49,7 +51,10 @@ from guardstack.pipeline.onion import Instrumentation, LayerInfo, Pipeline, Regi
 from guardstack.pipeline.outcome import Refusal
 from guardstack.pipeline.registry import Phase, PhaseOrder, ToolRegistry
 from guardstack.pipeline.session import (
+    ApprovalDecision,
+    ApprovalRequest,
     AssistantMessage,
+    ContextDeferred,
     Event,
     Recording,
     Session,
@@ -75,11 +80,13 @@ from guardstack.pipeline.values import (
     TOOL_FAILED,
     TOOL_OVERLOADED,
     TOOL_RATE_LIMITED,
+    TOOL_REJECTED,
     TOOL_TIMEOUT,
     TOOL_UNAVAILABLE,
     UNKNOWN_TOOL,
     Accept,
     Allow,
+    Ask,
     Block,
     ContextMessage,
     Deny,
@@ -109,6 +116,7 @@ __all__ = [
     "TOOL_FAILED",
     "TOOL_OVERLOADED",
     "TOOL_RATE_LIMITED",
+    "TOOL_REJECTED",
     "TOOL_TIMEOUT",
     "TOOL_UNAVAILABLE",
     "UNKNOWN_TOOL",
@@ -118,13 +126,20 @@ __all__ = [
     "AgentLoop",
     "AgentTool",
     "Allow",
+    "ApprovalDecision",
+    "ApprovalMismatch",
+    "ApprovalRequest",
+    "Approve",
+    "Ask",
     "AssistantMessage",
     "Block",
     "ConfigError",
+    "ContextDeferred",
     "ContextMessage",
     "Deny",
     "DispatchNext",
     "DuplicateToolError",
+    "Edit",
     "Event",
     "Execute",
     "GuardstackError",
@@ -140,6 +155,7 @@ __all__ = [
     "ModelNext",
     "ModelReply",
     "ModelRequest",
+    "PendingApproval",
     "Phase",
     "PhaseOrder",
     "Pipeline",
@@ -151,6 +167,7 @@ __all__ = [
     "Recording",
     "Refusal",
     "Registration",
+    "Reject",
     "Scope",
     "ScriptExhaustedError",
     "ScriptedModel",
@@ -178,6 +195,7 @@ __all__ = [
     "TurnStart",
     "Usage",
     "UserMessage",
+    "call_digest",
     "timeout_result",
     "tool",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentLimitExceeded",
+    "ApprovalMismatch",
     "ConfigError",
     "DuplicateToolError",
     "GuardstackError",
@@ -70,6 +71,11 @@ class TurnInProgressError(GuardstackError, RuntimeError):
 
 class AgentLimitExceeded(GuardstackError, RuntimeError):
     """``AgentLimit`` refused to create one more agent."""
+
+
+class ApprovalMismatch(GuardstackError, ValueError):
+    """A decision names a call that is not pending, or was made on other arguments than
+    the pending call's (its ``digest`` differs): the call stays pending."""
 
 
 class SessionTailWarning(UserWarning):

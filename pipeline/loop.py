@@ -36,21 +36,39 @@ outside re-raises after that, ``agent.cancel()`` returns the aborted turn.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 import attrs
 
+from guardstack.pipeline.approval import (
+    Approve,
+    Decision,
+    Edit,
+    PendingApproval,
+    Reject,
+    as_pre_decision,
+    canonical_arguments,
+    decision_kind,
+)
 from guardstack.pipeline.contract import ModelNext, PromptNext, TurnRun
-from guardstack.pipeline.errors import ConfigError, TurnBlocked, TurnInProgressError
+from guardstack.pipeline.errors import (
+    ApprovalMismatch,
+    ConfigError,
+    TurnBlocked,
+    TurnInProgressError,
+)
 from guardstack.pipeline.ledger import Ledger, merge_remaining
 from guardstack.pipeline.model import Model, ModelReply, ModelRequest, ToolCallRequest, Usage
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.registry import Phase
 from guardstack.pipeline.session import (
+    ApprovalDecision,
+    ApprovalRequest,
     AssistantMessage,
+    ContextDeferred,
     Session,
     StepEnd,
     StepStart,
@@ -64,12 +82,15 @@ from guardstack.pipeline.session import (
 )
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
+    TOOL_REJECTED,
     USER_SOURCE,
+    ContextMessage,
     MessageSource,
     ToolCall,
     ToolOutcome,
     ToolResult,
     aborted_result,
+    denied_result,
     message_of,
 )
 
@@ -92,6 +113,8 @@ class TurnResult:
     error: str | None = None
     steps: int = 0
     usage: Usage = attrs.Factory(Usage)
+    #: The calls waiting for a person's decision (reason ``approval``), in model order.
+    pending: tuple[PendingApproval, ...] = ()
 
 
 async def _submit(agent: Agent, text: str) -> str:
@@ -375,13 +398,27 @@ class Agent:
         return await agent._turn_body(text)
 
     async def _turn_body(self, text: str) -> TurnResult:
+        self._reject_pending("a new prompt came before anyone decided on it")
         self._turn += 1
         self.turn_usage, self.turn_model_calls, self.step = Usage(), 0, 0
-        turn, log = self._turn, self.session.append
-        log(TurnStart(turn))
-        log(UserMessage(text, USER_SOURCE))
-        step, step_calls, last_text = 0, None, ""
+        turn = self._turn
+        self.session.append(TurnStart(turn))
+        self.session.append(UserMessage(text, USER_SOURCE))
+        return await self._steps(turn, 0, "", None)
+
+    async def _steps(
+        self, turn: int, step: int, last_text: str, paused: _Paused | None
+    ) -> TurnResult:
+        """The turn's steps from ``step`` on (a resumed turn first finishes its paused
+        step): the loop of model call, tool calls, results."""
+        log = self.session.append
+        step_calls = None if paused is None else paused.calls
         try:
+            if paused is not None:
+                outcomes = await self._resume_calls(turn, step, paused)
+                ended = self._end_step(turn, step, paused.call_ids, outcomes)
+                if ended is not None:
+                    return ended
             while step < self.loop.max_steps:
                 step += 1
                 self.step = step
@@ -423,15 +460,9 @@ class Agent:
                     return self._result("completed", last_text, None, step)
                 step_calls = _StepCalls(requests)
                 outcomes = await self._run_calls(turn, step, step_calls)
-                for outcome in outcomes:
-                    for context in outcome.contexts:
-                        log(UserMessage(context.text, context.source))
-                log(StepEnd(turn, step))
-                ended = next((outcome for outcome in outcomes if outcome.ends_turn), None)
+                ended = self._end_step(turn, step, [r.call_id for r in requests], outcomes)
                 if ended is not None:
-                    why = ended.result.error.message if ended.result.error else ended.result.content
-                    log(TurnEnd(turn, "blocked", why))
-                    return self._result("blocked", last_text, why, step)
+                    return ended
             log(TurnEnd(turn, "max-steps"))
             return self._result("max-steps", last_text, None, step)
         except BaseException as error:
@@ -451,6 +482,224 @@ class Agent:
                 log(TurnEnd(turn, "aborted", None if cancelled else type(error).__name__))
             raise
 
+    def _end_step(
+        self, turn: int, step: int, call_ids: Sequence[str], outcomes: Sequence[ToolOutcome]
+    ) -> TurnResult | None:
+        """After a step's calls: pause for approval, or log the contexts (after every
+        result, in model order) and end the step; a result if the turn ends here."""
+        log = self.session.append
+        waiting = tuple(o.pending for o in outcomes if o.pending is not None)
+        ended = next((o for o in outcomes if o.ends_turn), None)
+        if waiting and ended is None:
+            # the step's contexts wait for its last result, so the request the model
+            # gets after the decisions is the one it would have got without the pause
+            for call_id, outcome in zip(call_ids, outcomes, strict=True):
+                for context in outcome.contexts:
+                    log(ContextDeferred(turn, step, call_id, context.text, context.source))
+            log(TurnEnd(turn, "approval", "waiting for a person's decision"))
+            pending = self.pending  # the undecided ones, read back from the log
+            count = len(pending)
+            why = f"{count} tool call{'s' if count > 1 else ''} wait for a person's decision"
+            return self._result("approval", self._last_text(), why, step, pending)
+        if waiting:
+            self._reject_waiting(turn, step, waiting, "the turn ended before anyone decided on it")
+        for outcome in outcomes:
+            for context in outcome.contexts:
+                log(UserMessage(context.text, context.source))
+        log(StepEnd(turn, step))
+        if ended is not None:
+            why = ended.result.error.message if ended.result.error else ended.result.content
+            log(TurnEnd(turn, "blocked", why))
+            return self._result("blocked", self._last_text(), why, step)
+        return None
+
+    # -- approval ------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> tuple[PendingApproval, ...]:
+        """The calls of the last turn that wait for a person's decision, in model order."""
+        paused = self._paused()
+        return () if paused is None else paused.pending()
+
+    async def resume(self, decisions: Mapping[str, Decision]) -> TurnResult:
+        """Continue a turn that ended with reason ``approval``: run each decided call
+        (``{call_id: Approve() | Reject(reason) | Edit(arguments)}``), then the turn goes
+        on as if it had never paused. Calls left undecided stay pending (the turn ends
+        ``approval`` again). A decision for a call that is not pending, or whose
+        ``digest`` is not the pending call's, raises ``ApprovalMismatch`` and nothing
+        runs. Works on an agent created from a loaded session, in another process."""
+        if self._scope is not None:
+            raise TurnInProgressError(f"agent {self.session_id!r} is already running a turn")
+        paused = self._paused()
+        if paused is None:
+            raise ApprovalMismatch(f"agent {self.session_id!r} has no turn waiting for approval")
+        for call_id, decision in decisions.items():
+            asked = paused.waiting.get(call_id)
+            if asked is None:
+                waiting = ", ".join(map(repr, paused.waiting)) or "none"
+                raise ApprovalMismatch(
+                    f"call {call_id!r} is not waiting for a decision (waiting: {waiting})"
+                )
+            if not isinstance(decision, Approve | Reject | Edit):
+                raise TypeError(
+                    f"a decision is Approve(), Reject(reason) or Edit(arguments), got {decision!r}"
+                )
+            if decision.digest is not None and decision.digest != asked.digest:
+                raise ApprovalMismatch(
+                    f"the decision on call {call_id!r} was made on other arguments than "
+                    f"the pending call's (digest {decision.digest[:12]}…, pending "
+                    f"{asked.digest[:12]}…); it stays pending"
+                )
+        paused.decisions.update(decisions)
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            try:
+                run: TurnRun = self._resume_turn(paused)
+                for hook in reversed(self.loop._turn_hooks):
+                    run = hook(run)
+                return await run(self, "")
+            finally:
+                self._scope = None
+        return TurnResult("aborted", error="cancelled by agent.cancel()", usage=self.turn_usage)
+
+    def _resume_turn(self, paused: _Paused) -> TurnRun:
+        async def resumed(agent: Agent, _: str) -> TurnResult:
+            if self.turn_model_calls == 0 or self._turn != paused.turn:
+                # this process did not run the turn: its counts are what its log says
+                self._turn = paused.turn
+                self.turn_usage, self.turn_model_calls = paused.usage, paused.model_calls
+            self.step = paused.step
+            return await self._steps(paused.turn, paused.step, paused.last_text, paused)
+
+        return resumed
+
+    def _paused(self) -> _Paused | None:
+        events = self.session.events
+        last = events[-1] if events else None
+        if not isinstance(last, TurnEnd) or last.reason != "approval":
+            return None
+        start = max(i for i, e in enumerate(events) if isinstance(e, TurnStart))
+        turn = events[start:]
+        replies = [e for e in turn if isinstance(e, AssistantMessage)]
+        step = replies[-1].step
+        requests = replies[-1].tool_calls
+        answered = {e.call_id for e in turn if isinstance(e, ToolResultEvent)}
+        waiting = {
+            e.call_id: e
+            for e in turn
+            if isinstance(e, ApprovalRequest) and e.step == step and e.call_id not in answered
+        }
+        deferred: dict[str, list[ContextMessage]] = {}
+        index = len(turn) - 2
+        while index >= 0 and isinstance(turn[index], ContextDeferred):
+            index -= 1
+        for event in turn[index + 1 : -1]:
+            assert isinstance(event, ContextDeferred)
+            deferred.setdefault(event.call_id, []).append(ContextMessage(event.text, event.source))
+        calls = _StepCalls(requests)
+        calls.called.update(range(len(requests)))
+        calls.answered.update(i for i, r in enumerate(requests) if r.call_id in answered)
+        usage = sum((r.usage for r in replies if r.usage is not None), Usage())
+        decided = {
+            e.call_id: _decision_of(e)
+            for e in turn
+            if isinstance(e, ApprovalDecision) and e.call_id in waiting
+        }
+        return _Paused(
+            turn[0].turn,  # type: ignore[union-attr]
+            step,
+            requests,
+            waiting,
+            deferred,
+            calls,
+            replies[-1].text,
+            usage,
+            len(replies),
+            decided,
+            set(decided),
+        )
+
+    async def _resume_calls(self, turn: int, step: int, paused: _Paused) -> list[ToolOutcome]:
+        """The paused step's outcomes in model order. Decisions are logged as they come;
+        the decided calls run, in model order, once every waiting call is decided — so
+        the results, and the request after them, are the ones the step would have had
+        without the pause."""
+        for call_id, decision in paused.decisions.items():
+            if call_id not in paused.logged:
+                self.session.append(_decision_event(turn, step, call_id, decision, None))
+        undecided = [c for c in paused.waiting if c not in paused.decisions]
+        outcomes = []
+        for index, request in enumerate(paused.requests):
+            call_id = request.call_id
+            asked = paused.waiting.get(call_id)
+            if asked is None:
+                contexts = tuple(paused.deferred.get(call_id, ()))
+                outcomes.append(ToolOutcome(_ANSWERED, contexts))
+                continue
+            if undecided:
+                outcomes.append(ToolOutcome(_ANSWERED, (), False, paused.pending_of(asked)))
+                continue
+            outcome = await self._run_decided(request, asked, paused.decisions[call_id])
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            if outcome.pending is None:
+                self._answer(turn, step, paused.calls, index, outcome)
+            outcomes.append(outcome)
+        return outcomes
+
+    async def _run_decided(
+        self, request: ToolCallRequest, asked: ApprovalRequest, decision: Decision
+    ) -> ToolOutcome:
+        tools = self.loop.tools
+        call = self._tool_call(request)
+        service = tools.approvals
+        chain = None
+        if asked.asked_by == "approval" and service is not None:
+            chain = tools.pre_execute.chain_from(service.layer)
+        if chain is not None and service is not None:
+            service.decide(call.call_id, decision)  # the layer applies it where it asked
+            return await tools.resume(call, chain)
+        answer = as_pre_decision(decision)
+
+        async def decided(_: ToolCall) -> Any:
+            return answer
+
+        return await tools.resume(call, decided)
+
+    def approval_decided(self, call_id: str, decision: Decision, waited_s: float | None) -> None:
+        """Log a decision an in-process approver (or a policy's timeout) made."""
+        self.session.append(_decision_event(self._turn, self.step, call_id, decision, waited_s))
+
+    def _reject_pending(self, reason: str) -> None:
+        """A new prompt while calls wait: each is rejected with ``reason`` and the paused
+        turn is ended, so the next request is one a provider accepts."""
+        paused = self._paused()
+        if paused is None:
+            return
+        turn, step = paused.turn, paused.step
+        self._reject_waiting(
+            turn, step, [paused.pending_of(e) for e in paused.waiting.values()], reason
+        )
+        for request in paused.requests:
+            for context in paused.deferred.get(request.call_id, ()):
+                self.session.append(UserMessage(context.text, context.source))
+        self.session.append(StepEnd(turn, step))
+        self.session.append(TurnEnd(turn, "aborted", f"pending calls rejected: {reason}"))
+
+    def _reject_waiting(
+        self, turn: int, step: int, waiting: Sequence[PendingApproval], reason: str
+    ) -> None:
+        for pending in waiting:
+            decision = Reject(reason, by="guardstack")
+            self.session.append(_decision_event(turn, step, pending.call_id, decision, None))
+            result = denied_result(f"rejected: {reason}", TOOL_REJECTED)
+            self.session.append(ToolResultEvent(turn, step, pending.call_id, result))
+
+    def _last_text(self) -> str:
+        reply = next(
+            (e for e in reversed(self.session.events) if isinstance(e, AssistantMessage)), None
+        )
+        return "" if reply is None else reply.text
+
     def last_turn_result(self) -> TurnResult:
         """The last turn's result as its log records it (its end reason and error, the
         model's last text, its steps): for layers that end a turn from outside it."""
@@ -468,9 +717,14 @@ class Agent:
         )
 
     def _result(
-        self, reason: TurnEndReason, text: str, error: str | None, steps: int
+        self,
+        reason: TurnEndReason,
+        text: str,
+        error: str | None,
+        steps: int,
+        pending: tuple[PendingApproval, ...] = (),
     ) -> TurnResult:
-        return TurnResult(reason, text, error, steps, self.turn_usage)
+        return TurnResult(reason, text, error, steps, self.turn_usage, pending)
 
     def _answer_unanswered(self, turn: int, step: int, calls: _StepCalls) -> None:
         for index, request in enumerate(calls.requests):
@@ -495,6 +749,21 @@ class Agent:
         self, turn: int, step: int, calls: _StepCalls, index: int, outcome: ToolOutcome
     ) -> None:
         call_id = calls.requests[index].call_id
+        waiting = outcome.pending
+        if waiting is not None:  # logged where its result will be, once decided
+            self.session.append(
+                ApprovalRequest(
+                    turn,
+                    step,
+                    call_id,
+                    waiting.tool,
+                    canonical_arguments(waiting.arguments),
+                    waiting.digest,
+                    waiting.reason,
+                    waiting.asked_by,
+                )
+            )
+            return
         self.session.append(self._result_event(turn, step, call_id, outcome.result))
         calls.answered.add(index)
 
@@ -557,6 +826,70 @@ class Agent:
                 raise group_error.exceptions[0] from None
             raise
         return [outcome for outcome in outcomes if outcome is not None]
+
+
+#: A placeholder result for calls of a paused step that are not run again on resume.
+_ANSWERED = ToolResult("")
+
+
+@attrs.define(eq=False)
+class _Paused:
+    """A turn that ended waiting for decisions, read from the log (in any process)."""
+
+    turn: int
+    step: int
+    requests: tuple[ToolCallRequest, ...]
+    waiting: dict[str, ApprovalRequest]
+    deferred: dict[str, list[ContextMessage]]
+    calls: _StepCalls
+    last_text: str
+    usage: Usage
+    model_calls: int
+    #: Decisions made so far: logged ones (read back) and the resume's new ones.
+    decisions: dict[str, Decision] = attrs.Factory(dict)
+    #: The call ids whose decision is already in the log.
+    logged: set[str] = attrs.Factory(set)
+
+    @property
+    def call_ids(self) -> list[str]:
+        return [request.call_id for request in self.requests]
+
+    def pending_of(self, asked: ApprovalRequest) -> PendingApproval:
+        return PendingApproval(
+            asked.call_id,
+            asked.tool,
+            json.loads(asked.arguments_json),
+            asked.digest,
+            asked.reason,
+            asked.asked_by,
+        )
+
+    def pending(self) -> tuple[PendingApproval, ...]:
+        """The calls still waiting for a decision, in model order."""
+        return tuple(
+            self.pending_of(self.waiting[r.call_id])
+            for r in self.requests
+            if r.call_id in self.waiting and r.call_id not in self.decisions
+        )
+
+
+def _decision_of(event: ApprovalDecision) -> Decision:
+    """A logged decision, as it was made."""
+    if event.decision == "reject":
+        return Reject(event.reason or "rejected", by=event.by)
+    if event.decision == "edit":
+        return Edit(json.loads(event.arguments_json or "{}"), by=event.by)
+    return Approve(by=event.by)
+
+
+def _decision_event(
+    turn: int, step: int, call_id: str, decision: Decision, waited_s: float | None
+) -> ApprovalDecision:
+    edited = canonical_arguments(decision.arguments) if isinstance(decision, Edit) else None
+    reason = decision.reason if isinstance(decision, Reject) else None
+    return ApprovalDecision(
+        turn, step, call_id, decision_kind(decision), decision.by, reason, edited, waited_s
+    )
 
 
 class _Gate:

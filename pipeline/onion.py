@@ -193,15 +193,26 @@ class Pipeline(Generic[NextT]):
                 return
 
     def _compose(self) -> None:
+        self._chain = self._composed(0)
+        self.layered = bool(self._entries)
+
+    def _composed(self, start: int) -> Callable[..., Awaitable[Any]]:
+        """The chain of the layers from ``start`` inward, instrumented."""
         chain: Callable[..., Awaitable[Any]] = self._terminal
-        for index in range(len(self._entries) - 1, -1, -1):
+        for index in range(len(self._entries) - 1, start - 1, -1):
             entry = self._entries[index]
             layer = entry.layer
             for hook in self._hooks:
                 layer = hook(layer, LayerInfo(self.stage, entry.name, index))
             chain = _bind(layer, chain, self._arity)
-        self._chain = chain
-        self.layered = bool(self._entries)
+        return chain
+
+    def chain_from(self, layer: Layer) -> Callable[..., Awaitable[Any]] | None:
+        """The chain from ``layer`` (registered here) inward — the layers outside it left
+        out — or ``None`` if it is not registered. For resuming a call inside a layer
+        (an approval decided after a pause)."""
+        start = next((i for i, entry in enumerate(self._entries) if entry.layer is layer), None)
+        return None if start is None else self._composed(start)
 
     def __call__(self, *args: Any) -> Awaitable[Any]:
         """Run the chain: ``await stage(call)``. (The registry reads ``_chain`` directly.)"""

@@ -31,6 +31,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import attrs
 
+from guardstack.pipeline.approval import CALL_ORDER, ApprovalService, Pending
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.ledger import TREE_CAPS, RunKey
@@ -38,8 +39,10 @@ from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
+    TOOL_DENIED,
     Accept,
     Allow,
+    Ask,
     Block,
     Deny,
     PostDecision,
@@ -180,6 +183,8 @@ class _Early:
     result: ToolResult
     ends_turn: bool = False
     final: bool = False
+    #: A call that waits for a person (``Pending``): no dispatch, no post-execute.
+    pending: Any = None
 
 
 def _under_ancestors(
@@ -231,6 +236,8 @@ class ToolRegistry:
         self.post_execute: Pipeline[PostNext] = Pipeline(_accept, stage="post_execute")
         self._operation_hooks: list[Callable[[Execute], Execute]] = []
         self._operation: Execute = self._run
+        #: Resolves an ``Ask`` no layer resolved (``guards.Approval`` sets it).
+        self.approvals: ApprovalService | None = None
 
     # -- tools -------------------------------------------------------------------------
 
@@ -378,9 +385,10 @@ class ToolRegistry:
         # Stages without layers are skipped outright: zero cost when unused.
         if order is not None:
             await order.enter("pre_execute")
+            placed = CALL_ORDER.set(order)
         try:
             early = _check_arguments(call.arguments)
-            decided = None if early is None else _Early(early)
+            decided: _Early | ToolCall | None = None if early is None else _Early(early)
             if decided is None:
                 agent = call.agent
                 caps = getattr(agent, "tree_caps", ()) if agent is not None else TREE_CAPS.get()
@@ -388,8 +396,11 @@ class ToolRegistry:
                     decided = await self._pre_execute(call, _under_ancestors(call, caps, self))
                 elif self.pre_execute.layered:
                     decided = await self._pre_execute(call, self.pre_execute._chain)
+                if type(decided) is ToolCall:  # a person edited the arguments
+                    call, decided = decided, None
         finally:
             if order is not None:
+                CALL_ORDER.reset(placed)
                 order.leave("pre_execute")
         if decided is None:
             if order is not None:
@@ -405,6 +416,9 @@ class ToolRegistry:
             finally:
                 if order is not None:
                     order.leave("dispatch")
+        assert isinstance(decided, _Early)
+        if decided.pending is not None:
+            return ToolOutcome(decided.result, (), False, decided.pending)
         if order is not None:
             await order.enter("post_execute")
         try:
@@ -413,20 +427,64 @@ class ToolRegistry:
             if order is not None:
                 order.leave("post_execute")
 
-    async def _pre_execute(self, call: ToolCall, chain: PreNext) -> _Early | None:
-        """``None`` to dispatch; else a denial, or a final failure of a broken layer."""
+    async def _pre_execute(self, call: ToolCall, chain: PreNext) -> _Early | ToolCall | None:
+        """``None`` to dispatch (or the call to dispatch, its arguments edited by a
+        person); else a denial, a call waiting for a person, or a broken layer's final
+        failure."""
         try:
-            decision = await chain(call)
-            if isinstance(decision, Deny):
-                return _Early(denied_result(decision.reason), ends_turn=decision.end_turn)
-            if not isinstance(decision, Allow):
-                raise TypeError(  # noqa: TRY301 - reported like any pre-execute bug
-                    f"pre-execute returned {_short_repr(decision)}; "
-                    "expected Allow() or Deny(reason)"
-                )
+            decision: Any = await chain(call)
+            if isinstance(decision, Ask):
+                decision = await self._resolve(call, decision)
+            return self._decided(call, decision)
         except Exception as error:
             return self._final_failure(self.pre_execute, error)
-        return None
+
+    async def _resolve(self, call: ToolCall, ask: Ask) -> Any:
+        """An ``Ask`` no layer resolved: the approval service's answer, or the original's
+        denial when there is none."""
+        if self.approvals is None:
+            return Deny(ask.reason or f'tool "{call.name}" requires approval (not yet supported)')
+        return await self.approvals.resolve(call, ask.reason)
+
+    def _decided(self, call: ToolCall, decision: Any) -> _Early | ToolCall | None:
+        if isinstance(decision, Deny):
+            return _Early(
+                denied_result(decision.reason, decision.code), ends_turn=decision.end_turn
+            )
+        if isinstance(decision, Pending):
+            waiting = ToolResult.failure("waiting for a person's decision", code=TOOL_DENIED)
+            return _Early(waiting, final=True, pending=decision.approval)
+        if not isinstance(decision, Allow):
+            raise TypeError(
+                f"pre-execute returned {_short_repr(decision)}; expected Allow(), "
+                "Deny(reason) or Ask(reason)"
+            )
+        if decision.arguments is None:
+            return None
+        problem = _check_arguments(decision.arguments)
+        if problem is not None:
+            return _Early(problem)
+        return attrs.evolve(call, arguments=decision.arguments)
+
+    async def resume(self, call: ToolCall, chain: PreNext | None) -> ToolOutcome:
+        """Run a call a person has now decided: pre-execute from ``chain`` inward (the
+        layers outside it decided before the pause and are not asked again; ``None``:
+        none are), then dispatch and post-execute as usual."""
+        tool = self._tools.get(call.name)
+        if call.tool is not tool:
+            call = call.resolved(tool)
+        decided = None if chain is None else await self._pre_execute(call, chain)
+        if type(decided) is ToolCall:
+            call, decided = decided, None
+        if decided is None:
+            try:
+                decided = _Early(_checked(await self.dispatch._chain(call)))
+            except Exception as error:
+                decided = self._final_failure(self.dispatch, error)
+        assert isinstance(decided, _Early)
+        if decided.pending is not None:
+            return ToolOutcome(decided.result, (), False, decided.pending)
+        return await self._finalize(call, decided)
 
     async def _finalize(self, call: ToolCall, early: _Early) -> ToolOutcome:
         if early.final or not self.post_execute.layered:

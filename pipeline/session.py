@@ -47,7 +47,10 @@ from guardstack.pipeline.readonly import read_only
 from guardstack.pipeline.values import MessageSource, ToolError, ToolResult, aborted_result
 
 __all__ = [
+    "ApprovalDecision",
+    "ApprovalRequest",
     "AssistantMessage",
+    "ContextDeferred",
     "Event",
     "Recording",
     "Session",
@@ -63,9 +66,11 @@ __all__ = [
 ]
 
 TurnEndReason: TypeAlias = Literal[
-    "completed", "max-steps", "aborted", "error", "blocked", "deadline"
+    "completed", "max-steps", "aborted", "error", "blocked", "deadline", "approval"
 ]
-_TURN_END_REASONS = frozenset(("completed", "max-steps", "aborted", "error", "blocked", "deadline"))
+_TURN_END_REASONS = frozenset(
+    ("completed", "max-steps", "aborted", "error", "blocked", "deadline", "approval")
+)
 _FORMAT = 1
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 logger = logging.getLogger("guardstack")
@@ -178,6 +183,52 @@ class ToolResultEvent:
     child_session: str | None = None
 
 
+@attrs.frozen
+class ApprovalRequest:
+    """A call that waits for a person's decision (a durable pause): what they are shown.
+
+    ``arguments_json`` is the canonical JSON of the arguments the digest covers."""
+
+    type: ClassVar[str] = "approval/request"
+    turn: int
+    step: int
+    call_id: str
+    tool: str
+    arguments_json: str
+    digest: str
+    reason: str | None = None
+    asked_by: str = "approval"
+
+
+@attrs.frozen
+class ApprovalDecision:
+    """A person's (or a policy's) decision on a call: ``approve``, ``reject`` or ``edit``
+    (with the arguments it runs with; the model's stay in its ``tool/call``)."""
+
+    type: ClassVar[str] = "approval/decision"
+    turn: int
+    step: int
+    call_id: str
+    decision: Literal["approve", "reject", "edit"]
+    by: str | None = None
+    reason: str | None = None
+    arguments_json: str | None = None
+    waited_s: float | None = None
+
+
+@attrs.frozen
+class ContextDeferred:
+    """A context message held back while a step waits for approval: it is logged as a
+    ``user/message`` after the step's last result, when the step ends."""
+
+    type: ClassVar[str] = "context/deferred"
+    turn: int
+    step: int
+    call_id: str
+    text: str
+    source: MessageSource
+
+
 Event: TypeAlias = (
     SystemMessage
     | TurnStart
@@ -188,6 +239,9 @@ Event: TypeAlias = (
     | AssistantMessage
     | ToolCallEvent
     | ToolResultEvent
+    | ApprovalRequest
+    | ApprovalDecision
+    | ContextDeferred
 )
 
 
@@ -200,6 +254,14 @@ def _event_to_wire(event: Event) -> dict[str, Any]:
     match event:
         case UserMessage(text=text, source=source):
             wire |= {"text": text, "source": attrs.asdict(source)}
+        case ContextDeferred():
+            wire |= {
+                "turn": event.turn,
+                "step": event.step,
+                "call_id": event.call_id,
+                "text": event.text,
+                "source": attrs.asdict(event.source),
+            }
         case AssistantMessage():
             wire |= {
                 "turn": event.turn,
@@ -314,16 +376,27 @@ def _request_from_wire(wire: object) -> ToolCallRequest:
     )
 
 
+def _source_from_wire(wire: Mapping[str, Any]) -> MessageSource:
+    source = _field(wire, "source", dict)
+    source_kind = _field(source, "kind", str)
+    if source_kind not in ("user", "plugin", "model", "tool"):
+        raise _Schema(f"unknown message source {source_kind!r}")
+    return MessageSource(source_kind, _optional_text(source, "plugin"))
+
+
 def _event_from_wire(wire: Mapping[str, Any]) -> Event:
     """One event from its wire form; a line that breaks the schema raises ``_Schema``."""
     kind = wire["type"]
     if kind == UserMessage.type:
-        source = _field(wire, "source", dict)
-        source_kind = _field(source, "kind", str)
-        if source_kind not in ("user", "plugin", "model", "tool"):
-            raise _Schema(f"unknown message source {source_kind!r}")
-        message_source = MessageSource(source_kind, _optional_text(source, "plugin"))
-        return UserMessage(_field(wire, "text", str), message_source)
+        return UserMessage(_field(wire, "text", str), _source_from_wire(wire))
+    if kind == ContextDeferred.type:
+        return ContextDeferred(
+            _count(wire, "turn"),
+            _count(wire, "step"),
+            _field(wire, "call_id", str),
+            _field(wire, "text", str),
+            _source_from_wire(wire),
+        )
     if kind == AssistantMessage.type:
         calls = tuple(_request_from_wire(call) for call in _field(wire, "tool_calls", list))
         return AssistantMessage(
@@ -361,6 +434,34 @@ def _event_from_wire(wire: Mapping[str, Any]) -> Event:
     if kind in (StepStart.type, StepEnd.type):
         step_class = StepStart if kind == StepStart.type else StepEnd
         return step_class(_count(wire, "turn"), _count(wire, "step"))
+    if kind == ApprovalRequest.type:
+        return ApprovalRequest(
+            _count(wire, "turn"),
+            _count(wire, "step"),
+            _field(wire, "call_id", str),
+            _field(wire, "tool", str),
+            _field(wire, "arguments_json", str),
+            _field(wire, "digest", str),
+            _optional_text(wire, "reason"),
+            _field(wire, "asked_by", str),
+        )
+    if kind == ApprovalDecision.type:
+        decision = _field(wire, "decision", str)
+        if decision not in ("approve", "reject", "edit"):
+            raise _Schema(f"unknown approval decision {decision!r}")
+        waited = wire.get("waited_s")
+        if waited is not None and (isinstance(waited, bool) or not isinstance(waited, int | float)):
+            raise _Schema("field 'waited_s' is not a number")
+        return ApprovalDecision(
+            _count(wire, "turn"),
+            _count(wire, "step"),
+            _field(wire, "call_id", str),
+            decision,
+            _optional_text(wire, "by"),
+            _optional_text(wire, "reason"),
+            _optional_text(wire, "arguments_json"),
+            waited,
+        )
     raise _Schema(f"unknown event type {kind!r}")
 
 
@@ -411,6 +512,31 @@ def _plain_message_of(event: Event) -> dict[str, Any] | None:
     if isinstance(event, SystemMessage):
         return {"role": "system", "content": event.text}
     return None
+
+
+def _place(messages: list[dict[str, Any]], message: dict[str, Any], order: dict[str, int]) -> None:
+    """Append ``message``; a tool result goes among the step's results in the order the
+    model asked for the calls (``order``: call id -> index, of the last assistant
+    message). They are logged in that order, except when a step paused for approval:
+    its decided calls' results come last in the log, but the request has them where the
+    model expects them — the one it would have got without the pause."""
+    role = message["role"]
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        order.clear()
+        if calls:
+            order.update((call["id"], index) for index, call in enumerate(calls))
+    elif role == "tool" and messages and messages[-1]["role"] == "tool":
+        mine = order.get(message["tool_call_id"], -1)
+        if order.get(messages[-1]["tool_call_id"], -1) > mine:
+            end = len(messages)
+            while messages[end - 1]["role"] == "tool" and (
+                order.get(messages[end - 1]["tool_call_id"], -1) > mine
+            ):
+                end -= 1
+            messages.insert(end, message)
+            return
+    messages.append(message)
 
 
 class _EventView(Sequence[Event]):
@@ -537,6 +663,8 @@ class Session:
         self.session_id = session_id
         self._events: list[Event] = []
         self._messages: list[dict[str, Any]] = []
+        #: The last assistant message's call ids, in the order it asked for them.
+        self._asked: dict[str, int] = {}
         self._subscribers: list[Callable[[Event], object]] = []
         self._recordings: dict[str, Recording] = {}
         self.damaged_tail: str | None = None
@@ -554,7 +682,7 @@ class Session:
         self._events.append(event)
         message = _message_of(event)
         if message is not None:
-            self._messages.append(message)
+            _place(self._messages, message, self._asked)
         if self._subscribers:
             self._notify(event)
 
@@ -637,7 +765,9 @@ class Session:
         Every call the model asked for in the open step is answered — ``ABORTED`` if it
         was logged as started, ``ABORTED_BEFORE_DISPATCH`` (with its ``tool/call``) if
         not — then the step and the turn end (reason ``aborted``), so the next request
-        rebuilt from the log is one a provider accepts. Nothing is removed.
+        rebuilt from the log is one a provider accepts. Nothing is removed. A turn
+        paused for approval is not open (it ended, reason ``approval``); one whose
+        resume was interrupted is.
         """
         turn_start = next(
             (
@@ -650,8 +780,8 @@ class Session:
         if turn_start is None:
             return False
         open_turn = self._events[turn_start:]
-        if any(isinstance(event, TurnEnd) for event in open_turn):
-            return False
+        if isinstance(open_turn[-1], TurnEnd):
+            return False  # ended (a turn paused for approval ends, and a resume goes on)
         turn = open_turn[0].turn  # type: ignore[union-attr]
         called = {e.call_id for e in open_turn if isinstance(e, ToolCallEvent)}
         answered = {e.call_id for e in open_turn if isinstance(e, ToolResultEvent)}
@@ -687,10 +817,11 @@ class Session:
     def rebuild_messages(self) -> list[dict[str, Any]]:
         """``messages()`` computed from scratch from the events (the same list, always)."""
         messages: list[dict[str, Any]] = []
+        asked: dict[str, int] = {}
         for event in self._events:
             message = _message_of(event)
             if message is not None:
-                messages.append(message)
+                _place(messages, message, asked)
         return messages
 
     # -- persistence -------------------------------------------------------------------

@@ -32,11 +32,13 @@ __all__ = [
     "TOOL_FAILED",
     "TOOL_OVERLOADED",
     "TOOL_RATE_LIMITED",
+    "TOOL_REJECTED",
     "TOOL_TIMEOUT",
     "TOOL_UNAVAILABLE",
     "UNKNOWN_TOOL",
     "Accept",
     "Allow",
+    "Ask",
     "Block",
     "ContextMessage",
     "Deny",
@@ -73,6 +75,8 @@ TOOL_OVERLOADED: Final = "TOOL_OVERLOADED"
 TOOL_RATE_LIMITED: Final = "TOOL_RATE_LIMITED"
 #: A child agent (``AgentTool``) was stopped by a cap, a deadline or a guard.
 AGENT_STOPPED: Final = "AGENT_STOPPED"
+#: A person (or an approval policy's timeout) rejected the call: it never ran.
+TOOL_REJECTED: Final = "TOOL_REJECTED"
 
 #: The largest budget a timer can hold in the original (2**31 - 1 ms, about 24.8 days).
 MAX_TIMEOUT_MS: Final = 2_147_483_647
@@ -242,9 +246,9 @@ def aborted_result(before_dispatch: bool) -> ToolResult:
     return ToolResult.failure("tool call aborted", name="AbortError", code=TOOL_ABORTED)
 
 
-def denied_result(reason: str) -> ToolResult:
+def denied_result(reason: str, code: str = TOOL_DENIED) -> ToolResult:
     """A call a pre-execute layer denied: the model reads ``Error: <reason>``."""
-    return ToolResult.failure(reason, code=TOOL_DENIED)
+    return ToolResult.failure(reason, code=code)
 
 
 def unknown_tool_result(name: str) -> ToolResult:
@@ -471,18 +475,34 @@ def _contexts(contexts: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:
 
 @attrs.frozen
 class Allow:
-    """Pre-execute decision: run the call."""
+    """Pre-execute decision: run the call (with ``arguments`` instead of the model's,
+    when a person edited them: ``Approval``'s ``Edit``)."""
+
+    arguments: Mapping[str, Any] | None = None
 
 
 @attrs.frozen
 class Deny:
     """Pre-execute decision: do not run the call; the model reads ``Error: <reason>``.
 
-    ``end_turn=True`` also ends the agent's turn after this step (reason ``blocked``).
+    ``end_turn=True`` also ends the agent's turn after this step (reason ``blocked``);
+    ``code`` is the result's code (``TOOL_DENIED``; ``TOOL_REJECTED`` for a person's no).
     """
 
     reason: str
     end_turn: bool = False
+    code: str = attrs.field(default=TOOL_DENIED, kw_only=True)
+
+
+@attrs.frozen
+class Ask:
+    """Pre-execute decision: run the call only if a person approves it (the original
+    system's ``{kind: 'ask'}``). The harness's approval service (``guards.Approval``)
+    resolves it; with none, the call is denied with ``reason`` or the original's text.
+    A layer that asks should ask after ``call_next`` allowed the call, so the layers
+    inside it have had their say."""
+
+    reason: str | None = None
 
 
 @attrs.frozen
@@ -502,7 +522,7 @@ class Block:
     end_turn: bool = False
 
 
-PreDecision: TypeAlias = Allow | Deny
+PreDecision: TypeAlias = Allow | Deny | Ask
 PostDecision: TypeAlias = Accept | Block
 
 
@@ -513,3 +533,6 @@ class ToolOutcome:
     result: ToolResult
     contexts: tuple[ContextMessage, ...] = ()
     ends_turn: bool = False
+    #: Set when the call waits for a person's decision (a durable pause): ``result``
+    #: is then only a placeholder, and the loop ends the turn with reason ``approval``.
+    pending: Any = None

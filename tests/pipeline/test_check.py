@@ -218,3 +218,27 @@ def test_agent_tools_without_a_bound_or_a_deadline_are_warned_about() -> None:
         "below this harness count too); a refused child answers AGENT_STOPPED"
     ) in report.lines[0]
     assert report.lines[2].startswith("budget-notice: before each model call, tells the model")
+
+
+def test_check_says_which_way_round_approval_stands() -> None:
+    from guardstack.guards import Approval, LoopDetector
+
+    late = Harness()
+    late.plugin(Approval(require=("deploy",)))
+    late.plugin(ToolCallLimit(per_turn=3))
+    late.plugin(LoopDetector())
+    report = check(late)
+    assert report.lines[0] == (
+        "approval: asks a person about tools matching deploy and tools annotated "
+        "destructive, and pauses the turn (reason approval) until "
+        "agent.resume(decisions=...); pre-execute layers registered before it decide first"
+    )
+    assert (
+        "tool-call-limit, loop-detector registered after approval: a person is asked about "
+        "calls they may then refuse; register them before approval so they deny first"
+    ) in report.warnings
+
+    early = Harness()
+    early.plugin(ToolCallLimit(per_turn=3))
+    early.plugin(Approval(require=("deploy",)))
+    assert not any("after approval" in w for w in check(early).warnings)
