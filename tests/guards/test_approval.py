@@ -459,3 +459,117 @@ def test_bad_configuration_names_the_key() -> None:
         Approval(require=(1,))
     with pytest.raises(ConfigError, match="timeout_ms"):
         Approval(timeout_ms=0)
+
+
+# -- the property ----------------------------------------------------------------------
+
+from hypothesis import event, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+step_strategy = st.lists(
+    st.tuples(st.sampled_from(["deploy", "read"]), st.integers(0, 2)), min_size=1, max_size=3
+)
+
+
+@settings(max_examples=80)
+@given(
+    steps=st.lists(step_strategy, max_size=5),
+    order=st.permutations(["cap", "loop", "approval"]),
+    durable=st.booleans(),
+    parallel=st.sampled_from([1, 3]),
+    choices=st.lists(st.sampled_from(["approve", "reject", "edit"]), min_size=1, max_size=20),
+    reload=st.booleans(),
+    cap=st.integers(1, 6),
+)
+async def test_no_call_runs_without_a_matching_decision(
+    steps: list[list[tuple[str, int]]],
+    order: list[str],
+    durable: bool,
+    parallel: int,
+    choices: list[str],
+    reload: bool,
+    cap: int,
+) -> None:
+    executed: list[tuple[str, dict[str, Any]]] = []
+    asked: list[str] = []
+    given_decisions: dict[str, Any] = {}
+    picks = iter(choices * 40)
+
+    def choose(pending: PendingApproval) -> Any:
+        asked.append(pending.call_id)
+        kind = next(picks)
+        decision: Any = (
+            Approve()
+            if kind == "approve"
+            else Reject("no")
+            if kind == "reject"
+            else Edit({"v": -1})
+        )
+        given_decisions[pending.call_id] = decision
+        return decision
+
+    async def approver(pending: PendingApproval) -> Any:
+        await anyio.sleep(0.5)
+        return choose(pending)
+
+    requests = [
+        [ToolCallRequest(name, {"v": v}, f"t{n}-{i}") for i, (name, v) in enumerate(step)]
+        for n, step in enumerate(steps)
+    ]
+
+    def build() -> Harness:
+        built = Harness(Steps(*requests), max_parallel_tool_calls=parallel)
+        for name in ("deploy", "read"):
+
+            async def run(arguments: Any, call: ToolCall, name: str = name) -> str:
+                executed.append((call.call_id, dict(arguments)))
+                return f"{name} {arguments['v']}"
+
+            built.tools.register(ToolDefinition(name, run))
+        plugins = {
+            "cap": ToolCallLimit(per_turn=cap),
+            "loop": LoopDetector(identical=2, remind=1, deny=2),
+            "approval": Approval(require=("deploy",), approver=None if durable else approver),
+        }
+        for name in order:
+            built.plugin(plugins[name])
+        return built
+
+    built = build()
+    agent = built.loop.create("s")
+    result = await agent.prompt("go")
+    rounds = 0
+    while result.reason == "approval":
+        rounds += 1
+        assert rounds < 60
+        if reload:  # "another process": the log read back, a new harness
+            built = build()
+            agent = built.loop.create("s", session=Session.from_jsonl(agent.session.to_jsonl()))
+        # decide some of what is pending (at least one), as a person would
+        pending = agent.pending
+        decide = pending[: max(1, len(pending) // 2)]
+        result = await agent.resume({p.call_id: choose(p) for p in decide})
+
+    events = agent.session.events
+    event(f"rounds={min(rounds, 3)} asked={min(len(asked), 3)} ran={min(len(executed), 3)}")
+    deploy_ids = {e.call_id for e in events if isinstance(e, ToolCallEvent) and e.name == "deploy"}
+    for call_id, arguments in executed:
+        if call_id in deploy_ids:
+            decision = given_decisions.get(call_id)
+            assert isinstance(decision, Approve | Edit), call_id  # never without a yes
+            if isinstance(decision, Edit):
+                assert arguments == {"v": -1}
+    ran_ids = {call_id for call_id, _ in executed}
+    rejected = {c for c, d in given_decisions.items() if isinstance(d, Reject)}
+    assert not rejected & ran_ids  # a rejected call never reaches dispatch
+    answered = [e.call_id for e in events if isinstance(e, ToolResultEvent)]
+    called = [e.call_id for e in events if isinstance(e, ToolCallEvent)]
+    assert sorted(answered) == sorted(called)
+    assert len(set(answered)) == len(answered)  # every call answered exactly once
+    denied_by_cap = {
+        e.call_id
+        for e in events
+        if isinstance(e, ToolResultEvent) and "tool call limit reached" in e.result.content
+    }
+    if order.index("cap") < order.index("approval"):
+        assert not denied_by_cap & set(asked)  # nobody asked about what the cap refused
