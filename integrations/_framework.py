@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, Final
 
 from guardstack.pipeline import Harness, ToolCall, ToolDefinition, ToolOutcome, ToolResult
+from guardstack.pipeline.approval import Decision, as_pre_decision
 from guardstack.pipeline.ledger import TREE_CAPS, RunKey
 from guardstack.pipeline.validate import compile_patterns, invalid
 from guardstack.pipeline.values import validate_timeout_ms
@@ -203,8 +204,49 @@ class FrameworkCalls:
     ) -> ToolOutcome:
         """Run one framework tool call through the harness's three tool stages."""
         call = ToolCall(name, arguments, call_id, conversation=conversation)
+        tool = self._tool(name, run, conversation, description, parameters, timeout_ms)
+        return await self.harness.tools.execute(call, tool=tool)
+
+    async def resume(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str,
+        call_id: str,
+        conversation: Hashable,
+        run: RunTool,
+        decision: Decision,
+        *,
+        description: str = "",
+        parameters: Mapping[str, Any] | None = None,
+        timeout_ms: int | None = None,
+    ) -> ToolOutcome:
+        """Run a call paused for approval, now decided: from inside ``Approval`` (the
+        layers before it decided before the pause), then dispatch and post-execute."""
+        call = ToolCall(name, arguments, call_id, conversation=conversation)
+        tool = self._tool(name, run, conversation, description, parameters, timeout_ms)
+        tools = self.harness.tools
+        service = tools.approvals
+        chain = tools.pre_execute.chain_from(service.layer) if service is not None else None
+        if service is None or chain is None:
+            answer = as_pre_decision(decision)
+
+            async def decided(_: ToolCall) -> Any:
+                return answer
+
+            return await tools.resume(call, decided, tool=tool)
+        service.decide(call_id, decision)
+        return await tools.resume(call, chain, tool=tool)
+
+    def _tool(
+        self,
+        name: str,
+        run: RunTool,
+        conversation: Hashable,
+        description: str,
+        parameters: Mapping[str, Any] | None,
+        timeout_ms: int | None,
+    ) -> ToolDefinition:
         caps = self.harness.loop.ledger.tool_caps
         if caps:
             run = _charging_below(run, tuple((RunKey(conversation), cap) for cap in caps))
-        tool = self.definition(name, run, description, parameters, timeout_ms)
-        return await self.harness.tools.execute(call, tool=tool)
+        return self.definition(name, run, description, parameters, timeout_ms)

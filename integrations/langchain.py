@@ -24,7 +24,14 @@ middleware listed after it runs inside guardstack's layers, once per attempt.
   ``AIMessage`` saying why;
 * the conversation is the LangGraph thread (``thread_id``); without a
   checkpointer, each run is its own conversation. Each new run starts a new turn
-  (``harness.reset``), as a new prompt does in guardstack's own loop.
+  (``harness.reset``), as a new prompt does in guardstack's own loop;
+* approval: a call ``guards.Approval`` pauses (no approver) pauses the LangGraph
+  thread with LangGraph's own ``interrupt`` — its value a dict with
+  ``"guardstack": "approval"``, the call id, tool, arguments, digest and reason — and
+  ``ainvoke(Command(resume=decision), config)`` resumes it, the decision a dict a
+  checkpointer can store: ``{"type": "approve" | "reject" | "edit", "reason": …,
+  "arguments": …, "by": …, "digest": …}``. The call then continues inside ``Approval``: the layers
+  before it decided before the pause (in this process they are not asked again).
 
 Async only (``ainvoke``/``astream``): guardstack's stages are anyio coroutines.
 """
@@ -39,7 +46,19 @@ import attrs
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._framework import FrameworkCalls
-from guardstack.pipeline import ContextMessage, Harness, ToolCall, ToolError, ToolOutcome
+from guardstack.pipeline import (
+    ApprovalMismatch,
+    Approve,
+    ContextMessage,
+    Edit,
+    Harness,
+    PendingApproval,
+    Reject,
+    ToolCall,
+    ToolError,
+    ToolOutcome,
+)
+from guardstack.pipeline.approval import Decision
 from guardstack.pipeline import ToolResult as GuardResult
 from guardstack.pipeline.values import TOOL_FAILED
 
@@ -54,7 +73,7 @@ from langchain.agents.middleware.types import PrivateStateAttr  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
 from langgraph.prebuilt.tool_node import ToolCallRequest  # noqa: E402
 from langgraph.runtime import Runtime  # noqa: E402
-from langgraph.types import Command  # noqa: E402
+from langgraph.types import Command, interrupt  # noqa: E402
 
 __all__ = ["GuardstackMiddleware"]
 
@@ -129,6 +148,8 @@ class GuardstackMiddleware(AgentMiddleware[GuardstackState, Any, Any]):
         super().__init__()
         self._calls = FrameworkCalls(harness, OWNER, timeouts_ms)
         self._pending: dict[Hashable, _Pending] = {}
+        #: Calls paused for approval in this process, by (conversation, call id).
+        self._paused: dict[tuple[Hashable, Any], PendingApproval] = {}
 
     @property
     def harness(self) -> Harness:
@@ -198,15 +219,36 @@ class GuardstackMiddleware(AgentMiddleware[GuardstackState, Any, Any]):
             return _result(await handler(request))
 
         tool = request.tool
-        outcome = await self._calls.execute(
-            call["name"],
-            call["args"],
-            call["id"] or "",
-            conversation,
-            run,
-            description=tool.description if tool is not None else "",
-            parameters=_parameters(tool),
-        )
+        description = tool.description if tool is not None else ""
+        parameters = _parameters(tool)
+        paused = self._paused.pop((conversation, call["id"]), None)
+        if paused is None:
+            outcome = await self._calls.execute(
+                call["name"],
+                call["args"],
+                call["id"] or "",
+                conversation,
+                run,
+                description=description,
+                parameters=parameters,
+            )
+            paused = outcome.pending
+        if paused is not None:
+            # LangGraph's own pause: raises the first time; on the thread's resume (the
+            # node runs again) it returns the decision the person made
+            self._paused[(conversation, call["id"])] = paused
+            answer = interrupt(_interrupt_value(paused))
+            self._paused.pop((conversation, call["id"]), None)
+            outcome = await self._calls.resume(
+                call["name"],
+                call["args"],
+                call["id"] or "",
+                conversation,
+                run,
+                _decision(answer),
+                description=description,
+                parameters=parameters,
+            )
         if outcome.contexts or outcome.ends_turn:
             pending = self._pending.setdefault(conversation, _Pending())
             pending.contexts.extend((call["id"] or "", context) for context in outcome.contexts)
@@ -214,6 +256,35 @@ class GuardstackMiddleware(AgentMiddleware[GuardstackState, Any, Any]):
                 error = outcome.result.error
                 pending.stop = error.message if error is not None else outcome.result.content
         return _answer(request, outcome)
+
+
+def _interrupt_value(pending: PendingApproval) -> dict[str, Any]:
+    return {
+        "guardstack": "approval",
+        "call_id": pending.call_id,
+        "tool": pending.tool,
+        "arguments": dict(pending.arguments),
+        "digest": pending.digest,
+        "reason": pending.reason,
+    }
+
+
+def _decision(answer: Any) -> Decision:
+    """A resume value as a decision: a guardstack decision, or its dict form."""
+    if isinstance(answer, Approve | Reject | Edit):
+        return answer
+    if isinstance(answer, Mapping):
+        kind, by, digest = answer.get("type"), answer.get("by"), answer.get("digest")
+        if kind == "approve":
+            return Approve(by=by, digest=digest)
+        if kind == "reject":
+            return Reject(answer.get("reason") or "rejected", by=by, digest=digest)
+        if kind == "edit" and isinstance(answer.get("arguments"), Mapping):
+            return Edit(dict(answer["arguments"]), by=by, digest=digest)
+    raise ApprovalMismatch(
+        f"{OWNER}: resume with Approve(), Reject(reason), Edit(arguments) or "
+        f"{{'type': 'approve' | 'reject' | 'edit', …}}, got {answer!r}"
+    )
 
 
 def _call_order(state: Mapping[str, Any]) -> dict[str, int]:

@@ -466,13 +466,23 @@ class ToolRegistry:
             return _Early(problem)
         return attrs.evolve(call, arguments=decision.arguments)
 
-    async def resume(self, call: ToolCall, chain: PreNext | None) -> ToolOutcome:
+    async def resume(
+        self, call: ToolCall, chain: PreNext | None, *, tool: ToolDefinition | None = None
+    ) -> ToolOutcome:
         """Run a call a person has now decided: pre-execute from ``chain`` inward (the
         layers outside it decided before the pause and are not asked again; ``None``:
-        none are), then dispatch and post-execute as usual."""
-        tool = self._tools.get(call.name)
+        none are), then dispatch and post-execute as usual. ``tool`` as for ``execute``;
+        the ``instrument`` hooks (an ``execute_tool`` span) wrap it as they wrap
+        ``execute``."""
+        if tool is None:
+            tool = self._tools.get(call.name)
         if call.tool is not tool:
             call = call.resolved(tool)
+        if not self._operation_hooks:
+            return await self._resumed(call, chain)
+        return await self._wrapped(lambda c: self._resumed(c, chain))(call)
+
+    async def _resumed(self, call: ToolCall, chain: PreNext | None) -> ToolOutcome:
         decided = None if chain is None else await self._pre_execute(call, chain)
         if type(decided) is ToolCall:
             call, decided = decided, None

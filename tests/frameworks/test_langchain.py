@@ -272,3 +272,56 @@ async def test_two_runs_of_one_thread_at_once_keep_their_own_turns() -> None:
             group.start_soon(one, model)
     assert [len(model.requests) for model in models] == [3, 3]  # two calls each, then stopped
     assert all(str(final.content).startswith("Stopped: tool call limit") for final in finals)
+
+
+async def test_a_call_that_needs_approval_pauses_the_thread_with_langgraphs_interrupt() -> None:
+    from langgraph.types import Command
+
+    from guardstack.guards import Approval, ToolCallLimit
+
+    deployed: list[dict[str, Any]] = []
+
+    @tool
+    async def deploy(target: str) -> str:
+        """Deploy the service."""
+        deployed.append({"target": target})
+        return f"deployed to {target}"
+
+    built = Harness()
+    built.plugin(ToolCallLimit(per_turn=1))  # before Approval: it decides first, once
+    built.plugin(Approval(require=("deploy",)))
+
+    def agent_for(model: ScriptedChat) -> Any:
+        return create_agent(
+            model,
+            [deploy],
+            middleware=[GuardstackMiddleware(built)],
+            checkpointer=InMemorySaver(),
+        )
+
+    model = ScriptedChat(messages=script(asks(("deploy", {"target": "prod"}))))
+    agent = agent_for(model)
+    config = {"configurable": {"thread_id": "t1"}}
+    paused = await agent.ainvoke({"messages": [HumanMessage("ship it")]}, config)
+    [interrupted] = paused["__interrupt__"]
+    assert interrupted.value["guardstack"] == "approval"
+    assert (interrupted.value["tool"], interrupted.value["arguments"]) == (
+        "deploy",
+        {"target": "prod"},
+    )
+    assert deployed == []
+    done = await agent.ainvoke(Command(resume={"type": "approve", "by": "ops"}), config)
+    assert deployed == [{"target": "prod"}]  # not refused: the cap counted the call once
+    tool_messages = [m for m in done["messages"] if isinstance(m, ToolMessage)]
+    assert [m.content for m in tool_messages] == ["deployed to prod"]
+    assert done["messages"][-1].content == "done"
+
+    model = ScriptedChat(messages=script(asks(("deploy", {"target": "prod"}))))
+    agent = agent_for(model)
+    config = {"configurable": {"thread_id": "t2"}}
+    await agent.ainvoke({"messages": [HumanMessage("ship it")]}, config)
+    done = await agent.ainvoke(Command(resume={"type": "reject", "reason": "frozen"}), config)
+    [answer] = [m for m in done["messages"] if isinstance(m, ToolMessage)]
+    assert answer.content == "Error: rejected: frozen"
+    assert answer.status == "error"
+    assert deployed == [{"target": "prod"}]  # the rejected call never ran
