@@ -58,8 +58,8 @@ from guardstack.pipeline import (
     ToolError,
     ToolOutcome,
 )
-from guardstack.pipeline.approval import Decision
 from guardstack.pipeline import ToolResult as GuardResult
+from guardstack.pipeline.approval import Decision
 from guardstack.pipeline.values import TOOL_FAILED
 
 require("langchain.agents.middleware", "langchain")
