@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, Final
 
 from guardstack.pipeline import Harness, ToolCall, ToolDefinition, ToolOutcome, ToolResult
-from guardstack.pipeline.approval import Decision, as_pre_decision
+from guardstack.pipeline.approval import Decision
 from guardstack.pipeline.ledger import TREE_CAPS, RunKey
 from guardstack.pipeline.validate import compile_patterns, invalid
 from guardstack.pipeline.values import validate_timeout_ms
@@ -224,18 +224,7 @@ class FrameworkCalls:
         layers before it decided before the pause), then dispatch and post-execute."""
         call = ToolCall(name, arguments, call_id, conversation=conversation)
         tool = self._tool(name, run, conversation, description, parameters, timeout_ms)
-        tools = self.harness.tools
-        service = tools.approvals
-        chain = tools.pre_execute.chain_from(service.layer) if service is not None else None
-        if service is None or chain is None:
-            answer = as_pre_decision(decision)
-
-            async def decided(_: ToolCall) -> Any:
-                return answer
-
-            return await tools.resume(call, decided, tool=tool)
-        service.decide(call_id, decision)
-        return await tools.resume(call, chain, tool=tool)
+        return await self.harness.tools.run_decided(call, decision, tool=tool)
 
     def _tool(
         self,

@@ -40,7 +40,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._framework import budgets
-from guardstack.pipeline import GuardstackError, Harness, ToolCall, ToolDefinition, ToolResult
+from guardstack.pipeline import (
+    Approve,
+    Edit,
+    GuardstackError,
+    Harness,
+    PendingApproval,
+    Reject,
+    ToolCall,
+    ToolDefinition,
+    ToolResult,
+)
+from guardstack.pipeline.approval import Decision
 from guardstack.pipeline.validate import cut
 from guardstack.pipeline.values import failed_result, validate_timeout_ms
 
@@ -119,6 +130,62 @@ async def mcp_tools(
             )
         )
     return definitions
+
+
+_FLAT = (str, bool, int, float)
+
+
+async def _ask_client(ctx: Any, pending: PendingApproval) -> Decision:
+    """A person's decision on ``pending``, asked through MCP elicitation (form mode)."""
+    from mcp.types import ClientCapabilities, ElicitationCapability
+
+    session = ctx.session
+    if not session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability())):
+        return Reject(
+            f'tool "{pending.tool}" needs a person\'s approval, and this MCP client cannot '
+            "ask for it (it does not support elicitation)",
+            by="mcp-proxy",
+        )
+    arguments = dict(pending.arguments)
+    flat = all(isinstance(value, _FLAT) for value in arguments.values())
+    choices = ["approve", "reject", "edit"] if flat else ["approve", "reject"]
+    properties: dict[str, Any] = {
+        "decision": {"type": "string", "enum": choices, "title": "Run this call?"},
+        "reason": {"type": "string", "title": "Why (if you reject it)"},
+    }
+    if flat:
+        for name, value in arguments.items():
+            kind = (
+                "boolean"
+                if isinstance(value, bool)
+                else "integer"
+                if isinstance(value, int)
+                else "number"
+                if isinstance(value, float)
+                else "string"
+            )
+            properties[f"edit.{name}"] = {"type": kind, "title": name, "default": value}
+    shown = json.dumps(arguments, ensure_ascii=False)
+    why = f" ({pending.reason})" if pending.reason else ""
+    try:
+        answer = await session.elicit_form(
+            f'Allow tool "{pending.tool}" with arguments {shown}?{why}',
+            {"type": "object", "properties": properties, "required": ["decision"]},
+            related_request_id=ctx.request_id,
+        )
+    except Exception as error:  # the client failed to answer: nobody said yes
+        return Reject(f"asking the MCP client failed ({type(error).__name__})", by="mcp-proxy")
+    content = answer.content or {}
+    if answer.action != "accept":
+        return Reject(f"the person chose {answer.action}", by="mcp-client")
+    choice = content.get("decision")
+    if choice == "approve":
+        return Approve(by="mcp-client", digest=pending.digest)
+    if choice == "edit" and flat:
+        edited = {name: content.get(f"edit.{name}", value) for name, value in arguments.items()}
+        return Edit(edited, by="mcp-client")
+    reason = content.get("reason") if isinstance(content.get("reason"), str) else None
+    return Reject(reason or "the person said no", by="mcp-client")
 
 
 def _destructive(tool: Tool) -> bool | None:
@@ -208,7 +275,10 @@ async def serve_proxy(
     the tools from ``mcp_tools``, with their budgets); every call runs through the
     harness's stages as one conversation; a timeout, denial or failure is an MCP
     result with ``isError`` set and the seed's error text, and reminders are appended
-    to the result as a text block.
+    to the result as a text block. A call ``Approval`` pauses is asked of the person at
+    the client through MCP elicitation (approve, reject with a reason, or — for flat
+    arguments — edit them); a client that cannot elicit gets the call rejected, with a
+    text saying why.
     """
     require("mcp", EXTRA)
     from mcp.server.lowlevel import Server
@@ -228,6 +298,11 @@ async def serve_proxy(
             conversation=conversation,
         )
         outcome = await harness.tools.execute(call)
+        if outcome.pending is not None:  # Approval: ask the person at the client
+            decision = await _ask_client(ctx, outcome.pending)
+            outcome = await harness.tools.run_decided(
+                call, decision, asked_by=outcome.pending.asked_by
+            )
         result = outcome.result
         original = result.value if isinstance(result.value, CallToolResult) else None
         if original is not None and not result.is_error:

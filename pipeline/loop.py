@@ -49,7 +49,6 @@ from guardstack.pipeline.approval import (
     Edit,
     PendingApproval,
     Reject,
-    as_pre_decision,
     canonical_arguments,
     decision_kind,
 )
@@ -649,21 +648,8 @@ class Agent:
     async def _run_decided(
         self, request: ToolCallRequest, asked: ApprovalRequest, decision: Decision
     ) -> ToolOutcome:
-        tools = self.loop.tools
         call = self._tool_call(request)
-        service = tools.approvals
-        chain = None
-        if asked.asked_by == "approval" and service is not None:
-            chain = tools.pre_execute.chain_from(service.layer)
-        if chain is not None and service is not None:
-            service.decide(call.call_id, decision)  # the layer applies it where it asked
-            return await tools.resume(call, chain)
-        answer = as_pre_decision(decision)
-
-        async def decided(_: ToolCall) -> Any:
-            return answer
-
-        return await tools.resume(call, decided)
+        return await self.loop.tools.run_decided(call, decision, asked_by=asked.asked_by)
 
     def approval_decided(self, call_id: str, decision: Decision, waited_s: float | None) -> None:
         """Log a decision an in-process approver (or a policy's timeout) made."""

@@ -31,7 +31,13 @@ import anyio.lowlevel
 import anyio.to_thread
 import attrs
 
-from guardstack.pipeline.approval import CALL_ORDER, ApprovalService, Pending
+from guardstack.pipeline.approval import (
+    CALL_ORDER,
+    ApprovalService,
+    Decision,
+    Pending,
+    as_pre_decision,
+)
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.ledger import TREE_CAPS, RunKey
@@ -465,6 +471,31 @@ class ToolRegistry:
         if problem is not None:
             return _Early(problem)
         return attrs.evolve(call, arguments=decision.arguments)
+
+    async def run_decided(
+        self,
+        call: ToolCall,
+        decision: Decision,
+        *,
+        tool: ToolDefinition | None = None,
+        asked_by: str = "approval",
+    ) -> ToolOutcome:
+        """Run a call paused for approval, now that a person decided: inside the
+        approval service's layer when it asked (the layers before it decided before the
+        pause), else with the decision as the whole pre-execute answer."""
+        service = self.approvals
+        chain = None
+        if service is not None and asked_by == "approval":
+            chain = self.pre_execute.chain_from(service.layer)
+        if service is None or chain is None:
+            answer = as_pre_decision(decision)
+
+            async def decided(_: ToolCall) -> Any:
+                return answer
+
+            return await self.resume(call, decided, tool=tool)
+        service.decide(call.call_id, decision)
+        return await self.resume(call, chain, tool=tool)
 
     async def resume(
         self, call: ToolCall, chain: PreNext | None, *, tool: ToolDefinition | None = None

@@ -6,6 +6,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -28,14 +29,16 @@ def runs(log: Path) -> list[str]:
 
 
 @asynccontextmanager
-async def connected(command: list[str], directory: Path) -> AsyncIterator[ClientSession]:
+async def connected(
+    command: list[str], directory: Path, *, elicitation_callback: Any = None
+) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(command=command[0], args=command[1:], cwd=str(ROOT))
     stderr = directory / "stderr.log"
     try:
         with stderr.open("w") as errlog:
             async with (
                 stdio_client(params, errlog=errlog) as (read, write),
-                ClientSession(read, write) as session,
+                ClientSession(read, write, elicitation_callback=elicitation_callback) as session,
             ):
                 await session.initialize()
                 yield session

@@ -104,3 +104,77 @@ async def test_budgets_given_on_the_command_line_are_enforced_without_a_config(
         result = await proxy.call_tool("hang", {})
     assert result.is_error
     assert texts(result) == ["Error: tool call timed out after 300ms"]
+
+
+APPROVAL_CONFIG = """\
+- name: tool-call-limit
+  config: {per_turn: 8}
+- name: approval
+"""
+
+
+def approval_proxy(directory: Path) -> list[str]:
+    config = directory / "approval.yaml"
+    config.write_text(APPROVAL_CONFIG, "utf-8")
+    return [
+        sys.executable,
+        "-c",
+        "from guardstack.cli.main import main; raise SystemExit(main())",
+        "mcp-proxy",
+        "--config",
+        str(config),
+        "--",
+        *server_command(directory),
+    ]
+
+
+async def test_a_destructive_call_is_asked_of_the_person_through_elicitation(
+    tmp_path: Path,
+) -> None:
+    from mcp.types import ElicitResult
+
+    log = server_log(tmp_path)
+    answers = iter(
+        [
+            {"decision": "approve"},
+            {"decision": "reject", "reason": "not that address"},
+            {"decision": "edit", "edit.to": "b@example.org"},
+        ]
+    )
+    asked: list[Any] = []
+
+    async def person(context: Any, params: Any) -> ElicitResult:
+        asked.append(params)
+        return ElicitResult(action="accept", content=next(answers))
+
+    async with connected(approval_proxy(tmp_path), tmp_path, elicitation_callback=person) as proxy:
+        approved = await proxy.call_tool("send_email", {"to": "a@example.org"})
+        rejected = await proxy.call_tool("send_email", {"to": "a@example.org"})
+        edited = await proxy.call_tool("send_email", {"to": "a@example.org"})
+        echo = await proxy.call_tool("echo", {"text": "hi"})  # read-only: nobody is asked
+    assert len(asked) == 3
+    assert asked[0].message == 'Allow tool "send_email" with arguments {"to": "a@example.org"}?'
+    schema = asked[0].requested_schema
+    assert schema["properties"]["decision"]["enum"] == ["approve", "reject", "edit"]
+    assert schema["properties"]["edit.to"]["default"] == "a@example.org"
+    # approved: it ran (this server fails a first send with a 451)
+    assert "SMTP server said 451" in texts(approved)[0]
+    assert rejected.is_error
+    assert texts(rejected) == ["Error: rejected: not that address"]
+    assert texts(edited) == ["sent to b@example.org"]  # ran with the person's arguments
+    assert texts(echo) == ["hi"]
+    assert runs(log).count("run send_email") == 2  # the rejected call never reached it
+
+
+async def test_a_client_that_cannot_elicit_gets_the_call_rejected_with_why(
+    tmp_path: Path,
+) -> None:
+    log = server_log(tmp_path)
+    async with connected(approval_proxy(tmp_path), tmp_path) as proxy:
+        result = await proxy.call_tool("send_email", {"to": "a@example.org"})
+    assert result.is_error
+    assert texts(result) == [
+        'Error: rejected: tool "send_email" needs a person\'s approval, and this MCP client '
+        "cannot ask for it (it does not support elicitation)"
+    ]
+    assert not [line for line in runs(log) if line.startswith("run send_email")]
