@@ -47,19 +47,15 @@ import attrs
 from guardstack.integrations._extras import require
 from guardstack.integrations._framework import FrameworkCalls
 from guardstack.pipeline import (
-    ApprovalMismatch,
-    Approve,
     ContextMessage,
-    Edit,
     Harness,
     PendingApproval,
-    Reject,
     ToolCall,
     ToolError,
     ToolOutcome,
 )
 from guardstack.pipeline import ToolResult as GuardResult
-from guardstack.pipeline.approval import Decision
+from guardstack.pipeline.approval import Decision, decision_from_dict
 from guardstack.pipeline.values import TOOL_FAILED
 
 require("langchain.agents.middleware", "langchain")
@@ -270,21 +266,8 @@ def _interrupt_value(pending: PendingApproval) -> dict[str, Any]:
 
 
 def _decision(answer: Any) -> Decision:
-    """A resume value as a decision: a guardstack decision, or its dict form."""
-    if isinstance(answer, Approve | Reject | Edit):
-        return answer
-    if isinstance(answer, Mapping):
-        kind, by, digest = answer.get("type"), answer.get("by"), answer.get("digest")
-        if kind == "approve":
-            return Approve(by=by, digest=digest)
-        if kind == "reject":
-            return Reject(answer.get("reason") or "rejected", by=by, digest=digest)
-        if kind == "edit" and isinstance(answer.get("arguments"), Mapping):
-            return Edit(dict(answer["arguments"]), by=by, digest=digest)
-    raise ApprovalMismatch(
-        f"{OWNER}: resume with Approve(), Reject(reason), Edit(arguments) or "
-        f"{{'type': 'approve' | 'reject' | 'edit', …}}, got {answer!r}"
-    )
+    """A resume value as a decision: its dict form (or a guardstack decision)."""
+    return decision_from_dict(answer, OWNER)
 
 
 def _call_order(state: Mapping[str, Any]) -> dict[str, int]:

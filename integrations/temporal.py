@@ -64,6 +64,7 @@ from guardstack.pipeline import (
     ToolResult,
     Usage,
 )
+from guardstack.pipeline.approval import Decision, decision_from_dict, decision_to_dict
 from guardstack.pipeline.store import Admission
 from guardstack.pipeline.values import failure_from_exception, message_of
 from guardstack.wrappers import Retry
@@ -402,7 +403,51 @@ def _deterministic(plugin: Any) -> Any:
 
 @workflow.defn(name=WORKFLOW, sandboxed=False)
 class TurnWorkflow:
-    """One turn of one conversation: the guard stack and the loop, durably."""
+    """One turn of one conversation: the guard stack and the loop, durably.
+
+    A turn that pauses for approval (``guards.Approval`` with no approver) waits for
+    the ``decide`` signal — as long as it takes, as a durable wait — and goes on with
+    the decisions; the ``pending`` query lists what waits.
+    """
+
+    def __init__(self) -> None:
+        self._decisions: dict[str, Any] = {}
+        self._pending: list[dict[str, Any]] = []
+
+    @workflow.signal(name="decide")
+    async def decide(self, decisions: dict[str, Any]) -> None:
+        """Decisions by call id, each in its dict form (``decision_to_dict``)."""
+        self._decisions.update(decisions)
+
+    @workflow.query(name="pending")
+    def pending(self) -> list[dict[str, Any]]:
+        return list(self._pending)
+
+    async def _decided(self, agent: Any, result: Any) -> Any:
+        """Wait for decisions on the paused calls, resume, until the turn ends otherwise."""
+        while result.reason == "approval":
+            self._pending = [
+                {
+                    "call_id": p.call_id,
+                    "tool": p.tool,
+                    "arguments": dict(p.arguments),
+                    "digest": p.digest,
+                    "reason": p.reason,
+                }
+                for p in result.pending
+            ]
+            waiting = {p.call_id for p in result.pending}
+            await workflow.wait_condition(
+                lambda waiting=waiting: bool(waiting & set(self._decisions))  # type: ignore[misc]
+            )
+            chosen = {
+                call_id: decision_from_dict(self._decisions.pop(call_id), OWNER)
+                for call_id in list(self._decisions)
+                if call_id in waiting
+            }
+            self._pending = []
+            result = await agent.resume(chosen)
+        return result
 
     @workflow.run
     async def run(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -417,7 +462,7 @@ class TurnWorkflow:
         session = Session.from_jsonl(log) if log else None
         agent = harness.loop.create(request["conversation"], session=session)
         try:
-            result = await agent.prompt(request["prompt"])
+            result = await self._decided(agent, await agent.prompt(request["prompt"]))
         except asyncio.CancelledError:
             # Cancelled from the client: the loop has answered every call ABORTED and ended
             # the turn, so the log is whole — hand it back, or the prompt would be lost.
@@ -531,7 +576,28 @@ class Conversation:
     def _workflow_id(self, turn: int) -> str:
         return f"{self.conversation_id}/turn-{turn}"
 
+    async def pending(self) -> list[dict[str, Any]]:
+        """The calls the running turn waits on a decision for (``[]`` if none)."""
+        handle = self.client.get_workflow_handle(self._workflow_id(self.turns + 1))
+        try:
+            found: list[dict[str, Any]] = await handle.query("pending")
+        except RPCError:
+            return []
+        return found
+
+    async def decide(self, decisions: Mapping[str, Decision | Mapping[str, Any]]) -> None:
+        """Send the running turn decisions by call id (``Approve()``, ``Reject(reason)``,
+        ``Edit(arguments)`` or their dict form): it resumes when one it waits on comes."""
+        handle = self.client.get_workflow_handle(self._workflow_id(self.turns + 1))
+        wire = {
+            call_id: decision_to_dict(decision_from_dict(decision, OWNER))
+            for call_id, decision in decisions.items()
+        }
+        await handle.signal("decide", wire)
+
     async def prompt(self, text: str) -> TurnOutcome:
+        """Run one turn; a turn paused for approval finishes once ``decide`` (from this
+        client or any other) has decided what it waits on."""
         wire = await self.client.execute_workflow(
             TurnWorkflow.run,
             {

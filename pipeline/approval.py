@@ -39,7 +39,9 @@ __all__ = [
     "as_pre_decision",
     "call_digest",
     "canonical_arguments",
+    "decision_from_dict",
     "decision_kind",
+    "decision_to_dict",
     "outside_call_order",
 ]
 
@@ -127,6 +129,41 @@ def as_pre_decision(decision: Decision) -> Allow | Deny:
     if isinstance(decision, Edit):
         return Allow(dict(decision.arguments))
     return Allow()
+
+
+def decision_from_dict(answer: Any, owner: str = "approval") -> Decision:
+    """A decision from its wire form (``{"type": "approve" | "reject" | "edit",
+    "reason": …, "arguments": …, "by": …, "digest": …}``), or a decision as it is."""
+    from guardstack.pipeline.errors import ApprovalMismatch
+
+    if isinstance(answer, Approve | Reject | Edit):
+        return answer
+    if isinstance(answer, Mapping):
+        kind, by, digest = answer.get("type"), answer.get("by"), answer.get("digest")
+        if kind == "approve":
+            return Approve(by=by, digest=digest)
+        if kind == "reject":
+            return Reject(answer.get("reason") or "rejected", by=by, digest=digest)
+        if kind == "edit" and isinstance(answer.get("arguments"), Mapping):
+            return Edit(dict(answer["arguments"]), by=by, digest=digest)
+    raise ApprovalMismatch(
+        f"{owner}: a decision is Approve(), Reject(reason), Edit(arguments) or "
+        f"{{'type': 'approve' | 'reject' | 'edit', …}}, got {answer!r}"
+    )
+
+
+def decision_to_dict(decision: Decision) -> dict[str, Any]:
+    """A decision's wire form (what ``decision_from_dict`` reads)."""
+    wire: dict[str, Any] = {"type": decision_kind(decision)}
+    if isinstance(decision, Reject):
+        wire["reason"] = decision.reason
+    if isinstance(decision, Edit):
+        wire["arguments"] = dict(decision.arguments)
+    if decision.by is not None:
+        wire["by"] = decision.by
+    if decision.digest is not None:
+        wire["digest"] = decision.digest
+    return wire
 
 
 def decision_kind(decision: Decision) -> Literal["approve", "reject", "edit"]:

@@ -526,7 +526,7 @@ async def test_no_call_runs_without_a_matching_decision(
                 return f"{name} {arguments['v']}"
 
             built.tools.register(ToolDefinition(name, run))
-        plugins = {
+        plugins: dict[str, ToolCallLimit | LoopDetector | Approval] = {
             "cap": ToolCallLimit(per_turn=cap),
             "loop": LoopDetector(identical=2, remind=1, deny=2),
             "approval": Approval(require=("deploy",), approver=None if durable else approver),

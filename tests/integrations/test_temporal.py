@@ -35,7 +35,7 @@ from guardstack.pipeline import (
     ModelReply,
     ToolDefinition,
 )
-from guardstack.pipeline.session import ToolCallEvent, ToolResultEvent
+from guardstack.pipeline.session import ApprovalDecision, ToolCallEvent, ToolResultEvent
 from guardstack.wrappers import Retry
 from tests.integrations.temporal_agents import ConversationModel, ask
 
@@ -217,3 +217,61 @@ async def test_a_worker_killed_mid_call_and_the_turn_completes_elsewhere(
     assert deploy_log.read_text().splitlines() == [f"started {victim}"]
     assert (marks / "status.log").read_text().splitlines() == [f"ran {survivor}"]
     print(f"killed at {killed_at:.1f}s, turn completed at {completed_at:.1f}s")
+
+
+shipped: list[dict[str, Any]] = []
+
+
+async def ship(arguments: Any, call: Any) -> str:
+    shipped.append(dict(arguments))
+    return f"shipped {arguments['version']}"
+
+
+def approving_agent() -> TemporalAgent:
+    from guardstack.guards import Approval
+
+    return TemporalAgent(
+        "approving",
+        tools=[ToolDefinition("ship", ship, timeout_ms=60_000, destructive=True)],
+        model=ConversationModel(
+            [ask("ship", {"version": "1.2"}), ModelReply("shipped, as you approved")]
+        ),
+        plugins=lambda: [ToolCallTimeoutPolicy(), Approval()],
+    )
+
+
+async def test_a_turn_waits_durably_for_the_decide_signal(anyio_backend: Any) -> None:
+    from guardstack.pipeline import Edit
+
+    server = BIN / "temporal-test-server"
+    shipped.clear()
+    async with (
+        await WorkflowEnvironment.start_time_skipping(test_server_existing_path=str(server)) as env,
+        worker(env.client, "approvals", [approving_agent()]),
+    ):
+        started_virtual = await env.get_current_time()
+        conversation = Conversation(env.client, "approving", "release-7", "approvals")
+        # a wait on a signal has no timer to skip to: time moves only as this test says
+        with env.auto_time_skipping_disabled():
+            turn = asyncio.ensure_future(conversation.prompt("ship 1.2"))
+            pending: list[dict[str, Any]] = []
+            for _ in range(200):  # the workflow reaches the pause in real time
+                pending = await conversation.pending()
+                if pending:
+                    break
+                await asyncio.sleep(0.05)
+            [waiting] = pending
+            assert (waiting["tool"], waiting["arguments"]) == ("ship", {"version": "1.2"})
+            await env.sleep(timedelta(hours=8))  # a person takes a working day to decide
+            assert not turn.done()
+            assert shipped == []
+            decision = Edit({"version": "1.2.1"}, by="ops")
+            await conversation.decide({waiting["call_id"]: decision})
+            outcome = await turn
+        virtual = (await env.get_current_time()) - started_virtual
+    assert outcome.reason == "completed"
+    assert outcome.text == "shipped, as you approved"
+    assert shipped == [{"version": "1.2.1"}]  # the person's arguments
+    assert virtual >= timedelta(hours=8)
+    decided = [e for e in outcome.session().events if isinstance(e, ApprovalDecision)]
+    assert [(e.decision, e.by) for e in decided] == [("edit", "ops")]
