@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -134,7 +135,7 @@ async def test_a_destructive_call_is_asked_of_the_person_through_elicitation(
     from mcp.types import ElicitResult
 
     log = server_log(tmp_path)
-    answers = iter(
+    answers: Iterator[dict[str, str | int | float | bool | list[str] | None]] = iter(
         [
             {"decision": "approve"},
             {"decision": "reject", "reason": "not that address"},
