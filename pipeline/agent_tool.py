@@ -23,9 +23,17 @@ fresh child harness per call).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from guardstack.pipeline.approval import (
+    CHILD_DECISIONS,
+    Decision,
+    Pending,
+    PendingApproval,
+    call_digest,
+)
 from guardstack.pipeline.errors import AgentLimitExceeded
 from guardstack.pipeline.ledger import ChildPolicy
 from guardstack.pipeline.model import ModelReply, ModelRequest
@@ -39,7 +47,7 @@ from guardstack.pipeline.values import (
 
 if TYPE_CHECKING:
     from guardstack.pipeline.harness import Harness
-    from guardstack.pipeline.loop import Agent
+    from guardstack.pipeline.loop import Agent, TurnResult
     from guardstack.pipeline.model import Model
 
 __all__ = ["AgentTool", "is_agent_tool"]
@@ -118,6 +126,9 @@ def AgentTool(
                 code=INVALID_ARGUMENTS,
             )
         parent = call.agent
+        resumed = CHILD_DECISIONS.get()
+        if resumed is not None and parent is not None:
+            return await _resume_child(parent, call, resumed)
         if parent is None:
             direct += 1
             base, number = str(call.conversation or "agent"), direct
@@ -139,13 +150,31 @@ def AgentTool(
             for policy in policies:
                 policy.admitted(parent, child)
             _adopt(parent, child, call.call_id)
-        result = await child.prompt(task)
-        if result.reason == "completed":
-            return ToolResult(result.text)
-        why = result.error or result.reason
-        return ToolResult.failure(
-            f"agent {name!r} stopped ({result.reason}): {why}", code=AGENT_STOPPED
-        )
+        if parent is not None:
+            live[child.session_id] = child
+        return _answer(name, call, child, await child.prompt(task))
+
+    async def _resume_child(
+        parent: Agent, call: ToolCall, decisions: dict[str, Decision]
+    ) -> ToolResult:
+        """A paused child, decided: its agent (this process's, or one rebuilt from its log)
+        resumes with the decisions routed to it."""
+        child_id = _paused_child(parent, call.call_id)
+        child = live.get(child_id) if child_id is not None else None
+        session = parent.session.children.get(child_id) if child_id is not None else None
+        if child is None or child.session is not session:
+            if session is None:
+                return ToolResult.failure(
+                    f"agent {name!r}: the paused child's log is not there to resume",
+                    code=AGENT_STOPPED,
+                )
+            harness = agent if isinstance(agent, Harness) else agent()
+            child = harness.loop.create(session.session_id, session=session)
+            live[child.session_id] = child
+        _adopt(parent, child, call.call_id)
+        return _answer(name, call, child, await child.resume(decisions))
+
+    live: weakref.WeakValueDictionary[str, Agent] = weakref.WeakValueDictionary()
 
     run.starts_agent = True  # type: ignore[attr-defined]  # for check and is_agent_tool
     return ToolDefinition(
@@ -156,6 +185,37 @@ def AgentTool(
 def is_agent_tool(definition: ToolDefinition) -> bool:
     """Whether ``definition`` runs a child agent (was made by ``AgentTool``)."""
     return getattr(definition.execute, "starts_agent", False) is True
+
+
+def _paused_child(parent: Agent, call_id: str) -> str | None:
+    """The child session a paused call of ``parent`` waits on (from the parent's log)."""
+    for event in reversed(parent.session.events):
+        asked_by = getattr(event, "asked_by", None)
+        if getattr(event, "call_id", None) == call_id and isinstance(asked_by, str):
+            return asked_by.removeprefix("agent:") if asked_by.startswith("agent:") else None
+    return None
+
+
+def _answer(name: str, call: ToolCall, child: Agent, result: TurnResult) -> ToolResult:
+    """The child's turn as the parent's tool result: its text, a pause (its calls wait
+    for a person, and so does the parent), or ``AGENT_STOPPED`` with why."""
+    if result.reason == "completed":
+        return ToolResult(result.text)
+    if result.reason == "approval":
+        arguments = call.arguments if isinstance(call.arguments, Mapping) else {}
+        waiting = PendingApproval(
+            call.call_id,
+            call.name,
+            arguments,
+            call_digest(call.name, arguments),
+            f"agent {name!r} waits for a decision on {len(result.pending)} of its calls",
+            f"agent:{child.session_id}",
+        )
+        return ToolResult("waiting for a person's decision", value=Pending(waiting))
+    why = result.error or result.reason
+    return ToolResult.failure(
+        f"agent {name!r} stopped ({result.reason}): {why}", code=AGENT_STOPPED
+    )
 
 
 def _adopt(parent: Agent, child: Agent, call_id: str) -> None:

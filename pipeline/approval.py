@@ -177,6 +177,12 @@ def canonical_arguments(arguments: Mapping[str, Any] | str) -> str:
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+#: While a parent's paused ``AgentTool`` call is resumed: the decisions for its child's
+#: calls (by the child's call ids), which the tool hands to the child's ``resume``.
+CHILD_DECISIONS: contextvars.ContextVar[dict[str, Decision] | None] = contextvars.ContextVar(
+    "guardstack_child_decisions", default=None
+)
+
 #: The running call's place in a parallel step's order, while its pre-execute runs.
 CALL_ORDER: contextvars.ContextVar[PhaseOrder | None] = contextvars.ContextVar(
     "guardstack_call_order", default=None

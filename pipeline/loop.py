@@ -44,6 +44,7 @@ import anyio.lowlevel
 import attrs
 
 from guardstack.pipeline.approval import (
+    CHILD_DECISIONS,
     Approve,
     Decision,
     Edit,
@@ -516,9 +517,9 @@ class Agent:
 
     @property
     def pending(self) -> tuple[PendingApproval, ...]:
-        """The calls of the last turn that wait for a person's decision, in model order."""
-        paused = self._paused()
-        return () if paused is None else paused.pending()
+        """The calls of the last turn that wait for a person's decision, in model order;
+        a child agent's (``AgentTool``) in its place, their ids ``{child id}#{call id}``."""
+        return _pending_of(self.session)
 
     async def resume(self, decisions: Mapping[str, Decision]) -> TurnResult:
         """Continue a turn that ended with reason ``approval``: run each decided call
@@ -532,10 +533,11 @@ class Agent:
         paused = self._paused()
         if paused is None:
             raise ApprovalMismatch(f"agent {self.session_id!r} has no turn waiting for approval")
+        pending = {p.call_id: p for p in self.pending}
         for call_id, decision in decisions.items():
-            asked = paused.waiting.get(call_id)
+            asked = paused.waiting.get(call_id) or pending.get(call_id)
             if asked is None:
-                waiting = ", ".join(map(repr, paused.waiting)) or "none"
+                waiting = ", ".join(map(repr, pending)) or "none"
                 raise ApprovalMismatch(
                     f"call {call_id!r} is not waiting for a decision (waiting: {waiting})"
                 )
@@ -549,7 +551,18 @@ class Agent:
                     f"the pending call's (digest {decision.digest[:12]}…, pending "
                     f"{asked.digest[:12]}…); it stays pending"
                 )
-        paused.decisions.update(decisions)
+        for call_id, decision in decisions.items():
+            if call_id in paused.waiting:
+                if paused.waiting[call_id].asked_by.startswith("agent:"):
+                    raise ApprovalMismatch(
+                        f"call {call_id!r} waits for its child agent's calls: decide those "
+                        f"({', '.join(map(repr, pending))})"
+                    )
+                paused.decisions[call_id] = decision
+                continue
+            parent_call, inner = _route(paused, call_id)  # a child's call: route it down
+            paused.routed.setdefault(parent_call, {})[inner] = decision
+            paused.decisions[parent_call] = Approve(by="guardstack")
         with anyio.CancelScope() as scope:
             self._scope = scope
             try:
@@ -573,50 +586,7 @@ class Agent:
         return resumed
 
     def _paused(self) -> _Paused | None:
-        events = self.session.events
-        last = events[-1] if events else None
-        if not isinstance(last, TurnEnd) or last.reason != "approval":
-            return None
-        start = max(i for i, e in enumerate(events) if isinstance(e, TurnStart))
-        turn = events[start:]
-        replies = [e for e in turn if isinstance(e, AssistantMessage)]
-        step = replies[-1].step
-        requests = replies[-1].tool_calls
-        answered = {e.call_id for e in turn if isinstance(e, ToolResultEvent)}
-        waiting = {
-            e.call_id: e
-            for e in turn
-            if isinstance(e, ApprovalRequest) and e.step == step and e.call_id not in answered
-        }
-        deferred: dict[str, list[ContextMessage]] = {}
-        index = len(turn) - 2
-        while index >= 0 and isinstance(turn[index], ContextDeferred):
-            index -= 1
-        for event in turn[index + 1 : -1]:
-            assert isinstance(event, ContextDeferred)
-            deferred.setdefault(event.call_id, []).append(ContextMessage(event.text, event.source))
-        calls = _StepCalls(requests)
-        calls.called.update(range(len(requests)))
-        calls.answered.update(i for i, r in enumerate(requests) if r.call_id in answered)
-        usage = sum((r.usage for r in replies if r.usage is not None), Usage())
-        decided = {
-            e.call_id: _decision_of(e)
-            for e in turn
-            if isinstance(e, ApprovalDecision) and e.call_id in waiting
-        }
-        return _Paused(
-            turn[0].turn,  # type: ignore[union-attr]
-            step,
-            requests,
-            waiting,
-            deferred,
-            calls,
-            replies[-1].text,
-            usage,
-            len(replies),
-            decided,
-            set(decided),
-        )
+        return _paused_of(self.session)
 
     async def _resume_calls(self, turn: int, step: int, paused: _Paused) -> list[ToolOutcome]:
         """The paused step's outcomes in model order. Decisions are logged as they come;
@@ -624,7 +594,7 @@ class Agent:
         the results, and the request after them, are the ones the step would have had
         without the pause."""
         for call_id, decision in paused.decisions.items():
-            if call_id not in paused.logged:
+            if call_id not in paused.logged and call_id not in paused.routed:
                 self.session.append(_decision_event(turn, step, call_id, decision, None))
         undecided = [c for c in paused.waiting if c not in paused.decisions]
         outcomes = []
@@ -638,7 +608,13 @@ class Agent:
             if undecided:
                 outcomes.append(ToolOutcome(_ANSWERED, (), False, paused.pending_of(asked)))
                 continue
-            outcome = await self._run_decided(request, asked, paused.decisions[call_id])
+            routed = paused.routed.get(call_id)
+            token = CHILD_DECISIONS.set(routed) if routed is not None else None
+            try:
+                outcome = await self._run_decided(request, asked, paused.decisions[call_id])
+            finally:
+                if token is not None:
+                    CHILD_DECISIONS.reset(token)
             await anyio.lowlevel.checkpoint_if_cancelled()
             if outcome.pending is None:
                 self._answer(turn, step, paused.calls, index, outcome)
@@ -835,6 +811,8 @@ class _Paused:
     decisions: dict[str, Decision] = attrs.Factory(dict)
     #: The call ids whose decision is already in the log.
     logged: set[str] = attrs.Factory(set)
+    #: Decisions for a child agent's calls, by the parent's call that started it.
+    routed: dict[str, dict[str, Decision]] = attrs.Factory(dict)
 
     @property
     def call_ids(self) -> list[str]:
@@ -857,6 +835,87 @@ class _Paused:
             for r in self.requests
             if r.call_id in self.waiting and r.call_id not in self.decisions
         )
+
+
+def _paused_of(session: Session) -> _Paused | None:
+    """The turn of ``session`` that ended waiting for decisions, read from its log."""
+    events = session.events
+    last = events[-1] if events else None
+    if not isinstance(last, TurnEnd) or last.reason != "approval":
+        return None
+    start = max(i for i, e in enumerate(events) if isinstance(e, TurnStart))
+    turn = events[start:]
+    replies = [e for e in turn if isinstance(e, AssistantMessage)]
+    step = replies[-1].step
+    requests = replies[-1].tool_calls
+    answered = {e.call_id for e in turn if isinstance(e, ToolResultEvent)}
+    waiting = {
+        e.call_id: e
+        for e in turn
+        if isinstance(e, ApprovalRequest) and e.step == step and e.call_id not in answered
+    }
+    deferred: dict[str, list[ContextMessage]] = {}
+    index = len(turn) - 2
+    while index >= 0 and isinstance(turn[index], ContextDeferred):
+        index -= 1
+    for event in turn[index + 1 : -1]:
+        assert isinstance(event, ContextDeferred)
+        deferred.setdefault(event.call_id, []).append(ContextMessage(event.text, event.source))
+    calls = _StepCalls(requests)
+    calls.called.update(range(len(requests)))
+    calls.answered.update(i for i, r in enumerate(requests) if r.call_id in answered)
+    usage = sum((r.usage for r in replies if r.usage is not None), Usage())
+    decided = {
+        e.call_id: _decision_of(e)
+        for e in turn
+        if isinstance(e, ApprovalDecision) and e.call_id in waiting
+    }
+    return _Paused(
+        turn[0].turn,  # type: ignore[union-attr]
+        step,
+        requests,
+        waiting,
+        deferred,
+        calls,
+        replies[-1].text,
+        usage,
+        len(replies),
+        decided,
+        set(decided),
+    )
+
+
+def _route(paused: _Paused, call_id: str) -> tuple[str, str]:
+    """Which paused ``AgentTool`` call a descendant's call ``{session id}#{call id}``
+    belongs to, and its id as that child knows it (a grandchild's stays whole)."""
+    session_id, _, own = call_id.rpartition("#")
+    for parent_call, asked in paused.waiting.items():
+        child = asked.asked_by.removeprefix("agent:")
+        if asked.asked_by.startswith("agent:") and (
+            session_id == child or session_id.startswith(f"{child}/")
+        ):
+            return parent_call, own if session_id == child else call_id
+    raise ApprovalMismatch(f"call {call_id!r} is not waiting for a decision")
+
+
+def _pending_of(session: Session) -> tuple[PendingApproval, ...]:
+    """What waits in ``session``'s paused turn; a child agent's calls in its place."""
+    paused = _paused_of(session)
+    if paused is None:
+        return ()
+    found: list[PendingApproval] = []
+    for pending in paused.pending():
+        child = session.children.get(pending.asked_by[6:])
+        if not pending.asked_by.startswith("agent:") or child is None:
+            found.append(pending)
+            continue
+        found.extend(
+            attrs.evolve(inner, call_id=f"{child.session_id}#{inner.call_id}")
+            if "#" not in inner.call_id
+            else inner
+            for inner in _pending_of(child)
+        )
+    return tuple(found)
 
 
 def _decision_of(event: ApprovalDecision) -> Decision:

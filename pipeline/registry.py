@@ -416,6 +416,8 @@ class ToolRegistry:
             except Exception as error:
                 decided = self._final_failure(self.dispatch, error)
             else:
+                if type(result.value) is Pending:  # a child agent waits for a person
+                    return ToolOutcome(result, (), False, result.value.approval)
                 if order is None and not self.post_execute.layered:
                     return ToolOutcome(result)
                 decided = _Early(result)
@@ -519,9 +521,13 @@ class ToolRegistry:
             call, decided = decided, None
         if decided is None:
             try:
-                decided = _Early(_checked(await self.dispatch._chain(call)))
+                result = _checked(await self.dispatch._chain(call))
             except Exception as error:
                 decided = self._final_failure(self.dispatch, error)
+            else:
+                if type(result.value) is Pending:  # the child still waits
+                    return ToolOutcome(result, (), False, result.value.approval)
+                decided = _Early(result)
         assert isinstance(decided, _Early)
         if decided.pending is not None:
             return ToolOutcome(decided.result, (), False, decided.pending)

@@ -901,20 +901,27 @@ class Session:
         source = os.fspath(path)
         with open(source, "rb") as file:
             session = cls.from_jsonl(file.read(), origin=source)
-        for event in session._events:
-            if not isinstance(event, ToolResultEvent) or event.child_session is None:
-                continue
-            found = child_path(source, event.child_session)
+        for child_id in dict.fromkeys(_children_named(session._events)):
+            found = child_path(source, child_id)
             if os.path.exists(found):
-                session.children[event.child_session] = cls.load(found)
+                session.children[child_id] = cls.load(found)
             else:
                 warnings.warn(
-                    f"{source}: the log of child session {event.child_session!r} is not "
-                    f"at {found}; loaded without it",
+                    f"{source}: the log of child session {child_id!r} is not at {found}; "
+                    "loaded without it",
                     GuardstackWarning,
                     stacklevel=2,
                 )
         return session
+
+
+def _children_named(events: Sequence[Event]) -> Iterator[str]:
+    """The child sessions a log names: in its results, and in its calls waiting on one."""
+    for event in events:
+        if isinstance(event, ToolResultEvent) and event.child_session is not None:
+            yield event.child_session
+        elif isinstance(event, ApprovalRequest) and event.asked_by.startswith("agent:"):
+            yield event.asked_by.removeprefix("agent:")
 
 
 def child_path(parent: str, child_id: str) -> str:

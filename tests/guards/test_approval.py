@@ -573,3 +573,43 @@ async def test_no_call_runs_without_a_matching_decision(
     }
     if order.index("cap") < order.index("approval"):
         assert not denied_by_cap & set(asked)  # nobody asked about what the cap refused
+
+
+# -- agent trees -------------------------------------------------------------------------
+
+
+def release_tree() -> Harness:
+    from guardstack.pipeline import AgentTool
+
+    def operator() -> Harness:
+        return harness(Steps([deploy(call_id="c1")]), Approval(require=("deploy",)))
+
+    parent = Harness(Steps([ToolCallRequest("ops", {"task": "deploy prod"}, "p1")]))
+    parent.tools.register(AgentTool("ops", operator, description="Operations."))
+    return parent
+
+
+@pytest.mark.parametrize("reload", [False, True], ids=["same-agent", "reloaded"])
+async def test_a_child_that_pauses_pauses_its_parent_and_resume_routes_down(
+    reload: bool, tmp_path: Path
+) -> None:
+    agent = release_tree().loop.create("p")
+    result = await agent.prompt("release")
+    assert result.reason == "approval"
+    [waiting] = result.pending
+    assert (waiting.call_id, waiting.tool) == ("p/ops/1#c1", "deploy")
+    with pytest.raises(ApprovalMismatch, match="waits for its child agent's calls"):
+        await agent.resume({"p1": Approve()})
+    if reload:
+        path = tmp_path / "p.jsonl"
+        agent.session.save(path)
+        agent = release_tree().loop.create("p", session=Session.load(path))
+        assert [p.call_id for p in agent.pending] == ["p/ops/1#c1"]
+    result = await agent.resume({"p/ops/1#c1": Approve(digest=waiting.digest)})
+    assert result.reason == "completed"
+    assert ran == [("deploy", {"target": "prod"})]
+    [answer] = results(agent)
+    assert answer.child_session == "p/ops/1"
+    assert answer.result.content == "done"  # the child's final text
+    child = agent.session.children["p/ops/1"]
+    assert [e.reason for e in child.events if isinstance(e, TurnEnd)] == ["approval", "completed"]
