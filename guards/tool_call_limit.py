@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 import anyio
 import attrs
@@ -41,7 +41,7 @@ import attrs
 from guardstack.guards.agent_state import ConversationState, Resettable
 from guardstack.pipeline.contract import UNKNOWN_KEY, PreNext, Scope, StateStore
 from guardstack.pipeline.validate import compile_patterns, integer, invalid
-from guardstack.pipeline.values import Deny, PreDecision, ToolCall
+from guardstack.pipeline.values import TOOL_DENIED, Deny, PreDecision, ToolCall
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
@@ -180,24 +180,53 @@ class _Cap:
         self.store = store
         self.namespace = namespace
 
-    def _turn(self, call: ToolCall) -> str:
+    def _turn(self, call: ToolCall) -> tuple[str, bool]:
+        """The key prefix of the call's turn, and whether this process just met it."""
         token = self.turns.get(call)
+        fresh = token is None
         if token is None:
             token = uuid.uuid4().hex
             self.turns.set(call, token)
-        return f"{self.namespace}:{token}"
+        return f"{self.namespace}:{token}", fresh
+
+    def _logged(self, call: ToolCall) -> dict[str, int]:
+        """What the agent's current turn already spent, by counter, from its log: a turn
+        resumed in another process (after an approval) goes on from there. A denied
+        call never counted; a call waiting for a decision did."""
+        agent = call.agent
+        if agent is None:
+            return {}
+        events = agent.session.events
+        start = len(events)
+        while start > 0 and events[start - 1].type != "turn/start":
+            start -= 1
+        turn: list[Any] = list(events[start:])
+        denied = {
+            e.call_id for e in turn if e.type == "tool/result" and e.result.code == TOOL_DENIED
+        }
+        counts: dict[str, int] = {}
+        for event in turn:
+            if event.type != "tool/call" or event.call_id in denied | {call.call_id}:
+                continue
+            made = ToolCall(event.name, {}, event.call_id, tool=agent.loop.tools.get(event.name))
+            for counter in ("total", *(name for name, _ in self.config.budgets(made))):
+                counts[counter] = counts.get(counter, 0) + 1
+        return counts
 
     async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
         config = self.config
-        turn = self._turn(call)
+        turn, fresh = self._turn(call)
         wanted: list[tuple[str, int | None]] = (
             [("total", config.per_turn)] if config.per_turn is not None else []
         )
         wanted.extend(config.budgets(call))
         if not wanted:  # nothing caps this call: no store round trip for it
             return await call_next(call)
+        seeded = self._logged(call) if fresh else {}
         taken: list[str] = []
         try:
+            for counter, spent in seeded.items():
+                await self.store.add(f"{turn}:{counter}", 0, initial=spent)
             for counter, limit in wanted:
                 key = f"{turn}:{counter}"
                 added, used = await self.store.add(key, 1, limit=limit)

@@ -613,3 +613,27 @@ async def test_a_child_that_pauses_pauses_its_parent_and_resume_routes_down(
     assert answer.result.content == "done"  # the child's final text
     child = agent.session.children["p/ops/1"]
     assert [e.reason for e in child.events if isinstance(e, TurnEnd)] == ["approval", "completed"]
+
+
+async def test_a_turn_resumed_in_a_new_process_keeps_its_tool_call_count() -> None:
+    steps = (
+        [ToolCallRequest("read", {}, "r1")],
+        [deploy(call_id="d1")],
+        [ToolCallRequest("read", {"n": 2}, "r2")],
+        [ToolCallRequest("read", {"n": 3}, "r3")],
+    )
+
+    def build() -> Harness:
+        return harness(
+            Steps(*steps),
+            ToolCallLimit(per_turn=3),
+            Approval(require=("deploy",)),
+            tools=("deploy", "read"),
+        )
+
+    agent = build().loop.create("s")
+    await agent.prompt("go")  # r1 ran, d1 waits: two of the turn's three calls
+    again = build().loop.create("s", session=Session.from_jsonl(agent.session.to_jsonl()))
+    await again.resume({"d1": Approve()})
+    codes = [e.result.code for e in results(again)]
+    assert codes == [None, None, None, TOOL_DENIED]  # r2 is the third call, r3 one too many
