@@ -51,6 +51,12 @@ PRINTS = {
         "Budget left: 9 more steps after this one, 5 tool calls, $2.00, 120 s. Plan to "
         "finish within it.",
     ],
+    "docs/approval.md": [
+        "tool-call-limit registered after approval: a person is asked about calls it may "
+        "then refuse; register it before approval so they deny first",
+        "Error: rejected: prod is frozen this week - I could not deploy: prod is frozen.",
+        "approval d1 deploy {'target': 'prod'}\ncompleted - Deployed.",
+    ],
     "docs/guards.md": [
         "0. tool-call-timeout-policy",
         "thread-a None\nthread-a None\nthread-a TOOL_DENIED\nthread-b None\n",
