@@ -52,6 +52,7 @@ from guardstack.pipeline.values import (
     UNKNOWN_TOOL,
 )
 from guardstack.wrappers import (
+    AdaptiveConcurrencyLimit,
     Chaos,
     CircuitBreaker,
     ConcurrencyLimit,
@@ -281,6 +282,14 @@ def _explain_resilience(plugin: object, inside: bool, outside: bool, what: str) 
             f"{plugin.minimum_calls}+ calls in {plugin.window_s:g}s, then answers at once for "
             f"{plugin.break_s:g}s"
         )
+    if isinstance(plugin, AdaptiveConcurrencyLimit):
+        held = "it limits attempts" if inside else "it limits operations"
+        waits = "callers wait without bound" if plugin.queue is None else f"{plugin.queue} queued"
+        return (
+            f"adaptive-concurrency-limit: {plugin.algorithm}, from {plugin.initial} within "
+            f"[{plugin.min}, {plugin.max}]; falls on rate limits, overloads and timeouts and "
+            f"pauses for a Retry-After; {held}; {waits}"
+        )
     if isinstance(plugin, ConcurrencyLimit):
         held = "each attempt queues for a slot" if inside else "one slot per operation"
         return (
@@ -337,6 +346,7 @@ def _retry_warnings(plugins: list[object], budgets: dict[str, int]) -> list[str]
         for kind, code in (
             (CircuitBreaker, TOOL_UNAVAILABLE),
             (ConcurrencyLimit, TOOL_OVERLOADED),
+            (AdaptiveConcurrencyLimit, TOOL_OVERLOADED),
             (RateLimit, TOOL_RATE_LIMITED),
         )
         if isinstance(p, kind)

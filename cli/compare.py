@@ -9,11 +9,23 @@ and the same seed gives the same numbers. Per stack: success rate, latency
 percentiles, tool runs per call, tool-seconds spent on runs whose result was not
 used, and the timeouts by code (whose timer fired).
 
-Scenario keys: ``calls``; ``give_up_s`` (when the caller stops waiting, default
+Scenario keys: ``calls``; ``concurrency`` (how many callers, each making its calls
+one after another; default 1); ``give_up_s`` (when the caller stops waiting, default
 60); ``tools``: name → ``timeout_ms``, ``latency_ms`` (a number, or ``{median,
 p99}`` for a lognormal), ``hang_probability``, ``failure_probability``,
-``failure_code`` (default ``TOOL_FAILED``), ``idempotent``; ``mix``: tool →
-weight (default equal).
+``failure_code`` (default ``TOOL_FAILED``), ``idempotent``, ``capacity`` and
+``capacity_change``; ``mix``: tool → weight (default equal).
+
+The provider model (``capacity: {concurrent: K, per_second: R}``, either or both):
+a call that arrives while K calls of the tool are running, or finds its R-per-second
+token bucket (burst R) empty, is answered ``TOOL_RATE_LIMITED`` after 20 ms with a
+Retry-After — 1 s for concurrency, the time to the next token for rate. A call
+admitted runs its drawn latency stretched by the load it finds, as a batching
+provider's does: ``latency × (1 + ρ²)``, ρ = running calls / K — twice as slow at
+capacity, so throughput still grows up to capacity and the best fixed limit is K.
+``capacity_change: {at_s: T, factor: F}`` (or a list of them) multiplies both
+capacities by F from T virtual seconds into the run. Per stack, besides the rest:
+goodput (successful calls per virtual second) and 429s per success.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from guardstack.pipeline.values import (
     TOOL_UNAVAILABLE,
     ToolCall,
     ToolDefinition,
+    ToolError,
     ToolResult,
 )
 from guardstack.wrappers.retry import seeded_draws
@@ -74,6 +87,18 @@ class ToolProfile:
     failure_probability: float = 0.0
     failure_code: str = TOOL_FAILED
     idempotent: bool | None = None
+    #: The provider model: at most this many at once, and this many per second.
+    capacity_concurrent: int | None = None
+    capacity_per_second: float | None = None
+    #: ``(at_s, factor)``: from ``at_s`` into the run, capacity times ``factor``.
+    capacity_changes: tuple[tuple[float, float], ...] = ()
+
+    def capacity_factor(self, elapsed_s: float) -> float:
+        factor = 1.0
+        for at_s, change in self.capacity_changes:
+            if elapsed_s >= at_s:
+                factor = change
+        return factor
 
     def draw(self, rng: random.Random) -> tuple[str, float]:
         """One attempt: ``("hang"|"fail"|"ok", seconds)``."""
@@ -93,6 +118,7 @@ class Scenario:
     weights: tuple[float, ...]
     calls: int = 1_000
     give_up_s: float = 60.0
+    concurrency: int = 1
 
 
 @attrs.frozen
@@ -107,11 +133,25 @@ class StackStats:
     timeouts_by_code: Mapping[str, int]
     #: Every call's latency, sorted (for ``plot``; not part of ``to_dict``).
     latencies_ms: tuple[float, ...] = attrs.field(default=(), eq=False, repr=False)
+    #: Successful calls per virtual second, over the whole run.
+    goodput_per_s: float = 0.0
+    #: How many ``TOOL_RATE_LIMITED`` answers the provider gave per successful call.
+    rate_limited_per_success: float = 0.0
+    #: ``(virtual second, value)`` of what ``compare(watch=…)`` read, every second.
+    watched: tuple[tuple[float, float], ...] = attrs.field(default=(), eq=False, repr=False)
+    #: When (virtual seconds into the run) each successful call was answered.
+    success_times: tuple[float, ...] = attrs.field(default=(), eq=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         data = attrs.asdict(self)
-        del data["latencies_ms"]
+        for series in ("latencies_ms", "watched", "success_times"):
+            del data[series]
         return data
+
+    def goodput_between(self, start_s: float, end_s: float) -> float:
+        """Successful calls per virtual second answered in ``[start_s, end_s)``."""
+        done = sum(1 for at in self.success_times if start_s <= at < end_s)
+        return done / (end_s - start_s)
 
 
 #: What a simulated tool may fail with: the codes tools (and guardstack) give.
@@ -124,7 +164,7 @@ FAILURE_CODES: Final = (
     TOOL_ABORTED,
     INVALID_ARGUMENTS,
 )
-SCENARIO_KEYS: Final = ("calls", "tools", "mix", "give_up_s")
+SCENARIO_KEYS: Final = ("calls", "tools", "mix", "give_up_s", "concurrency")
 TOOL_KEYS: Final = (
     "timeout_ms",
     "latency_ms",
@@ -132,7 +172,13 @@ TOOL_KEYS: Final = (
     "failure_probability",
     "failure_code",
     "idempotent",
+    "capacity",
+    "capacity_change",
 )
+#: The most concurrent callers a scenario may ask for.
+MAX_CONCURRENCY: Final = 10_000
+#: How long the provider takes to say 429.
+REJECT_S: Final = 0.02
 #: More calls than this per stack is refused: a run that long is a typo, not a benchmark.
 MAX_CALLS: Final = 1_000_000
 
@@ -239,6 +285,7 @@ def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
                 "failure_probability",
                 failure,
             )
+        concurrent, per_second = _capacity(origin, where, spec.get("capacity"))
         tools.append(
             ToolProfile(
                 name,
@@ -251,6 +298,9 @@ def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
                 failure,
                 code,
                 idempotent,
+                concurrent,
+                per_second,
+                _changes(origin, where, spec.get("capacity_change")),
             )
         )
     names = [tool.name for tool in tools]
@@ -276,7 +326,66 @@ def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
         )
     calls = check_calls(data.get("calls", 1_000), f"scenario {origin}: `calls`")
     give_up = _number(origin, "", "give_up_s", data.get("give_up_s", 60), 0.001, 86_400)
-    return Scenario(tuple(tools), weights, calls, give_up)
+    concurrency = data.get("concurrency", 1)
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise _fail(
+            origin,
+            "",
+            f"`concurrency` must be a whole number from 1 to {MAX_CONCURRENCY:,}, "
+            f"got {cut(concurrency)}",
+            "concurrency",
+            concurrency,
+        )
+    return Scenario(tuple(tools), weights, calls, give_up, concurrency)
+
+
+def _capacity(origin: str, where: str, spec: object) -> tuple[int | None, float | None]:
+    if spec is None:
+        return None, None
+    if not isinstance(spec, Mapping) or not spec:
+        raise _fail(
+            origin,
+            where,
+            f"`capacity` must be {{concurrent: K, per_second: R}}, got {cut(spec)}",
+            "capacity",
+            spec,
+        )
+    _unknown_keys(origin, f"{where.rstrip(': ')}.capacity: ", spec, ("concurrent", "per_second"))
+    concurrent = spec.get("concurrent")
+    per_second = spec.get("per_second")
+    return (
+        int(_number(origin, where, "capacity.concurrent", concurrent, 1, 1e6))
+        if concurrent is not None
+        else None,
+        _number(origin, where, "capacity.per_second", per_second, 0.001, 1e9)
+        if per_second is not None
+        else None,
+    )
+
+
+def _changes(origin: str, where: str, spec: object) -> tuple[tuple[float, float], ...]:
+    if spec is None:
+        return ()
+    items = spec if isinstance(spec, list) else [spec]
+    changes = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise _fail(
+                origin,
+                where,
+                f"`capacity_change` must be {{at_s: T, factor: F}} or a list, got {cut(item)}",
+                "capacity_change",
+                item,
+            )
+        _unknown_keys(origin, f"{where.rstrip(': ')}.capacity_change: ", item, ("at_s", "factor"))
+        at_s = _number(origin, where, "capacity_change.at_s", item.get("at_s"), 0)
+        factor = _number(origin, where, "capacity_change.factor", item.get("factor"), 0.001, 1e6)
+        changes.append((at_s, factor))
+    return tuple(sorted(changes))
 
 
 def check_calls(value: object, what: str = "--calls") -> int:
@@ -306,26 +415,84 @@ class _Plan:
         return tool.name, tuple(tool.draw(rng) for _ in range(MAX_ATTEMPTS))
 
 
+@attrs.define
+class _Provider:
+    """One simulated tool's provider: what is running now, and its token bucket."""
+
+    profile: ToolProfile
+    started: float
+    running: int = 0
+    tokens: float = 0.0
+    refilled: float = 0.0
+
+    def admit(self, now: float) -> float | None:
+        """``None`` to run the call, else the Retry-After of a 429."""
+        profile = self.profile
+        factor = profile.capacity_factor(now - self.started)
+        if profile.capacity_concurrent is not None:
+            limit = max(1, math.floor(profile.capacity_concurrent * factor))
+            if self.running >= limit:
+                return 1.0
+        if profile.capacity_per_second is not None:
+            rate = profile.capacity_per_second * factor
+            self.tokens = min(rate, self.tokens + (now - self.refilled) * rate)
+            self.refilled = now
+            if self.tokens < 1:
+                return (1 - self.tokens) / rate
+            self.tokens -= 1
+        return None
+
+    def stretch(self, now: float) -> float:
+        """How much the load a call finds stretches its latency: ``1 + ρ²`` (≤ 2×)."""
+        profile = self.profile
+        if profile.capacity_concurrent is None:
+            return 1.0
+        limit = max(1, profile.capacity_concurrent * profile.capacity_factor(now - self.started))
+        load = min(1.0, self.running / limit)
+        return 1 + load * load
+
+
 async def _run_stack(
     label: str,
     build: Callable[[], Harness],
     scenario: Scenario,
     plan: _Plan,
     advance: Callable[[], None],
+    watch: Callable[[Harness], float] | None = None,
 ) -> StackStats:
     with seeded_draws(plan.seed):  # unseeded jitter and chaos: the same draws every run
         harness = build()
     runs: dict[int, list[tuple[float, float]]] = {}
     draws: dict[int, tuple[tuple[str, float], ...]] = {}
+    began = anyio.current_time()
+    providers = {tool.name: _Provider(tool, began, 0, 0.0, began) for tool in scenario.tools}
+    for provider in providers.values():
+        provider.tokens = provider.profile.capacity_per_second or 0.0
+    limited = 0
 
     def simulated(profile: ToolProfile) -> Any:
+        provider = providers[profile.name]
+
         async def execute(arguments: Mapping[str, Any], call: ToolCall) -> object:
+            nonlocal limited
             index = int(call.call_id)
             kind, seconds = draws[index][min(call.attempt, MAX_ATTEMPTS) - 1]
             started = anyio.current_time()
+            retry_after = provider.admit(started)
+            if retry_after is not None:
+                limited += 1
+                await anyio.sleep(REJECT_S)
+                error = ToolError(
+                    "the provider is at capacity", "RateLimitedError", TOOL_RATE_LIMITED,
+                    retry_after_s=retry_after,
+                )  # fmt: skip
+                return ToolResult(f"Error: {error.message}", True, error)
+            seconds *= provider.stretch(started)
+            provider.running += 1
             try:
                 await anyio.sleep(seconds)
             finally:
+                provider.running -= 1
                 runs.setdefault(index, []).append((started, anyio.current_time()))
             if kind == "fail":
                 return ToolResult.failure("simulated failure", code=profile.failure_code)
@@ -344,11 +511,15 @@ async def _run_stack(
                 )
             )
     latencies: list[float] = []
-    runs_per_call = 0
-    successes = 0
+    totals = {"runs": 0, "successes": 0}
     wasted = 0.0
     timeouts: dict[str, int] = {}
-    for index in range(plan.calls):
+    indices = iter(range(plan.calls))
+    watched: list[tuple[float, float]] = []
+    succeeded: list[float] = []
+
+    async def one(index: int) -> None:
+        nonlocal wasted
         name, draws[index] = plan.call(index)
         started = anyio.current_time()
         result = None
@@ -358,10 +529,11 @@ async def _run_stack(
         latencies.append(anyio.current_time() - started)
         spent = [end - begin for begin, end in runs.get(index, [])]
         if result is not None and not result.is_error:
-            successes += 1
+            totals["successes"] += 1
+            succeeded.append(anyio.current_time() - began)
             spent = spent[:-1]  # the last run's answer was used
         wasted += sum(spent)
-        runs_per_call += len(runs.pop(index, ()))
+        totals["runs"] += len(runs.pop(index, ()))
         del draws[index]
         if (
             result is not None
@@ -373,22 +545,48 @@ async def _run_stack(
         elif result is None:
             timeouts["caller gave up"] = timeouts.get("caller gave up", 0) + 1
         advance()
+
+    async def caller() -> None:
+        for index in indices:  # shared: each caller takes the next call when it is free
+            await one(index)
+
+    async def watcher(done: anyio.Event) -> None:
+        assert watch is not None
+        while not done.is_set():
+            watched.append((anyio.current_time() - began, float(watch(harness))))
+            with anyio.move_on_after(1.0):
+                await done.wait()
+
+    finished = anyio.Event()
+    async with anyio.create_task_group() as group:
+        if watch is not None:
+            group.start_soon(watcher, finished)
+        async with anyio.create_task_group() as callers:
+            for _ in range(scenario.concurrency):
+                callers.start_soon(caller)
+        finished.set()
+    duration = anyio.current_time() - began
     latencies.sort()
     count = len(latencies)
 
     def percentile(fraction: float) -> float:
         return latencies[min(count - 1, int(fraction * count))] * 1000
 
+    successes = totals["successes"]
     return StackStats(
         label,
         successes / count,
         percentile(0.50),
         percentile(0.95),
         percentile(0.99),
-        runs_per_call / count,
+        totals["runs"] / count,
         wasted,
         dict(sorted(timeouts.items())),
         tuple(latency * 1000 for latency in latencies),
+        successes / duration if duration > 0 else 0.0,
+        limited / successes if successes else float(limited),
+        tuple(watched),
+        tuple(succeeded),
     )
 
 
@@ -399,8 +597,12 @@ def compare(
     seed: int = 0,
     calls: int | None = None,
     progress: bool = False,
+    watch: Callable[[Harness], float] | None = None,
 ) -> list[StackStats]:
-    """Run every stack on the same seeded calls, each in its own virtual-time trio run."""
+    """Run every stack on the same seeded calls, each in its own virtual-time trio run.
+
+    ``watch(harness)``, if given, is read every virtual second of each run (an adaptive
+    limit's ``current()``, say) into ``StackStats.watched``."""
     trio = require("trio", EXTRA)
     testing = require("trio.testing", EXTRA)
     total = scenario.calls if calls is None else check_calls(calls)
@@ -420,7 +622,9 @@ def compare(
                     bar.advance(task)
 
             clock = testing.MockClock(autojump_threshold=0)
-            results.append(trio.run(_run_stack, label, build, scenario, plan, advance, clock=clock))
+            results.append(
+                trio.run(_run_stack, label, build, scenario, plan, advance, watch, clock=clock)
+            )
     finally:
         if bar is not None:
             bar.stop()

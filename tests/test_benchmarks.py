@@ -53,6 +53,34 @@ async def test_the_agent_tree_benchmark_does_the_same_work_both_ways() -> None:
     assert (by_hand[2], tree[2]) == (Usage(20, 20), Usage(50, 50))
 
 
+def test_the_adaptive_benchmark_meets_its_goals_on_a_short_run() -> None:
+    from benchmarks.adaptive import recovery, run
+
+    results, _ = run(2_000, change=False)
+    by_name = {stats.config: stats for stats in results}
+    fixed = [stats for name, stats in by_name.items() if name.startswith("fixed")]
+    best = max(stats.goodput_per_s for stats in fixed)
+    better = max(
+        by_name["adaptive aimd"], by_name["adaptive gradient2"], key=lambda s: s.goodput_per_s
+    )
+    assert better.goodput_per_s >= 0.9 * best
+    reaching = [stats for stats in fixed if stats.goodput_per_s >= better.goodput_per_s]
+    assert all(
+        better.rate_limited_per_success < stats.rate_limited_per_success for stats in reaching
+    )
+    changed, _ = run(2_500, change=True)
+    assert "adaptive gradient2" in recovery(changed)
+    fixed = [stats for stats in changed if stats.config.startswith("fixed")]
+    for start in (60.0, 120.0):
+        best = max(stats.goodput_between(start, start + 30) for stats in fixed)
+        adaptive = max(
+            stats.goodput_between(start, start + 30)
+            for stats in changed
+            if stats.config.startswith("adaptive")
+        )
+        assert adaptive >= 0.9 * best
+
+
 async def test_the_stack_benchmarks_peers_answer_like_ours() -> None:
     from benchmarks.stack import HandWritten, Telemetry, ours
     from guardstack.pipeline import ToolCall

@@ -71,7 +71,10 @@ PRINTS = {
         "Error: tool call timed out after 50ms\nError: tool call timed out after 50ms\n"
         "failed Error: tool call timed out after 50ms\n"
     ],
-    "docs/resilience.md": ['0.1s\nError: tool "status" is unavailable: it has been failing, so\n'],
+    "docs/resilience.md": [
+        '0.1s\nError: tool "status" is unavailable: it has been failing, so\n',
+        "\n4\n",
+    ],
     "docs/telemetry.md": [],
     "docs/index.md": [],
     "docs/testing.md": [],

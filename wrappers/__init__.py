@@ -1,5 +1,6 @@
 """Generic onion layers: timeout, retry, metrics, tracing, and the rest of the resilience family."""
 
+from guardstack.wrappers.adaptive_concurrency_limit import AdaptiveConcurrencyLimit
 from guardstack.wrappers.chaos import Chaos, ChaosError
 from guardstack.wrappers.circuit_breaker import CircuitBreaker
 from guardstack.wrappers.concurrency_limit import ConcurrencyLimit
@@ -17,6 +18,7 @@ __all__ = [
     "CONTEXT_EVENT",
     "DENIED_EVENT",
     "DURATION_METRIC",
+    "AdaptiveConcurrencyLimit",
     "Chaos",
     "ChaosError",
     "CircuitBreaker",

@@ -26,6 +26,7 @@ say otherwise).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import anyio
@@ -117,7 +118,16 @@ class SlotQueue:
         self.shield = suspends(store)
         self.queues: dict[str, deque[_Waiter]] = {}
 
-    async def acquire(self, key: str, limit: int, queue: int, timeout_s: float | None) -> str:
+    async def acquire(
+        self,
+        key: str,
+        limit: int,
+        queue: int,
+        timeout_s: float | None,
+        current: Callable[[], int] | None = None,
+    ) -> str:
+        """A lease on one of ``limit`` slots; ``current()``, if given, is the limit as it
+        is now, asked again each time a waiter tries (an adaptive limit moves)."""
         waiting = self.queues.get(key)
         if waiting is None:
             lease = await self.store.acquire(key, limit)
@@ -135,7 +145,7 @@ class SlotQueue:
         waiting.append(waiter)
         try:
             with anyio.move_on_after(timeout_s if timeout_s is not None else float("inf")):
-                return await self._wait(key, limit, waiting, waiter)
+                return await self._wait(key, limit, waiting, waiter, current)
         finally:
             at_head = waiting[0] is waiter
             waiting.remove(waiter)
@@ -149,11 +159,18 @@ class SlotQueue:
             f"{limit} slots. Try again shortly, or do something else first."
         )
 
-    async def _wait(self, key: str, limit: int, waiting: deque[_Waiter], waiter: _Waiter) -> str:
+    async def _wait(
+        self,
+        key: str,
+        limit: int,
+        waiting: deque[_Waiter],
+        waiter: _Waiter,
+        current: Callable[[], int] | None,
+    ) -> str:
         poll_s: float | None = getattr(self.store, "poll_s", None)
         while True:
             if waiting[0] is waiter:
-                lease = await self.store.acquire(key, limit)
+                lease = await self.store.acquire(key, limit if current is None else current())
                 if lease is not None:
                     return lease
             waiter.event = anyio.Event()

@@ -501,3 +501,54 @@ async def test_two_temporal_workflows_on_different_workers_share_one_rate_limit(
     assert first.text == "search said: 3 results"
     # the other worker's workflow found the bucket empty: one limit across both
     assert second.text.startswith('search said: Error: tool "search" is rate limited')
+
+
+async def test_two_harnesses_on_one_redis_admit_against_one_adaptive_limit(
+    redis_server: RedisServer,
+) -> None:
+    import anyio
+
+    from guardstack.pipeline import TOOL_RATE_LIMITED, ToolError, ToolResult
+    from guardstack.wrappers import AdaptiveConcurrencyLimit
+
+    prefix = f"a{uuid.uuid4().hex[:6]}:"
+    stores = [RedisStore(redis_server.url, prefix=prefix) for _ in range(2)]
+    running = 0
+    most = 0
+
+    async def provider(arguments: Any, call: ToolCall) -> Any:
+        nonlocal running, most
+        if running >= 3:  # the provider's capacity, shared by both "processes"
+            await anyio.sleep(0.02)
+            error = ToolError("slow down", "RateLimited", TOOL_RATE_LIMITED)
+            return ToolResult("Error: slow down", True, error)
+        running += 1
+        most = max(most, running)
+        try:
+            await anyio.sleep(0.05)
+        finally:
+            running -= 1
+        return "ok"
+
+    limits = [
+        AdaptiveConcurrencyLimit(initial=8, min=1, max=16, key="llm", store=store)
+        for store in stores
+    ]
+    harnesses = []
+    for limit in limits:
+        harness = Harness()
+        harness.tools.register(ToolDefinition("llm", provider))
+        harness.plugin(limit)
+        harnesses.append(harness)
+    try:
+        async with anyio.create_task_group() as group:
+            for index in range(16):
+                call = ToolCall("llm", {}, str(index), conversation="x")
+                group.start_soon(harnesses[index % 2].tools.execute, call)
+        await harnesses[0].tools.execute(ToolCall("llm", {}, "a", conversation="x"))
+        await harnesses[1].tools.execute(ToolCall("llm", {}, "b", conversation="x"))
+        # one storm lowered the one shared limit; both now read the same value from Redis
+        assert limits[0].current() == limits[1].current() < 8
+    finally:
+        for store in stores:
+            await store.aclose()

@@ -146,7 +146,7 @@ def test_the_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[str])
     assert [s["config"] for s in stacks] == ["per-attempt.yaml", "whole-operation.yaml"]
     assert set(stacks[0]) == {
         "config", "success_rate", "p50_ms", "p95_ms", "p99_ms", "mean_attempts",
-        "wasted_tool_s", "timeouts_by_code",
+        "wasted_tool_s", "timeouts_by_code", "goodput_per_s", "rate_limited_per_success",
     }  # fmt: skip
     assert stacks[0]["success_rate"] > stacks[1]["success_rate"]
 
@@ -197,3 +197,38 @@ def test_the_progress_bar_changes_nothing() -> None:
     scenario = load_scenario(hanging(0.2, 100))
     quiet = compare([("bare", Harness)], scenario, seed=5)
     assert compare([("bare", Harness)], scenario, seed=5, progress=True) == quiet
+
+
+def test_the_provider_model_answers_429_past_capacity_and_callers_run_at_once() -> None:
+    from guardstack.pipeline import Harness
+
+    played = load_scenario(
+        {
+            "calls": 40,
+            "concurrency": 8,
+            "tools": {"llm": {"latency_ms": 1_000, "capacity": {"concurrent": 4}}},
+        }
+    )
+    [stats] = compare([("bare", Harness)], played, seed=3)
+    # 8 callers, room for 4: the first 4 run for a second; the other 4 callers are each
+    # answered 429 in 20 ms and take the next call, and so use up the other 36 (no retry)
+    assert stats.success_rate == 0.1
+    assert stats.rate_limited_per_success == 9.0
+    # the 4th admitted found 3 running: 1 s × (1 + (3/4)²) — the run's last answer
+    assert stats.goodput_per_s == pytest.approx(4 / 1.5625)
+    with pytest.raises(ConfigError, match="did you mean 'capacity'"):
+        load_scenario({"tools": {"llm": {"capacty": {"concurrent": 4}}}})
+    with pytest.raises(ConfigError, match="concurrency"):
+        load_scenario({"concurrency": 0, "tools": {"llm": {}}})
+    halved = load_scenario(
+        {
+            "tools": {
+                "llm": {
+                    "capacity_change": [{"at_s": 10, "factor": 0.5}],
+                    "capacity": {"concurrent": 4},
+                }
+            }
+        }
+    )
+    assert halved.tools[0].capacity_factor(11) == 0.5
+    assert halved.tools[0].capacity_factor(9) == 1.0

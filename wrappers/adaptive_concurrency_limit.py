@@ -1,0 +1,340 @@
+"""AdaptiveConcurrencyLimit: find the provider's limit instead of guessing it.
+
+A fixed ``ConcurrencyLimit(8)`` is a guess about a provider's capacity, and the
+provider changes it under you. This limit moves: ``algorithm="aimd"`` adds one slot
+after a window of successes at full use (as many successes as the limit) and halves on
+an overload signal; ``algorithm="gradient2"`` follows Netflix concurrency-limits'
+Gradient2 — the limit tracks the ratio of a long-run latency baseline to the latest
+latency, plus a little room to probe (``limit * gradient + 4``, smoothed by 0.2, the
+gradient clamped to [0.5, 1]) — and, unlike the original, also falls on an overload
+signal, by concurrency-limits' AIMD backoff (× 0.9). Overload signals:
+``*_RATE_LIMITED``, ``*_OVERLOADED`` and timeouts, plus the codes in ``on``. A storm
+counts once: only a call admitted after the last decrease can decrease the limit
+again. A provider's ``retry_after_s`` pauses admissions for that long. The limit stays
+within ``[min, max]``; ``min == initial == max`` pins it.
+
+Where it belongs: as a ``ConcurrencyLimit`` — a dispatch layer or a model-call layer;
+outside a ``Retry`` it limits operations, inside it attempts. Callers beyond the
+limit wait (``queue=None``: without bound, as a semaphore; an int bounds the waiting
+queue, beyond it ``*_OVERLOADED``; ``ConcurrencyLimit(queue=0)``, by contrast, does
+not wait at all), each for at most ``queue_timeout_ms``. The slots and the limit live
+in the harness's ``StateStore`` (or ``store=``): with a shared one (Redis) every
+process admits against one limit and moves it. ``current(key=None)`` reads the limit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Final, Literal
+
+import anyio
+import attrs
+
+from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
+from guardstack.pipeline.validate import StageName, integer, invalid, optional_integer, stage
+from guardstack.wrappers._keyed import StateKeys, StoreFailures, check_key, check_store, register
+from guardstack.wrappers.concurrency_limit import SlotQueue, _Overloaded
+
+__all__ = ["AIMD", "AdaptiveConcurrencyLimit", "ExpAvg", "Gradient2"]
+
+PLUGIN: Final = "adaptive-concurrency-limit"
+#: The outcome codes (without their TOOL_/MODEL_ prefix) that say "too much load".
+OVERLOAD: Final = frozenset({"RATE_LIMITED", "OVERLOADED", "TIMEOUT"})
+UNBOUNDED: Final = 2**31
+#: Gradient2's fall on an overload signal: concurrency-limits' AIMD default backoff.
+BACKOFF: Final = 0.9
+
+
+def _stage(value: object) -> StageName:
+    return stage(PLUGIN, value)
+
+
+def _key(value: object) -> str | None:
+    return check_key(PLUGIN, value)
+
+
+def _bound(name: str) -> Any:
+    def check(_: Any, __: Any, value: Any) -> None:
+        integer(PLUGIN, name, value)
+
+    return check
+
+
+def _algorithm(_: Any, __: Any, value: Any) -> None:
+    if value not in ("aimd", "gradient2"):
+        raise invalid(PLUGIN, "algorithm", value, "'aimd' or 'gradient2'")
+
+
+def _codes(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not all(isinstance(code, str) and code for code in value):
+        raise invalid(PLUGIN, "on", value, "a list of result codes")
+    return tuple(value)
+
+
+def _queue(_: Any, __: Any, value: Any) -> None:
+    if value is not None:
+        integer(PLUGIN, "queue", value, minimum=0)
+
+
+class ExpAvg:
+    """concurrency-limits' ``ExpAvgMeasurement``: the plain mean of the first ``warmup``
+    samples, then an exponential average over ``window`` samples."""
+
+    __slots__ = ("count", "value", "warmup", "window")
+
+    def __init__(self, window: int, warmup: int) -> None:
+        self.window, self.warmup = window, warmup
+        self.value, self.count = 0.0, 0
+
+    def add(self, sample: float) -> float:
+        if self.count < self.warmup:
+            self.count += 1
+            self.value += (sample - self.value) / self.count
+        else:
+            factor = 2 / (self.window + 1)
+            self.value = self.value * (1 - factor) + sample * factor
+        return self.value
+
+
+class AIMD:
+    """Additive increase (one slot per window of successes at full use), multiplicative
+    decrease (halve) on overload."""
+
+    __slots__ = ("high", "limit", "low", "successes")
+
+    def __init__(self, initial: int, low: int, high: int) -> None:
+        self.limit, self.low, self.high = float(initial), low, high
+        self.successes = 0
+
+    def sample(self, rtt_s: float, inflight: int, overloaded: bool) -> float:
+        if overloaded:
+            self.limit = max(self.low, math.floor(self.limit / 2))
+            self.successes = 0
+        elif inflight * 2 >= self.limit:  # in use: an idle limit proves nothing
+            self.successes += 1
+            if self.successes >= self.limit:
+                self.limit = min(self.high, self.limit + 1)
+                self.successes = 0
+        return self.limit
+
+
+class Gradient2:
+    """Netflix concurrency-limits' Gradient2, and a halving on overload."""
+
+    __slots__ = ("high", "limit", "long", "low", "queue_size", "smoothing")
+
+    def __init__(
+        self,
+        initial: int,
+        low: int,
+        high: int,
+        *,
+        smoothing: float = 0.2,
+        queue_size: int = 4,
+        long_window: int = 600,
+    ) -> None:
+        self.limit, self.low, self.high = float(initial), low, high
+        self.smoothing, self.queue_size = smoothing, queue_size
+        self.long = ExpAvg(long_window, 10)
+
+    def sample(self, rtt_s: float, inflight: int, overloaded: bool) -> float:
+        if overloaded:  # not in the original: a 429 is a signal latency may not give
+            self.limit = max(float(self.low), self.limit * BACKOFF)
+            return self.limit
+        short = max(rtt_s, 1e-9)
+        long = self.long.add(short)
+        if long / short > 2:  # back from overload: the baseline follows quickly
+            self.long.value *= 0.9
+        if inflight < self.limit / 2:  # application-limited: nothing learned
+            return self.limit
+        gradient = max(0.5, min(1.0, long / short))
+        estimate = self.limit * gradient + self.queue_size
+        estimate = self.limit * (1 - self.smoothing) + estimate * self.smoothing
+        self.limit = max(float(self.low), min(float(self.high), estimate))
+        return self.limit
+
+
+@attrs.frozen
+class AdaptiveConcurrencyLimit:
+    """A concurrency limit that finds the provider's capacity (see the module docstring)."""
+
+    name: ClassVar[str] = PLUGIN
+
+    stage: StageName = attrs.field(default="dispatch", converter=_stage, kw_only=True)
+    initial: int = attrs.field(default=4, validator=_bound("initial"))
+    min: int = attrs.field(default=1, validator=_bound("min"))
+    max: int = attrs.field(default=64, validator=_bound("max"))
+    algorithm: Literal["aimd", "gradient2"] = attrs.field(default="aimd", validator=_algorithm)
+    #: More codes that count as overload, besides rate limits, overloads and timeouts.
+    on: tuple[str, ...] = attrs.field(default=(), converter=_codes)
+    queue: int | None = attrs.field(default=None, validator=_queue)
+    queue_timeout_ms: int | None = attrs.field(
+        default=None, validator=optional_integer(PLUGIN, "queue_timeout_ms")
+    )
+    key: str | None = attrs.field(default=None, converter=_key, kw_only=True)
+    store: StateStore | None = attrs.field(
+        default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
+    )
+    _applied: list[_Limits] = attrs.field(init=False, factory=list, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.min <= self.initial <= self.max:
+            raise invalid(
+                PLUGIN,
+                "initial",
+                self.initial,
+                f"between min ({self.min}) and max ({self.max})",
+            )
+
+    def current(self, key: str | None = None) -> int:
+        """The limit now (of the tool or model ``key``; ``None``: the only one, or the
+        shared ``key=``), as the most recent application of this plugin has it."""
+        if not self._applied:
+            return self.initial
+        return self._applied[-1].current(key)
+
+    def apply(self, scope: Scope) -> None:
+        """Register a fresh limit (``initial``, all slots free) on the stage it names."""
+        limits = _Limits(self, scope.store_for(self.store), scope.namespace)
+        self._applied.append(limits)
+        scope.on_dispose(lambda: self._applied.remove(limits))
+        register(scope, self.stage, limits, PLUGIN)
+
+
+class _State:
+    """One key's algorithm and bookkeeping in this process."""
+
+    __slots__ = ("algorithm", "epoch", "inflight", "limit", "paused_until")
+
+    def __init__(self, config: AdaptiveConcurrencyLimit) -> None:
+        make = AIMD if config.algorithm == "aimd" else Gradient2
+        self.algorithm: AIMD | Gradient2 = make(config.initial, config.min, config.max)
+        self.limit = float(config.initial)
+        self.epoch = 0  # bumped by each decrease: a storm counts once
+        self.inflight = 0
+        self.paused_until = -math.inf
+
+
+class _Limits:
+    """One application: the layer, the slots and each key's adaptive limit."""
+
+    def __init__(self, config: AdaptiveConcurrencyLimit, store: StateStore, namespace: str) -> None:
+        self.config = config
+        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.store = store
+        self.slots = SlotQueue(store)
+        self.keys = StateKeys(namespace, config.key, self.stage)
+        self.failures = StoreFailures(PLUGIN, store, "open")
+        self.states: dict[str, _State] = {}
+        self.signals = OVERLOAD | set(config.on)
+
+    def __repr__(self) -> str:
+        return repr(self.config)
+
+    def current(self, name: str | None) -> int:
+        if name is None:
+            if not self.states:
+                return self.config.initial
+            state = next(reversed(self.states.values()))
+        else:
+            key = self.keys.fixed or next((k for k in self.states if k.endswith(f":{name}")), "")
+            found = self.states.get(key)
+            if found is None:
+                return self.config.initial
+            state = found
+        return self._clamped(state.limit)
+
+    def _clamped(self, limit: float) -> int:
+        return max(self.config.min, min(self.config.max, math.floor(limit)))
+
+    async def _shared_limit(self, key: str, state: _State) -> float:
+        """The limit every process sharing the store admits against."""
+        try:
+            _, value = await self.store.add(f"{key}:limit", 0, initial=self.config.initial)
+        except Exception as error:
+            self.failures.fails_open(error)
+            return state.limit
+        state.limit = value
+        return value
+
+    async def _move(self, key: str, state: _State, before: float, after: float) -> None:
+        if after == before:
+            return
+        state.limit = after
+        try:
+            _, value = await self.store.add(f"{key}:limit", after - before)
+            state.limit = max(float(self.config.min), min(float(self.config.max), value))
+        except Exception as error:
+            self.failures.fails_open(error)
+
+    async def __call__(self, item: Any, call_next: Any) -> Any:
+        config, stage = self.config, self.stage
+        key = self.keys(item)
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = _State(config)
+        wait = state.paused_until - anyio.current_time()
+        if wait > 0:
+            await anyio.sleep(wait)  # the provider said when to come back
+        limit = self._clamped(await self._shared_limit(key, state))
+        timeout_ms = config.queue_timeout_ms
+        try:
+            lease = await self.slots.acquire(
+                key,
+                limit,
+                UNBOUNDED if config.queue is None else config.queue,
+                None if timeout_ms is None else timeout_ms / 1000,
+                lambda: self._clamped(state.limit),  # a waiter sees the limit as it is now
+            )
+        except _Overloaded as overloaded:
+            return stage.deliver(self._refusal(item, overloaded.reason))
+        except Exception as error:
+            if not self.failures.fails_open(error):
+                return stage.deliver(self._refusal(item, self.failures.reason()))
+            return await call_next(item)
+        epoch = state.epoch
+        state.inflight += 1
+        inflight = state.inflight
+        started = anyio.current_time()
+        try:
+            outcome = await stage.attempt(call_next, item)
+            await self._learn(key, state, outcome, anyio.current_time() - started, inflight, epoch)
+        finally:
+            state.inflight -= 1
+            try:
+                await self.slots.release(key, lease)
+            except Exception as error:
+                self.failures.fails_open(error)
+        return stage.deliver(outcome)
+
+    async def _learn(
+        self, key: str, state: _State, outcome: Outcome, rtt_s: float, inflight: int, epoch: int
+    ) -> None:
+        stage = self.stage
+        if stage.is_control(outcome):
+            return  # guardstack's own answer says nothing about the provider
+        code = stage.code(outcome) if stage.failed(outcome) else None
+        bare = code.split("_", 1)[1] if code and "_" in code else code
+        overloaded = code is not None and (bare in self.signals or code in self.signals)
+        wait = stage.retry_after_s(outcome)
+        if wait is not None and wait > 0:
+            state.paused_until = max(state.paused_until, anyio.current_time() + wait)
+        if overloaded and epoch < state.epoch:
+            return  # admitted before the last decrease: that storm was counted
+        before = state.limit
+        state.algorithm.limit = before
+        after = state.algorithm.sample(rtt_s, inflight, overloaded)
+        if overloaded:
+            state.epoch += 1
+        await self._move(key, state, before, after)
+
+    def _refusal(self, item: Any, reason: str) -> Outcome:
+        return self.stage.refusal(
+            item,
+            "OVERLOADED",
+            f"{self.stage.label(item)} is overloaded: {reason}",
+            layer=PLUGIN,
+            name="OverloadedError",
+        )
