@@ -541,10 +541,13 @@ async def test_two_harnesses_on_one_redis_admit_against_one_adaptive_limit(
         harness.plugin(limit)
         harnesses.append(harness)
     try:
+        async def one(index: int) -> None:
+            call = ToolCall("llm", {}, str(index), conversation="x")
+            await harnesses[index % 2].tools.execute(call)
+
         async with anyio.create_task_group() as group:
             for index in range(16):
-                call = ToolCall("llm", {}, str(index), conversation="x")
-                group.start_soon(harnesses[index % 2].tools.execute, call)
+                group.start_soon(one, index)
         await harnesses[0].tools.execute(ToolCall("llm", {}, "a", conversation="x"))
         await harnesses[1].tools.execute(ToolCall("llm", {}, "b", conversation="x"))
         # one storm lowered the one shared limit; both now read the same value from Redis
