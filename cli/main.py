@@ -88,6 +88,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     proxy.add_argument("--default-timeout", metavar="MS", help="the budget of every other tool")
     proxy.add_argument(
+        "--transport",
+        choices=("stdio", "http"),
+        default="stdio",
+        help="how clients reach the proxy: this process's stdin/stdout (default), or "
+        "streamable HTTP at http://LISTEN/mcp",
+    )
+    proxy.add_argument(
+        "--listen",
+        default="127.0.0.1:8808",
+        metavar="HOST:PORT",
+        help="where --transport http listens (default 127.0.0.1:8808: loopback only)",
+    )
+    proxy.add_argument(
+        "--connect",
+        metavar="URL",
+        help="the downstream MCP server over streamable HTTP, instead of a command",
+    )
+    proxy.add_argument(
         "server", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the MCP server to start"
     )
     serve = commands.add_parser(
@@ -158,6 +176,9 @@ def _run(arguments: argparse.Namespace) -> int:
                 allow_imports=arguments.allow_imports,
                 timeouts_ms=timeouts,
                 default_timeout_ms=default_timeout,
+                transport=arguments.transport,
+                listen=arguments.listen,
+                connect=arguments.connect,
             )
         )
     elif arguments.command == "check":

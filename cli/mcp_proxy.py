@@ -2,27 +2,31 @@
 
     guardstack mcp-proxy --config guards.yaml --timeout 'search_*=5000' -- npx some-mcp-server
 
-Starts ``COMMAND [ARGS…]`` as the downstream MCP server (stdio), registers its
-tools with their budgets (``--timeout PATTERN=MS``, ``--default-timeout MS``) and
-idempotency (from the server's annotations), applies the plugins of ``--config``,
-and serves the same tools over this process's stdin/stdout. The configuration is
-read before anything is started, so a bad file fails at once; the child process
-is stopped when the client disconnects.
+Starts ``COMMAND [ARGS…]`` as the downstream MCP server (stdio) — or connects to
+one over streamable HTTP (``--connect URL``) — registers its tools with their
+budgets (``--timeout PATTERN=MS``, ``--default-timeout MS``) and idempotency (from
+the server's annotations), applies the plugins of ``--config``, and serves the same
+tools over this process's stdin/stdout, or over streamable HTTP (``--transport
+http``, at ``http://LISTEN/mcp``, loopback unless ``--listen`` says otherwise).
+Prompts, resources, resource templates and completions pass through unchanged.
+The configuration is read before anything is started, so a bad file fails at once;
+the child process is stopped when the client disconnects (stdio) or the proxy stops.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
 
 from guardstack.guards import ToolCallTimeoutPolicy
-from guardstack.integrations.mcp import mcp_tools, serve_proxy
+from guardstack.integrations.mcp import mcp_tools, serve_proxy, serve_proxy_http
 from guardstack.pipeline.errors import ConfigError, GuardstackError
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.values import MAX_TIMEOUT_MS, message_of
@@ -82,25 +86,39 @@ async def run_proxy(
     allow_imports: bool = False,
     timeouts_ms: dict[str, int] | None = None,
     default_timeout_ms: int | None = None,
+    transport: str = "stdio",
+    listen: str = "127.0.0.1:8808",
+    connect: str | None = None,
 ) -> None:
-    """Proxy ``command``'s MCP server over stdio until the client disconnects."""
-    from mcp import StdioServerParameters
+    """Proxy ``command``'s MCP server (or the one at ``connect``) over stdio until the
+    client disconnects, or over streamable HTTP until stopped."""
     from mcp.server.stdio import stdio_server
 
-    if not command:
+    if connect is not None and command:
+        raise ConfigError("mcp-proxy: give either --connect URL or -- COMMAND, not both")
+    if connect is None and not command:
         raise ConfigError("mcp-proxy: give the server to start after --, e.g. -- npx server")
+    host, port = _listen(listen)
     harness = Harness()
     if config is not None:
         harness.load(config, allow_imports=allow_imports)
     if (timeouts_ms or default_timeout_ms is not None) and not _enforces_budgets(harness):
         # Budgets declared on the command line are the tools' own: enforce them.
         harness.plugin(ToolCallTimeoutPolicy())
-    params = StdioServerParameters(command=command[0], args=list(command[1:]))
+    if transport == "http":
+        await _proxy_http(harness, command, connect, host, port, timeouts_ms, default_timeout_ms)
+        return
     try:
         async with stdio_server() as (server_read, server_write):
             try:
                 await _proxy(
-                    harness, params, server_read, server_write, timeouts_ms, default_timeout_ms
+                    harness,
+                    command,
+                    connect,
+                    server_read,
+                    server_write,
+                    timeouts_ms,
+                    default_timeout_ms,
                 )
             except Exception as error:
                 _exit_now(error)
@@ -121,7 +139,8 @@ def _exit_now(error: Exception) -> NoReturn:
 
 async def _proxy(
     harness: Harness,
-    params: Any,
+    command: Sequence[str],
+    connect: str | None,
     server_read: Any,
     server_write: Any,
     timeouts_ms: dict[str, int] | None,
@@ -131,8 +150,6 @@ async def _proxy(
     from the start, so a client that goes away (stdin closes) while the server is still
     starting stops the proxy — and its child — instead of waiting for a server that may
     never answer ``initialize``."""
-    from mcp import ClientSession, stdio_client
-
     send, receive = anyio.create_memory_object_stream[Any](max_buffer_size=64)
     ready = False
     async with anyio.create_task_group() as group:
@@ -145,11 +162,7 @@ async def _proxy(
                 group.cancel_scope.cancel()  # the client left first
 
         group.start_soon(pump)
-        async with (
-            stdio_client(params, errlog=sys.stderr) as (read, write),
-            ClientSession(read, write) as downstream,
-        ):
-            await downstream.initialize()
+        async with _downstream(command, connect) as downstream:
             tools = await mcp_tools(
                 downstream, timeouts_ms=timeouts_ms, default_timeout_ms=default_timeout_ms
             )
@@ -158,6 +171,61 @@ async def _proxy(
             ready = True
             await serve_proxy(harness, downstream, receive, server_write)
         group.cancel_scope.cancel()
+
+
+def _listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"mcp-proxy: --listen {listen!r} must be HOST:PORT, e.g. 127.0.0.1:8808",
+            key="listen",
+            value=listen,
+        )
+    return host, int(port)
+
+
+@contextlib.asynccontextmanager
+async def _downstream(command: Sequence[str], connect: str | None) -> AsyncIterator[Any]:
+    """The downstream server's session: a child over stdio, or a server over HTTP."""
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+
+    if connect is not None:
+        async with (
+            streamable_http_client(connect) as streams,
+            ClientSession(streams[0], streams[1]) as session,
+        ):
+            await session.initialize()
+            yield session
+        return
+    params = StdioServerParameters(command=command[0], args=list(command[1:]))
+    async with (
+        stdio_client(params, errlog=sys.stderr) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def _proxy_http(
+    harness: Harness,
+    command: Sequence[str],
+    connect: str | None,
+    host: str,
+    port: int,
+    timeouts_ms: dict[str, int] | None,
+    default_timeout_ms: int | None,
+) -> None:
+    async with _downstream(command, connect) as downstream:
+        tools = await mcp_tools(
+            downstream, timeouts_ms=timeouts_ms, default_timeout_ms=default_timeout_ms
+        )
+        for tool in tools:
+            harness.tools.register(tool)
+        print(
+            f"guardstack mcp-proxy: serving http://{host}:{port}/mcp", file=sys.stderr, flush=True
+        )
+        await serve_proxy_http(harness, downstream, host, port)
 
 
 def _first_reportable(group: BaseExceptionGroup[Any]) -> BaseException:

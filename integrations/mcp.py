@@ -35,6 +35,7 @@ import base64
 import binascii
 import itertools
 import json
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -59,7 +60,15 @@ if TYPE_CHECKING:
     from mcp import ClientSession
     from mcp.types import CallToolResult, Tool
 
-__all__ = ["MAX_PAGES", "McpServerError", "mcp_tools", "render_content", "serve_proxy"]
+__all__ = [
+    "MAX_PAGES",
+    "McpServerError",
+    "mcp_tools",
+    "proxy_server",
+    "render_content",
+    "serve_proxy",
+    "serve_proxy_http",
+]
 
 EXTRA = "mcp"
 OWNER = "mcp_tools"
@@ -266,26 +275,26 @@ def _describe(block: Any) -> str:
 _connections = itertools.count(1)
 
 
-async def serve_proxy(
-    harness: Harness, downstream: ClientSession, read_stream: Any, write_stream: Any
-) -> None:
-    """Serve the downstream server's tools over one MCP connection, through ``harness``.
-
-    The downstream tool list passes through unchanged (the harness must already hold
-    the tools from ``mcp_tools``, with their budgets); every call runs through the
-    harness's stages as one conversation; a timeout, denial or failure is an MCP
-    result with ``isError`` set and the seed's error text, and reminders are appended
-    to the result as a text block. A call ``Approval`` pauses is asked of the person at
-    the client through MCP elicitation (approve, reject with a reason, or — for flat
-    arguments — edit them); a client that cannot elicit gets the call rejected, with a
-    text saying why.
-    """
+def proxy_server(harness: Harness, downstream: ClientSession) -> Any:
+    """The ``mcp-proxy`` MCP server (the SDK's low-level ``Server``) in front of
+    ``downstream``: its tools through ``harness``, everything else it offers —
+    prompts, resources, resource templates, completions, subscriptions — passed
+    through unchanged. Each client session is one conversation and one turn."""
     require("mcp", EXTRA)
     from mcp.server.lowlevel import Server
     from mcp.types import CallToolResult, TextContent
 
-    conversation = f"mcp-proxy-{next(_connections)}"
+    conversations: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
     calls = itertools.count(1)
+
+    def conversation_of(ctx: Any) -> str:
+        # the SDK hands each request its own ServerSession over one connection: the
+        # connection is the client's session (over stdio, the only one)
+        connection = getattr(ctx.session, "_connection", ctx.session)
+        key = conversations.get(connection)
+        if key is None:
+            key = conversations[connection] = f"mcp-proxy-{next(_connections)}"
+        return key
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         return await downstream.list_tools(params=params)
@@ -295,7 +304,7 @@ async def serve_proxy(
             params.name,
             params.arguments or {},
             f"call_{next(calls)}",
-            conversation=conversation,
+            conversation=conversation_of(ctx),
         )
         outcome = await harness.tools.execute(call)
         if outcome.pending is not None:  # Approval: ask the person at the client
@@ -315,5 +324,88 @@ async def serve_proxy(
             content=content, structured_content=structured, is_error=result.is_error
         )
 
-    server: Any = Server("guardstack-mcp-proxy", on_list_tools=list_tools, on_call_tool=call_tool)
+    handlers = _passthrough(downstream)
+    return Server(
+        "guardstack-mcp-proxy", on_list_tools=list_tools, on_call_tool=call_tool, **handlers
+    )
+
+
+def _passthrough(downstream: ClientSession) -> dict[str, Any]:
+    """Handlers that forward what the downstream server offers besides tools, as it is."""
+    offered = downstream.server_capabilities
+    handlers: dict[str, Any] = {}
+    if offered is None:
+        return handlers
+    if offered.prompts is not None:
+
+        async def list_prompts(ctx: Any, params: Any) -> Any:
+            return await downstream.list_prompts(params=params)
+
+        async def get_prompt(ctx: Any, params: Any) -> Any:
+            return await downstream.get_prompt(params.name, params.arguments)
+
+        handlers |= {"on_list_prompts": list_prompts, "on_get_prompt": get_prompt}
+    if offered.resources is not None:
+
+        async def list_resources(ctx: Any, params: Any) -> Any:
+            return await downstream.list_resources(params=params)
+
+        async def list_templates(ctx: Any, params: Any) -> Any:
+            return await downstream.list_resource_templates(params=params)
+
+        async def read_resource(ctx: Any, params: Any) -> Any:
+            return await downstream.read_resource(str(params.uri))
+
+        handlers |= {
+            "on_list_resources": list_resources,
+            "on_list_resource_templates": list_templates,
+            "on_read_resource": read_resource,
+        }
+        if offered.resources.subscribe:
+
+            async def subscribe(ctx: Any, params: Any) -> Any:
+                return await downstream.subscribe_resource(str(params.uri))
+
+            async def unsubscribe(ctx: Any, params: Any) -> Any:
+                return await downstream.unsubscribe_resource(str(params.uri))
+
+            handlers |= {"on_subscribe_resource": subscribe, "on_unsubscribe_resource": unsubscribe}
+    if offered.completions is not None:
+
+        async def complete(ctx: Any, params: Any) -> Any:
+            context = params.context.arguments if params.context is not None else None
+            argument = {"name": params.argument.name, "value": params.argument.value}
+            return await downstream.complete(params.ref, argument, context)
+
+        handlers["on_completion"] = complete
+    return handlers
+
+
+async def serve_proxy(
+    harness: Harness, downstream: ClientSession, read_stream: Any, write_stream: Any
+) -> None:
+    """Serve ``proxy_server`` over one MCP connection (stdio's streams).
+
+    The downstream tool list passes through unchanged (the harness must already hold
+    the tools from ``mcp_tools``, with their budgets); every call runs through the
+    harness's stages as one conversation; a timeout, denial or failure is an MCP
+    result with ``isError`` set and the seed's error text, and reminders are appended
+    to the result as a text block. A call ``Approval`` pauses is asked of the person at
+    the client through MCP elicitation (approve, reject with a reason, or — for flat
+    arguments — edit them); a client that cannot elicit gets the call rejected, with a
+    text saying why.
+    """
+    server = proxy_server(harness, downstream)
     await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def serve_proxy_http(
+    harness: Harness, downstream: ClientSession, host: str, port: int
+) -> None:
+    """Serve ``proxy_server`` over streamable HTTP at ``http://host:port/mcp`` (the SDK's
+    default path), until cancelled."""
+    import uvicorn
+
+    app = proxy_server(harness, downstream).streamable_http_app(host=host)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    await uvicorn.Server(config).serve()

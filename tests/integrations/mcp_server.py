@@ -7,7 +7,10 @@ Its tools cover what a guard stack must handle: ``echo`` (read-only), ``search``
 ``cancelled hang`` to the log file when the client cancels it), ``fail`` (an MCP
 error result), ``send_email`` (not idempotent: counts its runs in the log, and
 fails its first run so a retry would show), ``picture`` (image content) and
-``data`` (structured content only). Every run is logged as ``run <tool>``.
+``data`` (structured content only). Every run is logged as ``run <tool>``. It also
+offers a prompt (``review``), resources (``notes://today``, the template
+``notes://{day}``) and completions, which a proxy must pass through. With a port
+after the log file it serves streamable HTTP there instead of stdio.
 """
 
 from __future__ import annotations
@@ -98,6 +101,36 @@ def data() -> dict[str, int]:
     return {"answer": 42}
 
 
+@server.prompt()
+def review(language: str) -> str:
+    """Ask for a code review."""
+    return f"Review this {language} code carefully."
+
+
+@server.resource("notes://today")
+def today() -> str:
+    """Today's notes."""
+    return "ship the proxy"
+
+
+@server.resource("notes://{day}")
+def notes(day: str) -> str:
+    """The notes of one day."""
+    return f"notes for {day}"
+
+
+@server.completion()  # type: ignore[untyped-decorator,no-untyped-call]  # untyped in the SDK
+async def complete(ref: object, argument: object, context: object) -> object:
+    from mcp.types import Completion
+
+    value = getattr(argument, "value", "")
+    languages = [name for name in ("python", "pascal", "perl") if name.startswith(value)]
+    return Completion(values=languages)
+
+
 if __name__ == "__main__":
     log(f"pid {os.getpid()}")
-    server.run("stdio")
+    if len(sys.argv) > 2:  # streamable HTTP on this port, for the HTTP proxy test
+        server.run("streamable-http", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

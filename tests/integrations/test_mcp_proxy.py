@@ -179,3 +179,105 @@ async def test_a_client_that_cannot_elicit_gets_the_call_rejected_with_why(
         "cannot ask for it (it does not support elicitation)"
     ]
     assert not [line for line in runs(log) if line.startswith("run send_email")]
+
+
+async def test_prompts_resources_and_completions_pass_through_unchanged(tmp_path: Path) -> None:
+    from mcp.types import PromptReference
+
+    async def everything(session: Any) -> list[Any]:
+        return [
+            (await session.list_prompts()).prompts,
+            (await session.get_prompt("review", {"language": "python"})).messages,
+            (await session.list_resources()).resources,
+            (await session.list_resource_templates()).resource_templates,
+            (await session.read_resource("notes://today")).contents,
+            (await session.read_resource("notes://monday")).contents,
+            (
+                await session.complete(
+                    PromptReference(name="review"), {"name": "language", "value": "p"}
+                )
+            ).completion.values,
+        ]
+
+    async with connected(server_command(tmp_path), tmp_path) as direct:
+        expected = await everything(direct)
+    async with connected(proxy_command(tmp_path), tmp_path) as proxy:
+        proxied = await everything(proxy)
+    assert proxied == expected
+    assert expected[6] == ["python", "pascal", "perl"]
+
+
+async def test_the_proxy_over_streamable_http_in_front_of_a_server_over_http(
+    tmp_path: Path,
+) -> None:
+    import socket
+    import subprocess
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return int(probe.getsockname()[1])
+
+    downstream_port, proxy_port = free_port(), free_port()
+    log = server_log(tmp_path)
+    config = tmp_path / "guards.yaml"
+    config.write_text(CONFIG, "utf-8")
+    root = str(Path(__file__).parents[2])
+    server = [sys.executable, "-m", "tests.integrations.mcp_server", str(log)]
+    proxy = [
+        sys.executable,
+        "-c",
+        "from guardstack.cli.main import main; raise SystemExit(main())",
+        "mcp-proxy",
+        "--config",
+        str(config),
+        "--transport",
+        "http",
+        "--listen",
+        f"127.0.0.1:{proxy_port}",
+        "--connect",
+        f"http://127.0.0.1:{downstream_port}/mcp",
+    ]
+    started = []
+    try:
+        quiet = subprocess.DEVNULL
+        started.append(
+            await anyio.open_process([*server, str(downstream_port)], cwd=root, stderr=quiet)
+        )
+        await _until_listening(downstream_port)
+        started.append(await anyio.open_process(proxy, cwd=root, stderr=quiet))
+        await _until_listening(proxy_port)
+        url = f"http://127.0.0.1:{proxy_port}/mcp"
+        async with (
+            streamable_http_client(url) as streams,
+            ClientSession(streams[0], streams[1]) as session,
+        ):
+            await session.initialize()
+            names = [tool.name for tool in (await session.list_tools()).tools]
+            searches = [await session.call_tool("search", {"query": "x"}) for _ in range(3)]
+            prompts = [prompt.name for prompt in (await session.list_prompts()).prompts]
+            read = await session.read_resource("notes://today")
+    finally:
+        for process in reversed(started):
+            process.terminate()
+            with anyio.fail_after(10):
+                await process.wait()
+    assert "search" in names
+    assert [GENTLE_TEXT in texts(result) for result in searches] == [False, False, True]
+    assert prompts == ["review"]
+    assert read.contents[0].text == "ship the proxy"  # type: ignore[union-attr]
+
+
+async def _until_listening(port: int) -> None:
+    import socket
+
+    with anyio.fail_after(20):
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    return
+            except OSError:
+                await anyio.sleep(0.05)

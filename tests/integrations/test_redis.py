@@ -541,6 +541,7 @@ async def test_two_harnesses_on_one_redis_admit_against_one_adaptive_limit(
         harness.plugin(limit)
         harnesses.append(harness)
     try:
+
         async def one(index: int) -> None:
             call = ToolCall("llm", {}, str(index), conversation="x")
             await harnesses[index % 2].tools.execute(call)
