@@ -201,30 +201,16 @@ class FrameworkCalls:
         description: str = "",
         parameters: Mapping[str, Any] | None = None,
         timeout_ms: int | None = None,
+        decision: Decision | None = None,
     ) -> ToolOutcome:
-        """Run one framework tool call through the harness's three tool stages."""
+        """Run one framework tool call through the harness's three tool stages; with a
+        ``decision``, a call paused for approval and now decided, from inside
+        ``Approval`` (the layers before it decided before the pause)."""
         call = ToolCall(name, arguments, call_id, conversation=conversation)
         tool = self._tool(name, run, conversation, description, parameters, timeout_ms)
+        if decision is not None:
+            return await self.harness.tools.run_decided(call, decision, tool=tool)
         return await self.harness.tools.execute(call, tool=tool)
-
-    async def resume(
-        self,
-        name: str,
-        arguments: Mapping[str, Any] | str,
-        call_id: str,
-        conversation: Hashable,
-        run: RunTool,
-        decision: Decision,
-        *,
-        description: str = "",
-        parameters: Mapping[str, Any] | None = None,
-        timeout_ms: int | None = None,
-    ) -> ToolOutcome:
-        """Run a call paused for approval, now decided: from inside ``Approval`` (the
-        layers before it decided before the pause), then dispatch and post-execute."""
-        call = ToolCall(name, arguments, call_id, conversation=conversation)
-        tool = self._tool(name, run, conversation, description, parameters, timeout_ms)
-        return await self.harness.tools.run_decided(call, decision, tool=tool)
 
     def _tool(
         self,

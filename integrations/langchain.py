@@ -215,19 +215,22 @@ class GuardstackMiddleware(AgentMiddleware[GuardstackState, Any, Any]):
             return _result(await handler(request))
 
         tool = request.tool
-        description = tool.description if tool is not None else ""
-        parameters = _parameters(tool)
-        paused = self._paused.pop((conversation, call["id"]), None)
-        if paused is None:
-            outcome = await self._calls.execute(
+
+        def execute(decision: Decision | None = None) -> Awaitable[ToolOutcome]:
+            return self._calls.execute(
                 call["name"],
                 call["args"],
                 call["id"] or "",
                 conversation,
                 run,
-                description=description,
-                parameters=parameters,
+                description=tool.description if tool is not None else "",
+                parameters=_parameters(tool),
+                decision=decision,
             )
+
+        paused = self._paused.pop((conversation, call["id"]), None)
+        if paused is None:
+            outcome = await execute()
             paused = outcome.pending
         if paused is not None:
             # LangGraph's own pause: raises the first time; on the thread's resume (the
@@ -235,16 +238,7 @@ class GuardstackMiddleware(AgentMiddleware[GuardstackState, Any, Any]):
             self._paused[(conversation, call["id"])] = paused
             answer = interrupt(_interrupt_value(paused))
             self._paused.pop((conversation, call["id"]), None)
-            outcome = await self._calls.resume(
-                call["name"],
-                call["args"],
-                call["id"] or "",
-                conversation,
-                run,
-                _decision(answer),
-                description=description,
-                parameters=parameters,
-            )
+            outcome = await execute(_decision(answer))
         if outcome.contexts or outcome.ends_turn:
             pending = self._pending.setdefault(conversation, _Pending())
             pending.contexts.extend((call["id"] or "", context) for context in outcome.contexts)

@@ -384,6 +384,11 @@ def _source_from_wire(wire: Mapping[str, Any]) -> MessageSource:
     return MessageSource(source_kind, _optional_text(source, "plugin"))
 
 
+def _where(wire: Mapping[str, Any]) -> tuple[int, int, str]:
+    """A call event's turn, step and call id."""
+    return _count(wire, "turn"), _count(wire, "step"), _field(wire, "call_id", str)
+
+
 def _event_from_wire(wire: Mapping[str, Any]) -> Event:
     """One event from its wire form; a line that breaks the schema raises ``_Schema``."""
     kind = wire["type"]
@@ -391,9 +396,7 @@ def _event_from_wire(wire: Mapping[str, Any]) -> Event:
         return UserMessage(_field(wire, "text", str), _source_from_wire(wire))
     if kind == ContextDeferred.type:
         return ContextDeferred(
-            _count(wire, "turn"),
-            _count(wire, "step"),
-            _field(wire, "call_id", str),
+            *_where(wire),
             _field(wire, "text", str),
             _source_from_wire(wire),
         )
@@ -413,9 +416,7 @@ def _event_from_wire(wire: Mapping[str, Any]) -> Event:
         return SystemMessage(_field(wire, "text", str))
     if kind == ToolResultEvent.type:
         return ToolResultEvent(
-            _count(wire, "turn"),
-            _count(wire, "step"),
-            _field(wire, "call_id", str),
+            *_where(wire),
             _result_from_wire(wire),
             _optional_text(wire, "child_session"),
         )
@@ -436,9 +437,7 @@ def _event_from_wire(wire: Mapping[str, Any]) -> Event:
         return step_class(_count(wire, "turn"), _count(wire, "step"))
     if kind == ApprovalRequest.type:
         return ApprovalRequest(
-            _count(wire, "turn"),
-            _count(wire, "step"),
-            _field(wire, "call_id", str),
+            *_where(wire),
             _field(wire, "tool", str),
             _field(wire, "arguments_json", str),
             _field(wire, "digest", str),
@@ -453,9 +452,7 @@ def _event_from_wire(wire: Mapping[str, Any]) -> Event:
         if waited is not None and (isinstance(waited, bool) or not isinstance(waited, int | float)):
             raise _Schema("field 'waited_s' is not a number")
         return ApprovalDecision(
-            _count(wire, "turn"),
-            _count(wire, "step"),
-            _field(wire, "call_id", str),
+            *_where(wire),
             decision,
             _optional_text(wire, "by"),
             _optional_text(wire, "reason"),

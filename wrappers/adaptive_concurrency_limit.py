@@ -33,7 +33,7 @@ import attrs
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
 from guardstack.pipeline.validate import StageName, integer, invalid, optional_integer, stage
 from guardstack.wrappers._keyed import StateKeys, StoreFailures, check_key, check_store, register
-from guardstack.wrappers.concurrency_limit import SlotQueue, _Overloaded
+from guardstack.wrappers.concurrency_limit import SlotQueue, _Overloaded, overloaded
 
 __all__ = ["AIMD", "AdaptiveConcurrencyLimit", "ExpAvg", "Gradient2"]
 
@@ -288,8 +288,8 @@ class _Limits:
                 None if timeout_ms is None else timeout_ms / 1000,
                 lambda: self._clamped(state.limit),  # a waiter sees the limit as it is now
             )
-        except _Overloaded as overloaded:
-            return stage.deliver(self._refusal(item, overloaded.reason))
+        except _Overloaded as full:
+            return stage.deliver(self._refusal(item, full.reason))
         except Exception as error:
             if not self.failures.fails_open(error):
                 return stage.deliver(self._refusal(item, self.failures.reason()))
@@ -331,10 +331,4 @@ class _Limits:
         await self._move(key, state, before, after)
 
     def _refusal(self, item: Any, reason: str) -> Outcome:
-        return self.stage.refusal(
-            item,
-            "OVERLOADED",
-            f"{self.stage.label(item)} is overloaded: {reason}",
-            layer=PLUGIN,
-            name="OverloadedError",
-        )
+        return overloaded(self.stage, item, reason, PLUGIN)

@@ -229,10 +229,16 @@ class _Limits:
                 self.failures.fails_open(error)
 
     def _refusal(self, item: Any, reason: str) -> Outcome:
-        return self.stage.refusal(
-            item,
-            "OVERLOADED",
-            f"{self.stage.label(item)} is overloaded: {reason}",
-            layer=PLUGIN,
-            name="OverloadedError",
-        )
+        return overloaded(self.stage, item, reason, PLUGIN)
+
+
+def overloaded(stage: StageAdapter[Any, Any], item: Any, reason: str, layer: str) -> Outcome:
+    """The ``*_OVERLOADED`` refusal a full limit answers (a concurrency limit's, adaptive
+    or not)."""
+    return stage.refusal(
+        item,
+        "OVERLOADED",
+        f"{stage.label(item)} is overloaded: {reason}",
+        layer=layer,
+        name="OverloadedError",
+    )

@@ -24,21 +24,24 @@ CONFIG = """\
 """
 
 
-def proxy_command(directory: Path) -> list[str]:
-    config = directory / "guards.yaml"
-    config.write_text(CONFIG, "utf-8")
-    return [
-        sys.executable,
-        "-c",
-        "from guardstack.cli.main import main; raise SystemExit(main())",
-        "mcp-proxy",
-        "--config",
-        str(config),
-        "--timeout",
-        "hang=300",
-        "--",
-        *server_command(directory),
-    ]
+GUARDSTACK = [
+    sys.executable,
+    "-c",
+    "from guardstack.cli.main import main; raise SystemExit(main())",
+]
+
+
+def proxy_command(
+    directory: Path, config_text: str = CONFIG, *options: str, name: str = "guards.yaml"
+) -> list[str]:
+    """``guardstack mcp-proxy`` with ``config_text`` as its config, in front of the test
+    server over stdio (``options`` before ``--``)."""
+    config = directory / name
+    config.write_text(config_text, "utf-8")
+    if config_text == CONFIG and not options:
+        options = ("--timeout", "hang=300")
+    return [*GUARDSTACK, "mcp-proxy", "--config", str(config), *options, "--",
+            *server_command(directory)]  # fmt: skip
 
 
 def texts(result: Any) -> list[str]:
@@ -92,9 +95,7 @@ async def test_budgets_given_on_the_command_line_are_enforced_without_a_config(
     tmp_path: Path,
 ) -> None:
     command = [
-        sys.executable,
-        "-c",
-        "from guardstack.cli.main import main; raise SystemExit(main())",
+        *GUARDSTACK,
         "mcp-proxy",
         "--timeout",
         "hang=300",
@@ -115,18 +116,7 @@ APPROVAL_CONFIG = """\
 
 
 def approval_proxy(directory: Path) -> list[str]:
-    config = directory / "approval.yaml"
-    config.write_text(APPROVAL_CONFIG, "utf-8")
-    return [
-        sys.executable,
-        "-c",
-        "from guardstack.cli.main import main; raise SystemExit(main())",
-        "mcp-proxy",
-        "--config",
-        str(config),
-        "--",
-        *server_command(directory),
-    ]
+    return proxy_command(directory, APPROVAL_CONFIG, name="approval.yaml")
 
 
 async def test_a_destructive_call_is_asked_of_the_person_through_elicitation(
@@ -228,9 +218,7 @@ async def test_the_proxy_over_streamable_http_in_front_of_a_server_over_http(
     root = str(Path(__file__).parents[2])
     server = [sys.executable, "-m", "tests.integrations.mcp_server", str(log)]
     proxy = [
-        sys.executable,
-        "-c",
-        "from guardstack.cli.main import main; raise SystemExit(main())",
+        *GUARDSTACK,
         "mcp-proxy",
         "--config",
         str(config),
