@@ -48,6 +48,10 @@ bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of 
 	$(BIN)/python -m benchmarks.resilience
 	$(BIN)/python -m benchmarks.loops
 	$(BIN)/python -m benchmarks.temporal
+	$(BIN)/python -m benchmarks.store
+	$(BIN)/python -m benchmarks.agents
+	$(BIN)/python -m benchmarks.adaptive --change
+	$(BIN)/python -m benchmarks.frameworks
 
 ci: check test
 

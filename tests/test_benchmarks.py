@@ -53,6 +53,18 @@ async def test_the_agent_tree_benchmark_does_the_same_work_both_ways() -> None:
     assert (by_hand[2], tree[2]) == (Usage(20, 20), Usage(50, 50))
 
 
+def test_the_framework_benchmark_runs_one_step_with_one_tool_call_in_each() -> None:
+    import asyncio
+
+    from benchmarks.frameworks import BUILDERS
+
+    async def each() -> None:
+        for build in BUILDERS.values():
+            await build()()  # each asserts its own final answer
+
+    asyncio.run(each())
+
+
 def test_the_adaptive_benchmark_meets_its_goals_on_a_short_run() -> None:
     from benchmarks.adaptive import recovery, run
 
