@@ -123,10 +123,14 @@ def built(plugin: AdaptiveConcurrencyLimit, provider: Provider, *more: Any) -> H
 
 
 async def burst(harness: Harness, count: int, start: int = 0) -> list[ToolResult]:
+    return await burst_of(harness, "llm", count, start)
+
+
+async def burst_of(harness: Harness, tool: str, count: int, start: int = 0) -> list[ToolResult]:
     results: list[ToolResult] = []
 
     async def one(index: int) -> None:
-        outcome = await harness.tools.execute(ToolCall("llm", {}, str(index), conversation="x"))
+        outcome = await harness.tools.execute(ToolCall(tool, {}, str(index), conversation="x"))
         results.append(outcome.result)
 
     async with anyio.create_task_group() as group:
@@ -139,6 +143,14 @@ async def test_the_limit_climbs_without_overload_and_never_more_run_than_it() ->
     provider = Provider(capacity=1_000)
     plugin = AdaptiveConcurrencyLimit(initial=2, min=1, max=16)
     harness = built(plugin, provider)
+    over: list[tuple[int, int]] = []
+
+    async def watched(arguments: Any, call: ToolCall) -> Any:
+        if provider.running + 1 > plugin.current():  # this call would be one too many
+            over.append((provider.running + 1, plugin.current()))
+        return await provider(arguments, call)
+
+    harness.tools.register(ToolDefinition("watched", watched))
     seen: list[int] = []
     for round_number in range(30):
         await burst(harness, 32, round_number * 32)
@@ -146,6 +158,9 @@ async def test_the_limit_climbs_without_overload_and_never_more_run_than_it() ->
     assert seen == sorted(seen)  # only climbs
     assert seen[-1] == 16  # up to its max
     assert provider.most <= 16
+    for index in range(64):  # the same limit in front of another tool: never exceeded
+        await burst_of(harness, "watched", 32, index * 32)
+    assert over == []
 
 
 async def test_the_limit_falls_on_overload_and_a_storm_counts_once() -> None:
