@@ -162,15 +162,19 @@ BUILDERS = {
 }
 
 
-async def _measure(framework: str, runs: int) -> float:
+async def _measure(framework: str, runs: int, seconds: float = 1.0) -> float:
+    """µs of CPU per run: at least ``runs`` runs and at least ``seconds`` of CPU, so a
+    fast loop is timed as long as a slow one."""
     run = BUILDERS[framework]()
     for _ in range(max(5, runs // 5)):  # warm up: imports, caches, specialisations
         await run()
     gc.collect()
     started = time.process_time()
-    for _ in range(runs):
+    done = 0
+    while done < runs or time.process_time() - started < seconds:
         await run()
-    return (time.process_time() - started) / runs * 1e6
+        done += 1
+    return (time.process_time() - started) / done * 1e6
 
 
 def in_process(framework: str, runs: int) -> float:
