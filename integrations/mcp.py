@@ -36,8 +36,10 @@ import binascii
 import itertools
 import json
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
+
+import anyio
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._framework import budgets
@@ -54,7 +56,7 @@ from guardstack.pipeline import (
 )
 from guardstack.pipeline.approval import Decision
 from guardstack.pipeline.validate import cut
-from guardstack.pipeline.values import failed_result, validate_timeout_ms
+from guardstack.pipeline.values import TOOL_UNAVAILABLE, failed_result, validate_timeout_ms
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -217,15 +219,38 @@ def _idempotent(tool: Tool) -> bool | None:
     return hints.idempotent_hint
 
 
+#: The error name of a call whose server went away mid-call (or before it).
+SERVER_GONE: Final = "McpServerGone"
+
+
 def _caller(session: ClientSession, name: str) -> Any:
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import CONNECTION_CLOSED
+
     async def call_tool(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
         # Cancelling this await (a guardstack timeout) makes the SDK send the server
         # notifications/cancelled for the request.
-        result = await session.call_tool(name, dict(arguments))
+        try:
+            result = await session.call_tool(name, dict(arguments))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+            return _gone(name)
+        except MCPError as error:
+            if error.error.code == CONNECTION_CLOSED:
+                return _gone(name)
+            raise
         return result_of(result)
 
     call_tool.__name__ = f"mcp_{name}"
     return call_tool
+
+
+def _gone(name: str) -> ToolResult:
+    return ToolResult.failure(
+        f"the MCP server behind tool {name!r} stopped (its connection closed); the call "
+        "did not complete",
+        name=SERVER_GONE,
+        code=TOOL_UNAVAILABLE,
+    )
 
 
 def result_of(result: CallToolResult) -> ToolResult:
@@ -275,7 +300,9 @@ def _describe(block: Any) -> str:
 _connections = itertools.count(1)
 
 
-def proxy_server(harness: Harness, downstream: ClientSession) -> Any:
+def proxy_server(
+    harness: Harness, downstream: ClientSession, on_lost: Callable[[], None] | None = None
+) -> Any:
     """The ``mcp-proxy`` MCP server (the SDK's low-level ``Server``) in front of
     ``downstream``: its tools through ``harness``, everything else it offers —
     prompts, resources, resource templates, completions, subscriptions — passed
@@ -313,6 +340,8 @@ def proxy_server(harness: Harness, downstream: ClientSession) -> Any:
                 call, decision, asked_by=outcome.pending.asked_by
             )
         result = outcome.result
+        if on_lost is not None and result.error is not None and result.error.name == SERVER_GONE:
+            on_lost()  # this answer goes out, then the proxy stops
         original = result.value if isinstance(result.value, CallToolResult) else None
         if original is not None and not result.is_error:
             content = list(original.content)
@@ -395,8 +424,20 @@ async def serve_proxy(
     arguments — edit them); a client that cannot elicit gets the call rejected, with a
     text saying why.
     """
-    server = proxy_server(harness, downstream)
-    await server.run(read_stream, write_stream, server.create_initialization_options())
+    lost = anyio.Event()
+    server = proxy_server(harness, downstream, lost.set)
+    async with anyio.create_task_group() as group:
+
+        async def stop_when_lost() -> None:
+            await lost.wait()
+            await anyio.sleep(0.2)  # let the answers to the pending calls go out first
+            group.cancel_scope.cancel()
+
+        group.start_soon(stop_when_lost)
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+        group.cancel_scope.cancel()
+    if lost.is_set():
+        raise McpServerError("the MCP server behind the proxy stopped; the proxy stops too")
 
 
 async def serve_proxy_http(
@@ -406,6 +447,17 @@ async def serve_proxy_http(
     default path), until cancelled."""
     import uvicorn
 
-    app = proxy_server(harness, downstream).streamable_http_app(host=host)
+    running: Any = None
+    gone: list[bool] = []
+
+    def lost() -> None:
+        gone.append(True)
+        if running is not None:
+            running.should_exit = True  # after the answers in flight
+
+    app = proxy_server(harness, downstream, lost).streamable_http_app(host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-    await uvicorn.Server(config).serve()
+    running = uvicorn.Server(config)
+    await running.serve()
+    if gone:
+        raise McpServerError("the MCP server behind the proxy stopped; the proxy stops too")

@@ -7,7 +7,8 @@ Its tools cover what a guard stack must handle: ``echo`` (read-only), ``search``
 ``cancelled hang`` to the log file when the client cancels it), ``fail`` (an MCP
 error result), ``send_email`` (not idempotent: counts its runs in the log, and
 fails its first run so a retry would show), ``picture`` (image content) and
-``data`` (structured content only). Every run is logged as ``run <tool>``. It also
+``data`` (structured content only), ``crash`` (the server exits mid-call). Every run
+is logged as ``run <tool>``. It also
 offers a prompt (``review``), resources (``notes://today``, the template
 ``notes://{day}``) and completions, which a proxy must pass through. With a port
 after the log file it serves streamable HTTP there instead of stdio.
@@ -99,6 +100,14 @@ def data() -> dict[str, int]:
     """Structured numbers."""
     log("run data")
     return {"answer": 42}
+
+
+@server.tool()
+async def crash() -> str:
+    """Kill this server mid-call (for the proxy's test of a downstream that dies)."""
+    log("run crash")
+    await anyio.sleep(0.2)
+    os._exit(3)
 
 
 @server.prompt()

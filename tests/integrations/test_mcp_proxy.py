@@ -269,3 +269,30 @@ async def _until_listening(port: int) -> None:
                     return
             except OSError:
                 await anyio.sleep(0.05)
+
+
+async def test_a_downstream_that_dies_mid_call_answers_every_pending_call_and_stops_the_proxy(
+    tmp_path: Path,
+) -> None:
+    answers: dict[str, Any] = {}
+    async with connected(proxy_command(tmp_path), tmp_path) as proxy:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+
+                async def call(name: str, arguments: dict[str, Any]) -> None:
+                    answers[name] = await proxy.call_tool(name, arguments)
+
+                group.start_soon(call, "slow", {"seconds": 5})
+                await anyio.sleep(0.1)
+                group.start_soon(call, "crash", {})  # the server exits 0.2 s into it
+        stderr = tmp_path / "stderr.log"
+        with anyio.fail_after(10):
+            while "the proxy stops too" not in stderr.read_text("utf-8"):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+    for name in ("slow", "crash"):
+        assert answers[name].is_error
+        assert texts(answers[name]) == [
+            f"Error: the MCP server behind tool {name!r} stopped (its connection closed); "
+            "the call did not complete"
+        ]
+    assert "guardstack: the MCP server behind the proxy stopped" in stderr.read_text("utf-8")
