@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextvars
 import itertools
 import json
+import logging
 import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -73,6 +75,7 @@ __all__ = [
 ]
 
 EXTRA = "mcp"
+logger = logging.getLogger("guardstack")
 OWNER = "mcp_tools"
 
 
@@ -222,6 +225,31 @@ def _idempotent(tool: Tool) -> bool | None:
 #: The error name of a call whose server went away mid-call (or before it).
 SERVER_GONE: Final = "McpServerGone"
 
+#: While the proxy runs a client's call: where that client wants progress sent — its
+#: session, its progress token, its request id — so the downstream's progress reaches it.
+_PROGRESS: contextvars.ContextVar[tuple[Any, str | int, Any] | None] = contextvars.ContextVar(
+    "guardstack_mcp_progress", default=None
+)
+
+
+def _forward_progress() -> Any:
+    """A ``progress_callback`` that relays the downstream's progress to the proxy's
+    client, or ``None`` when no client asked for progress."""
+    wanted = _PROGRESS.get()
+    if wanted is None:
+        return None
+    session, token, request_id = wanted
+
+    async def relay(progress: float, total: float | None, message: str | None) -> None:
+        try:
+            await session.send_progress_notification(
+                token, progress, total, message, related_request_id=request_id
+            )
+        except Exception:  # a client that left: its progress goes nowhere
+            logger.debug("mcp-proxy: progress not relayed", exc_info=True)
+
+    return relay
+
 
 def _caller(session: ClientSession, name: str) -> Any:
     from mcp.shared.exceptions import MCPError
@@ -231,7 +259,9 @@ def _caller(session: ClientSession, name: str) -> Any:
         # Cancelling this await (a guardstack timeout) makes the SDK send the server
         # notifications/cancelled for the request.
         try:
-            result = await session.call_tool(name, dict(arguments))
+            result = await session.call_tool(
+                name, dict(arguments), progress_callback=_forward_progress()
+            )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
             return _gone(name)
         except MCPError as error:
@@ -333,7 +363,14 @@ def proxy_server(
             f"call_{next(calls)}",
             conversation=conversation_of(ctx),
         )
-        outcome = await harness.tools.execute(call)
+        meta = ctx.meta or {}
+        token = meta.get("progress_token", meta.get("progressToken"))
+        relay = _PROGRESS.set((ctx.session, token, ctx.request_id)) if token is not None else None
+        try:
+            outcome = await harness.tools.execute(call)
+        finally:
+            if relay is not None:
+                _PROGRESS.reset(relay)
         if outcome.pending is not None:  # Approval: ask the person at the client
             decision = await _ask_client(ctx, outcome.pending)
             outcome = await harness.tools.run_decided(

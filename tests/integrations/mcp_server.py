@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import anyio
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
@@ -100,6 +100,15 @@ def data() -> dict[str, int]:
     """Structured numbers."""
     log("run data")
     return {"answer": 42}
+
+
+@server.tool()
+async def count(n: int, ctx: Context) -> str:
+    """Count to n, reporting progress at each step."""
+    for step in range(1, n + 1):
+        await ctx.report_progress(step, n, f"step {step}")
+        await anyio.sleep(0.01)
+    return f"counted to {n}"
 
 
 @server.tool()

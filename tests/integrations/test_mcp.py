@@ -67,7 +67,8 @@ async def test_mcp_tools_become_definitions_with_budgets_and_idempotency(tmp_pat
             )
         }
     assert set(tools) == {
-        "echo", "search", "slow", "hang", "fail", "send_email", "picture", "data", "crash"
+        "echo", "search", "slow", "hang", "fail", "send_email", "picture", "data", "crash",
+        "count"
     }  # fmt: skip
     assert tools["hang"].timeout_ms == 300
     assert tools["search"].timeout_ms == tools["slow"].timeout_ms == 2_000

@@ -296,3 +296,17 @@ async def test_a_downstream_that_dies_mid_call_answers_every_pending_call_and_st
             "the call did not complete"
         ]
     assert "guardstack: the MCP server behind the proxy stopped" in stderr.read_text("utf-8")
+
+
+async def test_the_downstreams_progress_reaches_the_client_through_the_proxy(
+    tmp_path: Path,
+) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append((done, total, message))
+
+    async with connected(proxy_command(tmp_path), tmp_path) as proxy:
+        result = await proxy.call_tool("count", {"n": 3}, progress_callback=progress)  # type: ignore[call-overload]
+    assert texts(result) == ["counted to 3"]
+    assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
