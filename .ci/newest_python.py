@@ -24,7 +24,13 @@ TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "trio>=0.25", "pytest-httpserver
 TEST_TOOLS += ["build>=1.2", "setuptools>=77"]
 #: Each integration extra, and the test files that need it.
 EXTRAS = {
-    "openai": ["test_openai.py", "test_openai_hostile.py", "test_docs_models.py"],
+    "openai": [
+        "test_openai.py",
+        "test_openai_hostile.py",
+        "test_docs_models.py",
+        "test_model_proxy.py",
+    ],
+    "proxy": ["test_model_proxy.py"],
     "anthropic": ["test_anthropic.py", "test_docs_models.py"],
     "litellm": ["test_litellm.py", "test_docs_models.py"],
     "mcp": ["test_mcp.py", "test_mcp_hostile.py", "test_mcp_proxy.py", "test_docs_mcp.py"],

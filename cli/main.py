@@ -108,6 +108,27 @@ def _parser() -> argparse.ArgumentParser:
     proxy.add_argument(
         "server", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the MCP server to start"
     )
+    model_proxy = commands.add_parser(
+        "model-proxy",
+        help="serve an OpenAI-compatible API through a guard stack (needs guardstack[proxy])",
+        description="An OpenAI-compatible server (POST /v1/chat/completions, GET "
+        "/v1/models) in front of --upstream: every request through the model stage and the "
+        "conversation's guards of --config.",
+    )
+    model_proxy.add_argument("--config", type=Path, help="a YAML, TOML or JSON plugin list")
+    _allow_imports(model_proxy)
+    model_proxy.add_argument("--upstream", required=True, help="the provider's base URL")
+    model_proxy.add_argument(
+        "--upstream-key-env",
+        metavar="VAR",
+        help="the environment variable holding the upstream's key (never logged)",
+    )
+    model_proxy.add_argument(
+        "--listen",
+        default="127.0.0.1:8809",
+        metavar="HOST:PORT",
+        help="where to listen (default 127.0.0.1:8809: loopback only)",
+    )
     serve = commands.add_parser(
         "worker",
         help="run a Temporal worker for agents (needs guardstack[temporal])",
@@ -179,6 +200,18 @@ def _run(arguments: argparse.Namespace) -> int:
                 transport=arguments.transport,
                 listen=arguments.listen,
                 connect=arguments.connect,
+            )
+        )
+    elif arguments.command == "model-proxy":
+        from guardstack.cli.model_proxy import run_model_proxy
+
+        anyio.run(
+            lambda: run_model_proxy(
+                arguments.config,
+                arguments.upstream,
+                key_env=arguments.upstream_key_env,
+                listen=arguments.listen,
+                allow_imports=arguments.allow_imports,
             )
         )
     elif arguments.command == "check":

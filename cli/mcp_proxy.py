@@ -177,7 +177,7 @@ def _listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(
-            f"mcp-proxy: --listen {listen!r} must be HOST:PORT, e.g. 127.0.0.1:8808",
+            f"--listen {listen!r} must be HOST:PORT, e.g. 127.0.0.1:8808",
             key="listen",
             value=listen,
         )

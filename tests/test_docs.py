@@ -83,6 +83,7 @@ PRINTS = {
     "docs/design.md": [],
     "docs/models.md": [],
     "docs/mcp.md": [],
+    "docs/model-proxy.md": [],
     "docs/temporal.md": [],
     "docs/shared-limits.md": [],
 }

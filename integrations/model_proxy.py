@@ -1,0 +1,376 @@
+"""``guardstack model-proxy``: guards for an agent you cannot change, at its base URL.
+
+An OpenAI-compatible server (``POST /v1/chat/completions``, JSON and SSE streams;
+``GET /v1/models``) in front of an upstream provider. Every request goes through
+the assembled stack:
+
+* **the model stage** — ``Retry`` (honouring the upstream's Retry-After), timeouts,
+  a breaker, rate and adaptive limits, ``UsageLimit`` and ``ModelCallLimit``: the
+  upstream call is the model;
+* **the conversation's guards** — the tool calls and results in the request's
+  history are fed to the tool stages once each (a history arrives with every
+  request), as calls of the conversation's current turn (a new person's message
+  starts a new turn): a reminder is appended to the forwarded request as a user
+  message; a denial or an end of turn — the calls already ran at the client, so the
+  next reply is a stop — is answered as an assistant message naming the guard, with
+  ``finish_reason: "stop"`` and an ``x-guardstack-stopped`` header.
+
+The conversation is the ``x-guardstack-conversation`` header, else a digest of the
+client's key, the system prompt and the first user message. Passthrough is exact:
+with nothing to add, the upstream gets the client's body byte for byte, and the
+client the upstream's response — a stream chunk by chunk, as it arrives; an
+upstream error keeps its status and body. The upstream key comes from the
+environment only (``--upstream-key-env``), is never logged, and a client's own key
+is never forwarded. Requests over ``max_body_bytes`` are refused (413).
+
+Not yet: Anthropic's ``/v1/messages``, client keys from a file, tenants, usage of
+streamed replies (a stream's usage is not charged to ``UsageLimit``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import anyio
+
+from guardstack.integrations._extras import require
+from guardstack.pipeline import (
+    MODEL_FAILED,
+    MODEL_OVERLOADED,
+    MODEL_RATE_LIMITED,
+    MODEL_UNAVAILABLE,
+    Agent,
+    Harness,
+    ModelError,
+    ModelReply,
+    ModelRequest,
+    ToolCall,
+    ToolDefinition,
+    ToolResult,
+    TurnBlocked,
+    Usage,
+)
+from guardstack.pipeline.values import TOOL_DENIED
+
+__all__ = ["ModelProxy"]
+
+EXTRA = "proxy"
+STOPPED_HEADER = "x-guardstack-stopped"
+CONVERSATION_HEADER = "x-guardstack-conversation"
+
+
+class _Upstream:
+    """The model the stack's model stage calls: one POST of the (forwarded) body."""
+
+    model = "upstream"
+
+    def __init__(self, proxy: ModelProxy, body: bytes, stream: bool) -> None:
+        self.proxy, self.body, self.stream = proxy, body, stream
+        self.response: Any = None  # the upstream's last answer (kept for passthrough)
+
+    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+        client = self.proxy.client
+        if self.response is not None:
+            await self.response.aclose()  # a retry: the failed answer is done with
+        request = client.build_request(
+            "POST", "/v1/chat/completions", content=self.body, headers=self.proxy.upstream_headers
+        )
+        response = await client.send(request, stream=True)
+        self.response = response
+        if response.status_code >= 400:
+            await response.aread()
+            raise _model_error(response)
+        if self.stream:
+            return ModelReply("")  # the stream goes to the client as it arrives
+        await response.aread()
+        return _reply_of(response.content)
+
+
+def _model_error(response: Any) -> ModelError:
+    status = response.status_code
+    retry_after = response.headers.get("retry-after")
+    wait = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
+    code = (
+        MODEL_RATE_LIMITED
+        if status == 429
+        else MODEL_OVERLOADED
+        if status == 529
+        else MODEL_UNAVAILABLE
+        if status >= 500
+        else MODEL_FAILED
+    )
+    return ModelError(f"upstream answered {status}", code, retry_after_s=wait)
+
+
+def _reply_of(content: bytes) -> ModelReply:
+    """What the guards need from a JSON reply: its text, tool calls and usage."""
+    try:
+        data = json.loads(content)
+        message = data["choices"][0]["message"]
+        usage = data.get("usage") or {}
+    except (ValueError, KeyError, IndexError, TypeError):
+        return ModelReply("")
+    return ModelReply(
+        message.get("content") or "",
+        usage=Usage(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))),
+        model=data.get("model"),
+    )
+
+
+class ModelProxy:
+    """The proxy's app (``.app``, a Starlette application) over ``harness``'s stack."""
+
+    def __init__(
+        self,
+        harness: Harness,
+        upstream: str,
+        *,
+        upstream_key: str | None = None,
+        max_body_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
+        httpx = require("httpx", EXTRA)
+        require("starlette", EXTRA)
+        self.harness = harness
+        self.upstream = upstream.rstrip("/")
+        self.client = httpx.AsyncClient(base_url=self.upstream, timeout=None)
+        self.upstream_headers = {"content-type": "application/json"}
+        if upstream_key:
+            self.upstream_headers["authorization"] = f"Bearer {upstream_key}"
+        self.max_body_bytes = max_body_bytes
+        self.agents: dict[str, Agent] = {}
+        self.seen: weakref.WeakKeyDictionary[Agent, _Seen] = weakref.WeakKeyDictionary()
+        self.app = self._build()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def _build(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    async def _models(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        answer = await self.client.get("/v1/models", headers=self.upstream_headers)
+        return Response(
+            answer.content,
+            answer.status_code,
+            media_type=answer.headers.get("content-type"),
+        )
+
+    async def _chat(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse, Response, StreamingResponse
+
+        body = await request.body()
+        if len(body) > self.max_body_bytes:
+            return JSONResponse({"error": {"message": "request too large"}}, 413)
+        try:
+            data = json.loads(body)
+            messages = data["messages"]
+            if not isinstance(messages, list):
+                raise TypeError("messages")  # noqa: TRY301
+        except (ValueError, KeyError, TypeError):
+            return JSONResponse({"error": {"message": "not a chat completions request"}}, 400)
+        stream = bool(data.get("stream"))
+        agent = self._agent(request, messages)
+        await self._start_turn_if_new(agent, messages)
+        stopped, reminders = await self._guard(agent, messages)
+        if stopped is not None:
+            return self._stop(stopped, data, stream)
+        forwarded = body
+        if reminders:  # only then is the body rebuilt
+            data["messages"] = [*messages, *({"role": "user", "content": r} for r in reminders)]
+            forwarded = json.dumps(data).encode()
+        upstream = _Upstream(self, forwarded, stream)
+        call = ModelRequest(agent, messages, data.get("tools") or [], model=upstream)
+        try:
+            reply = await self.harness.loop.model_call._chain(call)
+        except TurnBlocked as blocked:
+            await _close(upstream)
+            return self._stop((_plugin_of(str(blocked)), str(blocked)), data, stream)
+        except ModelError:
+            answer = upstream.response
+            if answer is None:
+                return JSONResponse({"error": {"message": "upstream unreachable"}}, 502)
+            return Response(
+                answer.content, answer.status_code, media_type=answer.headers.get("content-type")
+            )
+        if isinstance(reply, ModelReply) and reply.usage is not None:
+            agent.usage += reply.usage
+            agent.turn_usage += reply.usage
+        answer = upstream.response
+        if stream:
+            return StreamingResponse(
+                _chunks(answer),
+                answer.status_code,
+                media_type=answer.headers.get("content-type", "text/event-stream"),
+            )
+        return Response(
+            answer.content, answer.status_code, media_type=answer.headers.get("content-type")
+        )
+
+    # -- the conversation ------------------------------------------------------------------
+
+    def _agent(self, request: Any, messages: list[Any]) -> Agent:
+        named = request.headers.get(CONVERSATION_HEADER)
+        if named is None:
+            key = request.headers.get("authorization", "")
+            system = next((m.get("content") for m in messages if m.get("role") == "system"), "")
+            first = next((m.get("content") for m in messages if m.get("role") == "user"), "")
+            seed = json.dumps([key, system, first], sort_keys=True, default=str)
+            named = hashlib.sha256(seed.encode()).hexdigest()[:16]
+        agent = self.agents.get(named)
+        if agent is None:
+            agent = self.agents[named] = self.harness.loop.create(named, model=_Nothing())
+        return agent
+
+    async def _start_turn_if_new(self, agent: Agent, messages: list[Any]) -> None:
+        """A new person's message (the history's last message is the user's, after an
+        answer or at the start) starts a new turn: the per-turn guards reset."""
+        seen = self.seen.get(agent)
+        prompts = sum(1 for m in messages if m.get("role") == "user")
+        if seen is None:
+            seen = self.seen[agent] = _Seen()
+        if prompts != seen.prompts:
+            seen.prompts = prompts
+            await self.harness.loop.prompt_submit(agent, str(messages[-1].get("content", "")))
+            agent.turn_usage = Usage()
+
+    async def _guard(
+        self, agent: Agent, messages: list[Any]
+    ) -> tuple[tuple[str, str] | None, list[str]]:
+        """Feed the history's calls the guards have not seen through the tool stages:
+        the stop (plugin, text) if one refuses, and the reminders."""
+        seen = self.seen[agent]
+        results = {
+            m.get("tool_call_id"): m.get("content")
+            for m in messages
+            if m.get("role") == "tool" and m.get("tool_call_id")
+        }
+        reminders: list[str] = []
+        for message in messages:
+            for request in (
+                message.get("tool_calls") or () if message.get("role") == "assistant" else ()
+            ):
+                call_id = request.get("id")
+                if call_id in seen.calls or call_id not in results:
+                    continue
+                seen.calls.add(call_id)
+                function = request.get("function") or {}
+                name = str(function.get("name", ""))
+                try:
+                    arguments = json.loads(function.get("arguments") or "{}")
+                except ValueError:
+                    arguments = function.get("arguments") or ""
+                outcome = await self.harness.tools.execute(
+                    ToolCall(name, arguments, str(call_id), agent),
+                    tool=ToolDefinition(name, _answered(str(results[call_id] or ""))),
+                )
+                reminders.extend(context.text for context in outcome.contexts)
+                denied = outcome.result.code == TOOL_DENIED
+                if denied or outcome.ends_turn:
+                    text = outcome.result.error.message if outcome.result.error else ""
+                    return (_plugin_of(text), text), reminders
+        return None, reminders
+
+    def _stop(self, stopped: tuple[str, str], data: Mapping[str, Any], stream: bool) -> Any:
+        """The stop a guard asked for, as the assistant's reply (``finish_reason: stop``)."""
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        plugin, text = stopped
+        content = f"Stopped by {plugin}: {text}"
+        headers = {STOPPED_HEADER: plugin}
+        model = str(data.get("model", "guardstack"))
+        if not stream:
+            return JSONResponse(
+                {
+                    "id": "guardstack-stop",
+                    "object": "chat.completion",
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": content},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                },
+                headers=headers,
+            )
+
+        async def events() -> AsyncIterator[bytes]:
+            chunk = {
+                "id": "guardstack-stop",
+                "object": "chat.completion.chunk",
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+class _Seen:
+    """What the guards have seen of one conversation: its calls, its prompts."""
+
+    def __init__(self) -> None:
+        self.calls: set[Any] = set()
+        self.prompts = 0
+
+
+class _Nothing:
+    """The conversation agent's own model: never called (each request names the upstream)."""
+
+    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+        raise ModelError("the proxy's agents have no model of their own", MODEL_FAILED)
+
+
+def _answered(content: str) -> Any:
+    async def already_ran(arguments: Any, call: ToolCall) -> ToolResult:
+        return ToolResult(content)  # the client ran it: this is what it answered
+
+    return already_ran
+
+
+def _plugin_of(text: str) -> str:
+    """The plugin a refusal's text names (``tool-call-limit: …``), else ``guardstack``."""
+    head = text.split(":", 1)[0].strip()
+    if head and " " not in head:
+        return head
+    if text.startswith("tool call limit"):
+        return "tool-call-limit"
+    return "guardstack"
+
+
+async def _chunks(response: Any) -> AsyncIterator[bytes]:
+    """The upstream's stream, chunk by chunk as it arrives; closing it (a client that
+    went away) closes the upstream request."""
+    try:
+        async for chunk in response.aiter_raw():
+            yield chunk
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+
+
+async def _close(upstream: _Upstream) -> None:
+    if upstream.response is not None:
+        await upstream.response.aclose()

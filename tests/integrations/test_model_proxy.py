@@ -1,0 +1,210 @@
+"""``ModelProxy`` end to end: the official ``openai`` client on one side, a loopback
+server speaking the chat-completions wire protocol on the other, the proxy served by
+uvicorn between them (real time, asyncio: uvicorn and the client are asyncio's)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+import uvicorn
+from openai import AsyncOpenAI, BadRequestError
+
+from guardstack.guards import GENTLE_TEXT, RepeatToolReminder, ToolCallLimit
+from guardstack.integrations.model_proxy import ModelProxy
+from guardstack.pipeline import Harness
+from guardstack.wrappers import Retry
+from tests.integrations.chat_server import Answer, ChatServer, Fail
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Served:
+    def __init__(self, proxy: ModelProxy, port: int) -> None:
+        self.proxy, self.port = proxy, port
+
+    def client(self, **options: Any) -> AsyncOpenAI:
+        return AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{self.port}/v1",
+            api_key="the-clients-own-key",
+            max_retries=0,
+            **options,
+        )
+
+
+async def serve(harness: Harness, upstream: ChatServer) -> AsyncIterator[Served]:
+    proxy = ModelProxy(harness, upstream.base_url.removesuffix("/v1"), upstream_key="upstream-key")
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(proxy.app, host="127.0.0.1", port=port, log_level="warning")
+    )
+    async with anyio.create_task_group() as group:
+        group.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:  # noqa: ASYNC110 - uvicorn sets it, no event to wait on
+                await anyio.sleep(0.01)
+        try:
+            yield Served(proxy, port)
+        finally:
+            server.should_exit = True
+            await proxy.aclose()
+
+
+@pytest.fixture
+async def served(chat_server: ChatServer) -> AsyncIterator[Served]:
+    harness = Harness()
+    harness.plugin(Retry(stage="model", attempts=3, backoff_ms=10))
+    harness.plugin(RepeatToolReminder())
+    harness.plugin(ToolCallLimit(per_turn=4))
+    async for running in serve(harness, chat_server):
+        yield running
+
+
+ASK: Any = [{"role": "user", "content": "What is in the repo?"}]
+
+
+async def test_with_nothing_to_add_the_bytes_pass_through_both_ways(
+    served: Served, chat_server: ChatServer
+) -> None:
+    chat_server.script = [Answer("Direct."), Answer("Direct.")]
+    direct = AsyncOpenAI(base_url=chat_server.base_url, api_key="upstream-key", max_retries=0)
+    first = await direct.chat.completions.create(model="m", messages=ASK, temperature=0.2)
+    async with served.client() as client:
+        second = await client.chat.completions.with_raw_response.create(
+            model="m", messages=ASK, temperature=0.2
+        )
+    assert chat_server.bodies[1] == chat_server.bodies[0]  # the client's body, unchanged
+    assert second.parse().model_dump() == first.model_dump()  # the upstream's reply, unchanged
+    sent = chat_server.headers[1]
+    assert {k.lower(): v for k, v in sent.items()}["authorization"] == "Bearer upstream-key"
+    assert "the-clients-own-key" not in json.dumps(sent)
+
+
+async def test_a_stream_passes_through_chunk_by_chunk(
+    served: Served, chat_server: ChatServer
+) -> None:
+    chat_server.script = [Answer("Streamed answer here.")]
+    async with served.client() as client:
+        stream: Any = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+        pieces = [chunk.choices[0].delta.content async for chunk in stream if chunk.choices]
+    assert "".join(piece or "" for piece in pieces) == "Streamed answer here."
+    assert json.loads(chat_server.bodies[0])["stream"] is True
+
+
+async def test_a_429_with_retry_after_is_absorbed_by_retry(
+    served: Served, chat_server: ChatServer
+) -> None:
+    chat_server.script = [Fail(429, "slow down", {"Retry-After": "0.2"}), Answer("After the wait.")]
+    async with served.client() as client:
+        started = anyio.current_time()
+        reply = await client.chat.completions.create(model="m", messages=ASK)
+        waited = anyio.current_time() - started
+    assert reply.choices[0].message.content == "After the wait."
+    assert len(chat_server.bodies) == 2
+    assert waited >= 0.2  # the upstream's Retry-After, honoured
+
+
+async def test_an_upstream_error_keeps_its_status_and_body(
+    served: Served, chat_server: ChatServer
+) -> None:
+    chat_server.script = [Fail(400, "context too long")]
+    async with served.client() as client:
+        with pytest.raises(BadRequestError) as refused:
+            await client.chat.completions.create(model="m", messages=ASK)
+    assert refused.value.status_code == 400
+    assert "context too long" in str(refused.value)
+
+
+async def test_a_looping_client_is_reminded_then_stopped(
+    served: Served, chat_server: ChatServer
+) -> None:
+    """A client that repeats one tool call: the history it sends grows each round; the
+    proxy sees each call once, reminds through the forwarded request, then stops it."""
+    messages: list[Any] = list(ASK)
+    chat_server.script = [
+        Answer(None, tool_calls=((f"c{n}", "grep", '{"q": "TODO"}'),)) for n in range(10)
+    ]
+    stops: list[tuple[str | None, str]] = []
+    async with served.client() as client:
+        for _ in range(8):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="m", messages=messages
+            )
+            reply = raw.parse()
+            choice = reply.choices[0]
+            if choice.finish_reason == "stop":
+                stops.append(
+                    (raw.headers.get("x-guardstack-stopped"), choice.message.content or "")
+                )
+                break
+            [call] = choice.message.tool_calls or []
+            messages.append(choice.message.model_dump(exclude_none=True))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "src/a.py:1"})
+    forwarded = [json.loads(body)["messages"] for body in chat_server.bodies]
+    reminded = [
+        index
+        for index, sent in enumerate(forwarded)
+        if sent[-1]["role"] == "user" and GENTLE_TEXT in sent[-1]["content"]
+    ]
+    assert reminded  # the reminder reached the model, as a user message after the results
+    [(plugin, text)] = stops
+    assert plugin == "tool-call-limit"
+    assert text.startswith("Stopped by tool-call-limit: tool call limit reached")
+    # the first request and four with a call's result reached the upstream; the one
+    # carrying the fifth call's result (one over the cap of 4) was answered by the proxy
+    assert len(chat_server.bodies) == 5
+
+
+async def test_the_command_serves_a_config_with_the_key_from_the_environment(
+    chat_server: ChatServer, tmp_path: Any
+) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = tmp_path / "guards.yaml"
+    config.write_text("- name: tool-call-limit\n  config: {per_turn: 4}\n", "utf-8")
+    port = _free_port()
+    command = [
+        sys.executable, "-c", "from guardstack.cli.main import main; raise SystemExit(main())",
+        "model-proxy", "--config", str(config), "--upstream",
+        chat_server.base_url.removesuffix("/v1"), "--upstream-key-env", "GUARDSTACK_TEST_KEY",
+        "--listen", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    environment = {**os.environ, "GUARDSTACK_TEST_KEY": "from-the-environment"}
+    chat_server.script = [Answer("Through the command.")]
+    process = await anyio.open_process(
+        command, cwd=str(Path(__file__).parents[2]), env=environment, stderr=subprocess.DEVNULL
+    )
+    try:
+        with anyio.fail_after(20):
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                        break
+                except OSError:
+                    await anyio.sleep(0.05)
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        async with client:
+            reply = await client.chat.completions.create(model="m", messages=ASK)
+    finally:
+        process.terminate()
+        with anyio.fail_after(10):
+            await process.wait()
+    assert reply.choices[0].message.content == "Through the command."
+    sent = {k.lower(): v for k, v in chat_server.headers[0].items()}
+    assert sent["authorization"] == "Bearer from-the-environment"
