@@ -195,7 +195,10 @@ class ModelProxy:
         upstream = _Upstream(self, forwarded, stream)
         call = ModelRequest(agent, messages, data.get("tools") or [], model=upstream)
         try:
-            reply = await self.harness.loop.model_call._chain(call)
+            reply = await _unless_gone(request, self.harness.loop.model_call._chain(call))
+            if reply is None:  # the client went away: so does the upstream request
+                await _close(upstream)
+                return Response(b"", 499)
         except TurnBlocked as blocked:
             await _close(upstream)
             return self._stop((_plugin_of(str(blocked)), str(blocked)), data, stream)
@@ -369,6 +372,28 @@ async def _chunks(response: Any) -> AsyncIterator[bytes]:
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
+
+
+async def _unless_gone(request: Any, work: Any) -> Any:
+    """``await work``, or ``None`` as soon as the client disconnects (``work`` is then
+    cancelled: an upstream call waiting for its first byte stops)."""
+    answer = None
+    try:
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            answer = await work
+            group.cancel_scope.cancel()
+    except BaseExceptionGroup as failed:  # the work's own error, as itself
+        if len(failed.exceptions) == 1:
+            raise failed.exceptions[0] from None
+        raise
+    return answer
 
 
 async def _close(upstream: _Upstream) -> None:

@@ -81,7 +81,8 @@ async def test_with_nothing_to_add_the_bytes_pass_through_both_ways(
 ) -> None:
     chat_server.script = [Answer("Direct."), Answer("Direct.")]
     direct = AsyncOpenAI(base_url=chat_server.base_url, api_key="upstream-key", max_retries=0)
-    first = await direct.chat.completions.create(model="m", messages=ASK, temperature=0.2)
+    async with direct:
+        first = await direct.chat.completions.create(model="m", messages=ASK, temperature=0.2)
     async with served.client() as client:
         second = await client.chat.completions.with_raw_response.create(
             model="m", messages=ASK, temperature=0.2
@@ -208,3 +209,52 @@ async def test_the_command_serves_a_config_with_the_key_from_the_environment(
     assert reply.choices[0].message.content == "Through the command."
     sent = {k.lower(): v for k, v in chat_server.headers[0].items()}
     assert sent["authorization"] == "Bearer from-the-environment"
+
+
+async def test_pydantic_ais_own_openai_model_runs_an_agent_through_the_proxy(
+    served: Served, chat_server: ChatServer
+) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    calls: list[str] = []
+
+    def grep(q: str) -> str:
+        """Search the code."""
+        calls.append(q)
+        return "src/a.py:1: TODO"
+
+    chat_server.script = [
+        Answer(None, tool_calls=(("p1", "grep", '{"q": "TODO"}'),)),
+        Answer("One TODO, in src/a.py."),
+    ]
+    provider = OpenAIProvider(base_url=f"http://127.0.0.1:{served.port}/v1", api_key="theirs")
+    agent = Agent(OpenAIChatModel("m", provider=provider), tools=[grep])
+    try:
+        result = await agent.run("Find the TODOs")
+    finally:
+        await provider.client.close()
+    assert result.output == "One TODO, in src/a.py."
+    assert calls == ["TODO"]
+    assert len(chat_server.bodies) == 2  # both of the agent's requests went upstream
+
+
+async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(
+    served: Served, chat_server: ChatServer
+) -> None:
+    import httpx
+
+    from tests.integrations.chat_server import Hang
+
+    chat_server.script = [Hang()]
+    body = {"model": "m", "messages": ASK, "stream": True}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as client:
+        with anyio.move_on_after(1.0):
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                async for _ in response.aiter_raw():
+                    pass
+    # the proxy let go of the upstream when the client went: its connection pool is empty
+    with anyio.fail_after(5):
+        while served.proxy.client._transport._pool.connections:  # noqa: ASYNC110
+            await anyio.sleep(0.05)
