@@ -52,6 +52,7 @@ bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of 
 	$(BIN)/python -m benchmarks.agents
 	$(BIN)/python -m benchmarks.adaptive --change
 	$(BIN)/python -m benchmarks.frameworks
+	$(BIN)/python -m benchmarks.model_proxy
 
 ci: check test
 
