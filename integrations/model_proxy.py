@@ -23,8 +23,10 @@ upstream error keeps its status and body. The upstream key comes from the
 environment only (``--upstream-key-env``), is never logged, and a client's own key
 is never forwarded. Requests over ``max_body_bytes`` are refused (413).
 
-Not yet: Anthropic's ``/v1/messages``, client keys from a file, tenants, usage of
-streamed replies (a stream's usage is not charged to ``UsageLimit``).
+A streamed reply's usage (when the client asks for ``include_usage``) is charged to
+the conversation once the stream ends, so the next request's caps see it; calendar
+windows settle only JSON replies. Not yet: Anthropic's ``/v1/messages``, client keys
+from a file, tenants, several upstreams.
 """
 
 from __future__ import annotations
@@ -215,7 +217,7 @@ class ModelProxy:
         answer = upstream.response
         if stream:
             return StreamingResponse(
-                _chunks(answer),
+                _chunks(answer, agent),
                 answer.status_code,
                 media_type=answer.headers.get("content-type", "text/event-stream"),
             )
@@ -363,15 +365,39 @@ def _plugin_of(text: str) -> str:
     return "guardstack"
 
 
-async def _chunks(response: Any) -> AsyncIterator[bytes]:
+async def _chunks(response: Any, agent: Agent) -> AsyncIterator[bytes]:
     """The upstream's stream, chunk by chunk as it arrives; closing it (a client that
-    went away) closes the upstream request."""
+    went away) closes the upstream request. A usage the stream reports (the client asked
+    for ``stream_options.include_usage``) is charged to the conversation when it ends."""
+    pending = b""
+    usage: Usage | None = None
     try:
         async for chunk in response.aiter_raw():
             yield chunk
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                found = _usage_in(line)
+                if found is not None:
+                    usage = found
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
+        if usage is not None:
+            agent.usage += usage
+            agent.turn_usage += usage
+
+
+def _usage_in(line: bytes) -> Usage | None:
+    if not line.startswith(b"data: {") or b'"usage"' not in line:
+        return None
+    try:
+        reported = json.loads(line[6:]).get("usage") or {}
+        return Usage(
+            int(reported.get("prompt_tokens", 0)), int(reported.get("completion_tokens", 0))
+        )
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 async def _unless_gone(request: Any, work: Any) -> Any:

@@ -258,3 +258,30 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(
     with anyio.fail_after(5):
         while served.proxy.client._transport._pool.connections:  # noqa: ASYNC110
             await anyio.sleep(0.05)
+
+
+async def test_a_streams_usage_counts_against_the_conversations_token_cap(
+    chat_server: ChatServer,
+) -> None:
+    from guardstack.guards import UsageLimit
+
+    harness = Harness()
+    harness.plugin(UsageLimit(tokens_per_session=100))
+    chat_server.script = [Answer("Long answer.", usage=(80, 30)), Answer("Never sent.")]
+    later: Any = [
+        *ASK,
+        {"role": "assistant", "content": "Long answer."},
+        {"role": "user", "content": "And?"},
+    ]
+    async for served in serve(harness, chat_server):
+        async with served.client() as client:
+            stream: Any = await client.chat.completions.create(
+                model="m", messages=ASK, stream=True, stream_options={"include_usage": True}
+            )
+            async for _ in stream:
+                pass
+            # the same conversation (same key, same first message): 110 tokens spent
+            raw = await client.chat.completions.with_raw_response.create(model="m", messages=later)
+    assert raw.headers.get("x-guardstack-stopped") == "usage-limit"
+    assert "this session used 110 tokens" in (raw.parse().choices[0].message.content or "")
+    assert len(chat_server.bodies) == 1  # the second request never reached the upstream
