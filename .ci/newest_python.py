@@ -31,14 +31,18 @@ EXTRAS = {
         "test_model_proxy.py",
     ],
     "proxy": ["test_model_proxy.py"],
-    "anthropic": ["test_anthropic.py", "test_docs_models.py"],
+    "anthropic": ["test_anthropic.py", "test_docs_models.py", "test_model_proxy.py"],
     "litellm": ["test_litellm.py", "test_docs_models.py"],
     "mcp": ["test_mcp.py", "test_mcp_hostile.py", "test_mcp_proxy.py", "test_docs_mcp.py"],
     "otlp": ["test_phoenix.py"],
     "redis": ["test_redis.py"],
     "langchain": ["../frameworks/test_langchain.py"],
     "openai-agents": ["../frameworks/test_openai_agents.py"],
-    "pydantic-ai": ["../frameworks/test_pydantic_ai.py", "../pipeline/test_functions.py"],
+    "pydantic-ai": [
+        "../frameworks/test_pydantic_ai.py",
+        "../pipeline/test_functions.py",
+        "test_model_proxy.py",
+    ],
     "temporal": ["test_temporal.py", "test_temporal_corners.py", "test_docs_temporal.py"],
 }
 #: Not about the Python version: Phoenix is started by the main job only.

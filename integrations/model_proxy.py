@@ -1,7 +1,8 @@
 """``guardstack model-proxy``: guards for an agent you cannot change, at its base URL.
 
 An OpenAI-compatible server (``POST /v1/chat/completions``, JSON and SSE streams;
-``GET /v1/models``) in front of an upstream provider. Every request goes through
+``GET /v1/models``) — and Anthropic's ``POST /v1/messages`` — in front of an upstream
+provider. Every request goes through
 the assembled stack:
 
 * **the model stage** — ``Retry`` (honouring the upstream's Retry-After), timeouts,
@@ -25,8 +26,10 @@ is never forwarded. Requests over ``max_body_bytes`` are refused (413).
 
 A streamed reply's usage (when the client asks for ``include_usage``) is charged to
 the conversation once the stream ends, so the next request's caps see it; calendar
-windows settle only JSON replies. Not yet: Anthropic's ``/v1/messages``, client keys
-from a file, tenants, several upstreams.
+windows settle only JSON replies (and Anthropic streams' usage is not read). On the
+Messages API a reminder is a text block added to the last user message, after its
+tool results (the roles must alternate). Not yet: client keys from a file, tenants,
+several upstreams, the OpenAI Responses API.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, Final
 
 import anyio
 
@@ -70,8 +73,11 @@ class _Upstream:
 
     model = "upstream"
 
-    def __init__(self, proxy: ModelProxy, body: bytes, stream: bool) -> None:
-        self.proxy, self.body, self.stream = proxy, body, stream
+    def __init__(
+        self, proxy: ModelProxy, wire: _Wire, body: bytes, stream: bool, headers: dict[str, str]
+    ) -> None:
+        self.proxy, self.wire, self.body, self.stream = proxy, wire, body, stream
+        self.headers = headers
         self.response: Any = None  # the upstream's last answer (kept for passthrough)
 
     async def complete(self, messages: Any, tools: Any) -> ModelReply:
@@ -79,7 +85,7 @@ class _Upstream:
         if self.response is not None:
             await self.response.aclose()  # a retry: the failed answer is done with
         request = client.build_request(
-            "POST", "/v1/chat/completions", content=self.body, headers=self.proxy.upstream_headers
+            "POST", self.wire.path, content=self.body, headers=self.headers
         )
         response = await client.send(request, stream=True)
         self.response = response
@@ -89,7 +95,7 @@ class _Upstream:
         if self.stream:
             return ModelReply("")  # the stream goes to the client as it arrives
         await response.aread()
-        return _reply_of(response.content)
+        return self.wire.reply_of(response.content)
 
 
 def _model_error(response: Any) -> ModelError:
@@ -108,19 +114,268 @@ def _model_error(response: Any) -> ModelError:
     return ModelError(f"upstream answered {status}", code, retry_after_s=wait)
 
 
-def _reply_of(content: bytes) -> ModelReply:
-    """What the guards need from a JSON reply: its text, tool calls and usage."""
-    try:
-        data = json.loads(content)
-        message = data["choices"][0]["message"]
-        usage = data.get("usage") or {}
-    except (ValueError, KeyError, IndexError, TypeError):
-        return ModelReply("")
-    return ModelReply(
-        message.get("content") or "",
-        usage=Usage(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))),
-        model=data.get("model"),
-    )
+class _Wire:
+    """One provider API's shape: where requests go, and how calls, reminders, replies and
+    stops are written in it."""
+
+    name = ""
+    path = ""
+
+    def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
+        raise NotImplementedError
+
+    def calls(self, messages: list[Any]) -> Iterator[tuple[str, str, Any, str]]:
+        """The history's answered tool calls: ``(id, name, arguments, result text)``."""
+        raise NotImplementedError
+
+    def remind(self, messages: list[Any], reminders: list[str]) -> list[Any]:
+        raise NotImplementedError
+
+    def reply_of(self, content: bytes) -> ModelReply:
+        raise NotImplementedError
+
+    def stop_body(self, model: str, text: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def stop_events(self, model: str, text: str) -> list[tuple[str | None, dict[str, Any]]]:
+        raise NotImplementedError
+
+    def usage_in(self, line: bytes) -> Usage | None:
+        return None
+
+    def prompts(self, messages: list[Any]) -> int:
+        """How many of the history's messages a person wrote (a new one: a new turn)."""
+        return sum(1 for message in messages if message.get("role") == "user")
+
+
+class _OpenAI(_Wire):
+    name, path = "openai", "/v1/chat/completions"
+
+    def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        return headers
+
+    def calls(self, messages: list[Any]) -> Iterator[tuple[str, str, Any, str]]:
+        results = {
+            m.get("tool_call_id"): m.get("content")
+            for m in messages
+            if m.get("role") == "tool" and m.get("tool_call_id")
+        }
+        for message in messages:
+            if message.get("role") != "assistant":
+                continue
+            for request in message.get("tool_calls") or ():
+                call_id = request.get("id")
+                if call_id not in results:
+                    continue
+                function = request.get("function") or {}
+                try:
+                    arguments = json.loads(function.get("arguments") or "{}")
+                except ValueError:
+                    arguments = function.get("arguments") or ""
+                yield (
+                    str(call_id),
+                    str(function.get("name", "")),
+                    arguments,
+                    _text(results[call_id]),
+                )
+
+    def remind(self, messages: list[Any], reminders: list[str]) -> list[Any]:
+        return [*messages, *({"role": "user", "content": text} for text in reminders)]
+
+    def reply_of(self, content: bytes) -> ModelReply:
+        try:
+            data = json.loads(content)
+            message = data["choices"][0]["message"]
+            usage = data.get("usage") or {}
+        except (ValueError, KeyError, IndexError, TypeError):
+            return ModelReply("")
+        return ModelReply(
+            message.get("content") or "",
+            usage=Usage(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))),
+            model=data.get("model"),
+        )
+
+    def stop_body(self, model: str, text: str) -> dict[str, Any]:
+        return {
+            "id": "guardstack-stop",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+
+    def stop_events(self, model: str, text: str) -> list[tuple[str | None, dict[str, Any]]]:
+        delta = {"role": "assistant", "content": text}
+        choice = {"index": 0, "delta": delta, "finish_reason": "stop"}
+        chunk = {"id": "guardstack-stop", "object": "chat.completion.chunk", "model": model}
+        return [(None, {**chunk, "choices": [choice]})]
+
+    def usage_in(self, line: bytes) -> Usage | None:
+        if not line.startswith(b"data: {") or b'"usage"' not in line:
+            return None
+        try:
+            reported = json.loads(line[6:]).get("usage") or {}
+            return Usage(
+                int(reported.get("prompt_tokens", 0)), int(reported.get("completion_tokens", 0))
+            )
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+
+class _Anthropic(_Wire):
+    """Anthropic's Messages API: tool calls are ``tool_use`` blocks, their results
+    ``tool_result`` blocks of the next user message; a reminder is a text block added
+    to the last user message (the roles must alternate)."""
+
+    name, path = "anthropic", "/v1/messages"
+
+    def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
+        headers = {
+            "content-type": "application/json",
+            "anthropic-version": client.get("anthropic-version", "2023-06-01"),
+        }
+        if client.get("anthropic-beta"):
+            headers["anthropic-beta"] = client["anthropic-beta"]
+        if key:
+            headers["x-api-key"] = key
+        return headers
+
+    def calls(self, messages: list[Any]) -> Iterator[tuple[str, str, Any, str]]:
+        results: dict[str, str] = {}
+        for message in messages:
+            if message.get("role") == "user" and isinstance(message.get("content"), list):
+                for block in message["content"]:
+                    if isinstance(block, Mapping) and block.get("type") == "tool_result":
+                        results[str(block.get("tool_use_id"))] = _text(block.get("content"))
+        for message in messages:
+            if message.get("role") != "assistant" or not isinstance(message.get("content"), list):
+                continue
+            for block in message["content"]:
+                if isinstance(block, Mapping) and block.get("type") == "tool_use":
+                    call_id = str(block.get("id"))
+                    if call_id in results:
+                        yield (
+                            call_id,
+                            str(block.get("name", "")),
+                            block.get("input") or {},
+                            (results[call_id]),
+                        )
+
+    def prompts(self, messages: list[Any]) -> int:
+        def from_a_person(message: Any) -> bool:
+            content = message.get("content")
+            if isinstance(content, str):
+                return True
+            return any(
+                isinstance(block, Mapping) and block.get("type") != "tool_result"
+                for block in content or ()
+            ) and not any(
+                isinstance(block, Mapping) and block.get("type") == "tool_result"
+                for block in content or ()
+            )
+
+        return sum(1 for m in messages if m.get("role") == "user" and from_a_person(m))
+
+    def remind(self, messages: list[Any], reminders: list[str]) -> list[Any]:
+        blocks = [{"type": "text", "text": text} for text in reminders]
+        if messages and messages[-1].get("role") == "user":
+            last = dict(messages[-1])
+            content = last.get("content")
+            earlier = (
+                [{"type": "text", "text": content}]
+                if isinstance(content, str)
+                else list(content or [])
+            )
+            last["content"] = [*earlier, *blocks]
+            return [*messages[:-1], last]
+        return [*messages, {"role": "user", "content": blocks}]
+
+    def reply_of(self, content: bytes) -> ModelReply:
+        try:
+            data = json.loads(content)
+            text = "".join(
+                block.get("text", "")
+                for block in data.get("content") or ()
+                if block.get("type") == "text"
+            )
+            usage = data.get("usage") or {}
+        except (ValueError, TypeError, AttributeError):
+            return ModelReply("")
+        return ModelReply(
+            text,
+            usage=Usage(int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))),
+            model=data.get("model"),
+        )
+
+    def stop_body(self, model: str, text: str) -> dict[str, Any]:
+        return {
+            "id": "guardstack-stop",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+
+    def stop_events(self, model: str, text: str) -> list[tuple[str | None, dict[str, Any]]]:
+        message = {**self.stop_body(model, ""), "content": [], "stop_reason": None}
+        return [
+            ("message_start", {"type": "message_start", "message": message}),
+            ("content_block_start", {"type": "content_block_start", "index": 0,
+                                     "content_block": {"type": "text", "text": ""}}),
+            ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                     "delta": {"type": "text_delta", "text": text}}),
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta",
+                               "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                               "usage": {"output_tokens": 0}}),
+            ("message_stop", {"type": "message_stop"}),
+        ]  # fmt: skip
+
+
+OPENAI: Final = _OpenAI()
+ANTHROPIC: Final = _Anthropic()
+
+
+def _text(content: Any) -> str:
+    """A tool result's text: a string, or the text blocks of a list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+    return "" if content is None else str(content)
+
+
+def _stop(wire: _Wire, stopped: tuple[str, str], data: Mapping[str, Any], stream: bool) -> Any:
+    """The stop a guard asked for, as the assistant's reply (``finish_reason: stop`` /
+    ``stop_reason: end_turn``), naming the plugin in ``x-guardstack-stopped``."""
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    plugin, text = stopped
+    content = f"Stopped by {plugin}: {text}"
+    headers = {STOPPED_HEADER: plugin}
+    model = str(data.get("model", "guardstack"))
+    if not stream:
+        return JSONResponse(wire.stop_body(model, content), headers=headers)
+
+    async def events() -> AsyncIterator[bytes]:
+        for event, payload in wire.stop_events(model, content):
+            named = f"event: {event}\n" if event else ""
+            yield f"{named}data: {json.dumps(payload)}\n\n".encode()
+        if wire is OPENAI:
+            yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
 
 class ModelProxy:
@@ -139,6 +394,7 @@ class ModelProxy:
         self.harness = harness
         self.upstream = upstream.rstrip("/")
         self.client = httpx.AsyncClient(base_url=self.upstream, timeout=None)
+        self.upstream_key = upstream_key
         self.upstream_headers = {"content-type": "application/json"}
         if upstream_key:
             self.upstream_headers["authorization"] = f"Bearer {upstream_key}"
@@ -157,6 +413,7 @@ class ModelProxy:
         return Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/messages", self._messages, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ]
         )
@@ -172,6 +429,12 @@ class ModelProxy:
         )
 
     async def _chat(self, request: Any) -> Any:
+        return await self._proxy(request, OPENAI)
+
+    async def _messages(self, request: Any) -> Any:
+        return await self._proxy(request, ANTHROPIC)
+
+    async def _proxy(self, request: Any, wire: _Wire) -> Any:
         from starlette.responses import JSONResponse, Response, StreamingResponse
 
         body = await request.body()
@@ -186,15 +449,16 @@ class ModelProxy:
             return JSONResponse({"error": {"message": "not a chat completions request"}}, 400)
         stream = bool(data.get("stream"))
         agent = self._agent(request, messages)
-        await self._start_turn_if_new(agent, messages)
-        stopped, reminders = await self._guard(agent, messages)
+        await self._start_turn_if_new(agent, wire, messages)
+        stopped, reminders = await self._guard(agent, wire, messages)
         if stopped is not None:
-            return self._stop(stopped, data, stream)
+            return _stop(wire, stopped, data, stream)
         forwarded = body
         if reminders:  # only then is the body rebuilt
-            data["messages"] = [*messages, *({"role": "user", "content": r} for r in reminders)]
+            data["messages"] = wire.remind(messages, reminders)
             forwarded = json.dumps(data).encode()
-        upstream = _Upstream(self, forwarded, stream)
+        headers = wire.headers(self.upstream_key, request.headers)
+        upstream = _Upstream(self, wire, forwarded, stream, headers)
         call = ModelRequest(agent, messages, data.get("tools") or [], model=upstream)
         try:
             reply = await _unless_gone(request, self.harness.loop.model_call._chain(call))
@@ -203,7 +467,7 @@ class ModelProxy:
                 return Response(b"", 499)
         except TurnBlocked as blocked:
             await _close(upstream)
-            return self._stop((_plugin_of(str(blocked)), str(blocked)), data, stream)
+            return _stop(wire, (_plugin_of(str(blocked)), str(blocked)), data, stream)
         except ModelError:
             answer = upstream.response
             if answer is None:
@@ -217,7 +481,7 @@ class ModelProxy:
         answer = upstream.response
         if stream:
             return StreamingResponse(
-                _chunks(answer, agent),
+                _chunks(answer, agent, wire),
                 answer.status_code,
                 media_type=answer.headers.get("content-type", "text/event-stream"),
             )
@@ -240,11 +504,11 @@ class ModelProxy:
             agent = self.agents[named] = self.harness.loop.create(named, model=_Nothing())
         return agent
 
-    async def _start_turn_if_new(self, agent: Agent, messages: list[Any]) -> None:
+    async def _start_turn_if_new(self, agent: Agent, wire: _Wire, messages: list[Any]) -> None:
         """A new person's message (the history's last message is the user's, after an
         answer or at the start) starts a new turn: the per-turn guards reset."""
         seen = self.seen.get(agent)
-        prompts = sum(1 for m in messages if m.get("role") == "user")
+        prompts = wire.prompts(messages)
         if seen is None:
             seen = self.seen[agent] = _Seen()
         if prompts != seen.prompts:
@@ -253,84 +517,25 @@ class ModelProxy:
             agent.turn_usage = Usage()
 
     async def _guard(
-        self, agent: Agent, messages: list[Any]
+        self, agent: Agent, wire: _Wire, messages: list[Any]
     ) -> tuple[tuple[str, str] | None, list[str]]:
         """Feed the history's calls the guards have not seen through the tool stages:
         the stop (plugin, text) if one refuses, and the reminders."""
         seen = self.seen[agent]
-        results = {
-            m.get("tool_call_id"): m.get("content")
-            for m in messages
-            if m.get("role") == "tool" and m.get("tool_call_id")
-        }
         reminders: list[str] = []
-        for message in messages:
-            for request in (
-                message.get("tool_calls") or () if message.get("role") == "assistant" else ()
-            ):
-                call_id = request.get("id")
-                if call_id in seen.calls or call_id not in results:
-                    continue
-                seen.calls.add(call_id)
-                function = request.get("function") or {}
-                name = str(function.get("name", ""))
-                try:
-                    arguments = json.loads(function.get("arguments") or "{}")
-                except ValueError:
-                    arguments = function.get("arguments") or ""
-                outcome = await self.harness.tools.execute(
-                    ToolCall(name, arguments, str(call_id), agent),
-                    tool=ToolDefinition(name, _answered(str(results[call_id] or ""))),
-                )
-                reminders.extend(context.text for context in outcome.contexts)
-                denied = outcome.result.code == TOOL_DENIED
-                if denied or outcome.ends_turn:
-                    text = outcome.result.error.message if outcome.result.error else ""
-                    return (_plugin_of(text), text), reminders
-        return None, reminders
-
-    def _stop(self, stopped: tuple[str, str], data: Mapping[str, Any], stream: bool) -> Any:
-        """The stop a guard asked for, as the assistant's reply (``finish_reason: stop``)."""
-        from starlette.responses import JSONResponse, StreamingResponse
-
-        plugin, text = stopped
-        content = f"Stopped by {plugin}: {text}"
-        headers = {STOPPED_HEADER: plugin}
-        model = str(data.get("model", "guardstack"))
-        if not stream:
-            return JSONResponse(
-                {
-                    "id": "guardstack-stop",
-                    "object": "chat.completion",
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": content},
-                            "finish_reason": "stop",
-                        }
-                    ],
-                },
-                headers=headers,
+        for call_id, name, arguments, content in wire.calls(messages):
+            if call_id in seen.calls:
+                continue
+            seen.calls.add(call_id)
+            outcome = await self.harness.tools.execute(
+                ToolCall(name, arguments, call_id, agent),
+                tool=ToolDefinition(name, _answered(content)),
             )
-
-        async def events() -> AsyncIterator[bytes]:
-            chunk = {
-                "id": "guardstack-stop",
-                "object": "chat.completion.chunk",
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": content},
-                        "finish_reason": "stop",
-                    }
-                ],
-            }
-            yield f"data: {json.dumps(chunk)}\n\n".encode()
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+            reminders.extend(context.text for context in outcome.contexts)
+            if outcome.result.code == TOOL_DENIED or outcome.ends_turn:
+                text = outcome.result.error.message if outcome.result.error else ""
+                return (_plugin_of(text), text), reminders
+        return None, reminders
 
 
 class _Seen:
@@ -365,7 +570,7 @@ def _plugin_of(text: str) -> str:
     return "guardstack"
 
 
-async def _chunks(response: Any, agent: Agent) -> AsyncIterator[bytes]:
+async def _chunks(response: Any, agent: Agent, wire: _Wire) -> AsyncIterator[bytes]:
     """The upstream's stream, chunk by chunk as it arrives; closing it (a client that
     went away) closes the upstream request. A usage the stream reports (the client asked
     for ``stream_options.include_usage``) is charged to the conversation when it ends."""
@@ -377,7 +582,7 @@ async def _chunks(response: Any, agent: Agent) -> AsyncIterator[bytes]:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                found = _usage_in(line)
+                found = wire.usage_in(line)
                 if found is not None:
                     usage = found
     finally:
@@ -386,18 +591,6 @@ async def _chunks(response: Any, agent: Agent) -> AsyncIterator[bytes]:
         if usage is not None:
             agent.usage += usage
             agent.turn_usage += usage
-
-
-def _usage_in(line: bytes) -> Usage | None:
-    if not line.startswith(b"data: {") or b'"usage"' not in line:
-        return None
-    try:
-        reported = json.loads(line[6:]).get("usage") or {}
-        return Usage(
-            int(reported.get("prompt_tokens", 0)), int(reported.get("completion_tokens", 0))
-        )
-    except (ValueError, TypeError, AttributeError):
-        return None
 
 
 async def _unless_gone(request: Any, work: Any) -> Any:

@@ -45,7 +45,7 @@ class Served:
         )
 
 
-async def serve(harness: Harness, upstream: ChatServer) -> AsyncIterator[Served]:
+async def serve(harness: Harness, upstream: Any) -> AsyncIterator[Served]:
     proxy = ModelProxy(harness, upstream.base_url.removesuffix("/v1"), upstream_key="upstream-key")
     port = _free_port()
     server = uvicorn.Server(
@@ -285,3 +285,62 @@ async def test_a_streams_usage_counts_against_the_conversations_token_cap(
     assert raw.headers.get("x-guardstack-stopped") == "usage-limit"
     assert "this session used 110 tokens" in (raw.parse().choices[0].message.content or "")
     assert len(chat_server.bodies) == 1  # the second request never reached the upstream
+
+
+# -- Anthropic's Messages API ------------------------------------------------------------
+
+
+async def test_the_messages_api_passes_through_and_a_looping_client_is_reminded_then_stopped(
+    messages_server: Any,
+) -> None:
+    from anthropic import AsyncAnthropic
+
+    from tests.integrations.messages_server import Reply
+
+    harness = Harness()
+    harness.plugin(RepeatToolReminder())
+    harness.plugin(ToolCallLimit(per_turn=4))
+    messages_server.script = [Reply("Direct."), Reply("Direct.")] + [
+        Reply(None, tool_uses=((f"t{n}", "grep", {"q": "TODO"}),), stop_reason="tool_use")
+        for n in range(8)
+    ]
+    ask: Any = [{"role": "user", "content": "What is in the repo?"}]
+    direct = AsyncAnthropic(base_url=messages_server.base_url, api_key="k", max_retries=0)
+    async with direct:
+        first = await direct.messages.create(model="claude-test", max_tokens=100, messages=ask)
+    async for served in serve(harness, messages_server):
+        client = AsyncAnthropic(
+            base_url=f"http://127.0.0.1:{served.port}", api_key="theirs", max_retries=0
+        )
+        async with client:
+            second = await client.messages.create(model="claude-test", max_tokens=100, messages=ask)
+            assert messages_server.bodies[1] == messages_server.bodies[0]
+            assert second.model_dump() == first.model_dump()
+            sent = {k.lower(): v for k, v in messages_server.headers[1].items()}
+            assert sent["x-api-key"] == "upstream-key"  # never the client's own
+            messages: list[Any] = [{"role": "user", "content": "Find the TODOs"}]
+            stopped = None
+            for _ in range(8):
+                raw = await client.messages.with_raw_response.create(
+                    model="claude-test", max_tokens=100, messages=messages
+                )
+                reply = await raw.parse()  # async in anthropic's client
+                if reply.stop_reason == "end_turn":
+                    stopped = (raw.headers.get("x-guardstack-stopped"), reply.content[0])
+                    break
+                [use] = [block for block in reply.content if block.type == "tool_use"]
+                messages.append({"role": "assistant", "content": [use.model_dump()]})
+                result = {"type": "tool_result", "tool_use_id": use.id, "content": "src/a.py:1"}
+                messages.append({"role": "user", "content": [result]})
+    assert stopped is not None
+    plugin, block = stopped
+    assert plugin == "tool-call-limit"
+    assert getattr(block, "text", "").startswith("Stopped by tool-call-limit")
+    forwarded = [json.loads(body)["messages"] for body in messages_server.bodies[2:]]
+    reminded = [
+        sent[-1]["content"][-1]["text"]
+        for sent in forwarded
+        if isinstance(sent[-1]["content"], list) and sent[-1]["content"][-1].get("type") == "text"
+    ]
+    assert reminded
+    assert GENTLE_TEXT in reminded[0]
