@@ -124,6 +124,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the environment variable holding the upstream's key (never logged)",
     )
     model_proxy.add_argument(
+        "--keys",
+        type=Path,
+        metavar="FILE",
+        help="client keys: a YAML, TOML or JSON mapping of key to tenant (else any client)",
+    )
+    model_proxy.add_argument(
         "--listen",
         default="127.0.0.1:8809",
         metavar="HOST:PORT",
@@ -210,6 +216,7 @@ def _run(arguments: argparse.Namespace) -> int:
                 arguments.config,
                 arguments.upstream,
                 key_env=arguments.upstream_key_env,
+                keys=arguments.keys,
                 listen=arguments.listen,
                 allow_imports=arguments.allow_imports,
             )

@@ -16,7 +16,26 @@ from pathlib import Path
 from guardstack.cli.mcp_proxy import _listen
 from guardstack.integrations.model_proxy import ModelProxy
 from guardstack.pipeline.errors import ConfigError
-from guardstack.pipeline.harness import Harness
+from guardstack.pipeline.harness import Harness, read_config_file
+
+
+def _keys(path: Path) -> dict[str, str]:
+    """``--keys FILE``: client key -> tenant, every one text."""
+    data = read_config_file(str(path), "keys")
+    if (
+        not isinstance(data, dict)
+        or not data
+        or not all(
+            isinstance(key, str) and key and isinstance(tenant, str) and tenant
+            for key, tenant in data.items()
+        )
+    ):
+        raise ConfigError(
+            f"model-proxy: {path}: --keys must map each client key to a tenant name (text)",
+            key="keys",
+            value=str(path),
+        )
+    return dict(data)
 
 
 async def run_model_proxy(
@@ -24,6 +43,7 @@ async def run_model_proxy(
     upstream: str,
     *,
     key_env: str | None = None,
+    keys: Path | None = None,
     listen: str = "127.0.0.1:8809",
     allow_imports: bool = False,
 ) -> None:
@@ -41,10 +61,11 @@ async def run_model_proxy(
                 key="upstream-key-env",
                 value=key_env,
             )
+    client_keys = _keys(keys) if keys is not None else None
     harness = Harness()
     if config is not None:
         harness.load(config, allow_imports=allow_imports)
-    proxy = ModelProxy(harness, upstream, upstream_key=key)
+    proxy = ModelProxy(harness, upstream, upstream_key=key, client_keys=client_keys)
     print(f"guardstack model-proxy: serving http://{host}:{port}/v1", file=sys.stderr, flush=True)
     try:
         server = uvicorn.Server(

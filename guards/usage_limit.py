@@ -127,7 +127,8 @@ class UsageLimit:
         default=None, kw_only=True, validator=optional_integer(PLUGIN, "tokens_per_day")
     )
     #: Whose windows a call counts in: a name, a function of the ``ModelRequest``, or
-    #: ``None`` (one tenant for every agent of this plugin).
+    #: ``None``: the agent's own ``tenant`` if it has one (the model proxy sets each
+    #: client key's), else one tenant for every agent of this plugin.
     tenant: str | Callable[[ModelRequest], str] | None = attrs.field(
         default=None, kw_only=True, validator=_check_tenant
     )
@@ -307,7 +308,7 @@ class UsageLimit:
         def tenant_of(request: ModelRequest) -> str:
             if callable(self.tenant):
                 return str(self.tenant(request))
-            return self.tenant or "all"
+            return self.tenant or getattr(request.agent, "tenant", None) or "all"
 
         async def reserve(
             tenant: str, periods: dict[str, str], estimate: dict[str, float]

@@ -26,10 +26,12 @@ is never forwarded. Requests over ``max_body_bytes`` are refused (413).
 
 A streamed reply's usage (when the client asks for ``include_usage``) is charged to
 the conversation once the stream ends, so the next request's caps see it; calendar
-windows settle only JSON replies (and Anthropic streams' usage is not read). On the
+windows settle only JSON replies (and Anthropic streams' usage is not read). With
+``client_keys`` (key -> tenant), an unknown key is refused (401) and each
+conversation's calls count in its key's tenant's ``UsageLimit`` windows. On the
 Messages API a reminder is a text block added to the last user message, after its
-tool results (the roles must alternate). Not yet: client keys from a file, tenants,
-several upstreams, the OpenAI Responses API.
+tool results (the roles must alternate). Not yet: several upstreams (and a
+``Fallback`` between them); the OpenAI Responses API is out of scope for now.
 """
 
 from __future__ import annotations
@@ -387,6 +389,7 @@ class ModelProxy:
         upstream: str,
         *,
         upstream_key: str | None = None,
+        client_keys: Mapping[str, str] | None = None,
         max_body_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         httpx = require("httpx", EXTRA)
@@ -399,6 +402,8 @@ class ModelProxy:
         if upstream_key:
             self.upstream_headers["authorization"] = f"Bearer {upstream_key}"
         self.max_body_bytes = max_body_bytes
+        #: Client key -> tenant; ``None``: any client, one tenant.
+        self.client_keys = dict(client_keys) if client_keys is not None else None
         self.agents: dict[str, Agent] = {}
         self.seen: weakref.WeakKeyDictionary[Agent, _Seen] = weakref.WeakKeyDictionary()
         self.app = self._build()
@@ -437,6 +442,13 @@ class ModelProxy:
     async def _proxy(self, request: Any, wire: _Wire) -> Any:
         from starlette.responses import JSONResponse, Response, StreamingResponse
 
+        tenant = None
+        if self.client_keys is not None:
+            offered = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            offered = offered or request.headers.get("x-api-key", "")
+            tenant = self.client_keys.get(offered)
+            if tenant is None:
+                return JSONResponse({"error": {"message": "unknown client key"}}, 401)
         body = await request.body()
         if len(body) > self.max_body_bytes:
             return JSONResponse({"error": {"message": "request too large"}}, 413)
@@ -449,6 +461,7 @@ class ModelProxy:
             return JSONResponse({"error": {"message": "not a chat completions request"}}, 400)
         stream = bool(data.get("stream"))
         agent = self._agent(request, messages)
+        agent.tenant = tenant
         await self._start_turn_if_new(agent, wire, messages)
         stopped, reminders = await self._guard(agent, wire, messages)
         if stopped is not None:
@@ -494,7 +507,7 @@ class ModelProxy:
     def _agent(self, request: Any, messages: list[Any]) -> Agent:
         named = request.headers.get(CONVERSATION_HEADER)
         if named is None:
-            key = request.headers.get("authorization", "")
+            key = request.headers.get("authorization") or request.headers.get("x-api-key", "")
             system = next((m.get("content") for m in messages if m.get("role") == "system"), "")
             first = next((m.get("content") for m in messages if m.get("role") == "user"), "")
             seed = json.dumps([key, system, first], sort_keys=True, default=str)

@@ -322,6 +322,9 @@ class Agent:
         self.turn_model_calls = 0
         #: The current (or last) turn's step.
         self.step = 0
+        #: Whose calendar windows this agent's model calls count in when a ``UsageLimit``
+        #: names no tenant of its own (the model proxy sets each client key's).
+        self.tenant: str | None = None
         #: The agent whose tool started this one (``AgentTool``), and its depth in the
         #: tree (the root is 1).
         self.parent: Agent | None = None

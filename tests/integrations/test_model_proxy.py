@@ -344,3 +344,60 @@ async def test_the_messages_api_passes_through_and_a_looping_client_is_reminded_
     ]
     assert reminded
     assert GENTLE_TEXT in reminded[0]
+
+
+async def test_a_days_tokens_are_shared_by_the_clients_of_one_tenant(
+    chat_server: ChatServer,
+) -> None:
+    from guardstack.guards import UsageLimit
+
+    harness = Harness()
+    harness.plugin(UsageLimit(tokens_per_day=20, estimate_output_tokens=1))
+    chat_server.script = [Answer("For acme.", usage=(10, 5)), Answer("For other.", usage=(10, 5))]
+    keys = {"key-a1": "acme", "key-a2": "acme", "key-o": "other"}
+    proxy = ModelProxy(harness, chat_server.base_url.removesuffix("/v1"), client_keys=keys)
+    port = _free_port()
+    config = uvicorn.Config(proxy.app, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+
+    def client(key: str) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:  # noqa: ASYNC110 - uvicorn sets it
+                await anyio.sleep(0.01)
+        try:
+            async with client("key-a1") as first, client("key-a2") as second:
+                spent = await first.chat.completions.create(model="m", messages=ASK)
+                refused = await second.chat.completions.with_raw_response.create(
+                    model="m", messages=[{"role": "user", "content": "another conversation"}]
+                )
+            async with client("key-o") as other:
+                fine = await other.chat.completions.create(model="m", messages=ASK)
+            async with client("not-a-key") as stranger:
+                with pytest.raises(Exception, match="401"):
+                    await stranger.chat.completions.create(model="m", messages=ASK)
+        finally:
+            server.should_exit = True
+            await proxy.aclose()
+    assert spent.choices[0].message.content == "For acme."
+    assert refused.headers.get("x-guardstack-stopped") == "usage-limit"
+    stop_text = refused.parse().choices[0].message.content or ""
+    assert "tenant 'acme' has used 15 tokens this day" in stop_text
+    assert fine.choices[0].message.content == "For other."  # another tenant's own day
+    assert len(chat_server.bodies) == 2
+
+
+def test_a_keys_file_that_is_not_a_mapping_of_text_is_refused_naming_it(tmp_path: Any) -> None:
+    from guardstack.cli.model_proxy import _keys
+    from guardstack.pipeline import ConfigError
+
+    good = tmp_path / "keys.yaml"
+    good.write_text("sk-a: team-a\nsk-b: team-b\n", "utf-8")
+    assert _keys(good) == {"sk-a": "team-a", "sk-b": "team-b"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- sk-a\n- sk-b\n", "utf-8")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: --keys must map each client key"):
+        _keys(bad)
