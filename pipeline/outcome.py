@@ -123,6 +123,9 @@ class StageAdapter(Generic[ItemT, ValueT]):
     needs_budget: bool
     #: Calls carry a tool name (name patterns such as ``tools=`` apply).
     has_names: bool
+    #: A call fails by raising (a model), not by answering an error result (a tool): an
+    #: exception out of a layer is then a failure, not a bug in the layer.
+    fails_by_raising: bool
 
     def attempt(
         self, call_next: Callable[[ItemT], Awaitable[ValueT]], item: ItemT
@@ -229,6 +232,7 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
     name = "dispatch"
     needs_budget = False
     has_names = True
+    fails_by_raising = False
 
     def attempt(
         self, call_next: Callable[[ToolCall], Awaitable[ToolResult]], item: ToolCall
@@ -348,6 +352,7 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply]):
     name = "model"
     needs_budget = True
     has_names = False
+    fails_by_raising = True
 
     def attempt(
         self, call_next: Callable[[ModelRequest], Awaitable[ModelReply]], item: ModelRequest

@@ -67,6 +67,7 @@ from guardstack.pipeline.contract import (
     Refusal,
     Scope,
     TurnRun,
+    adapter_for,
     model_error_code,
 )
 from guardstack.pipeline.errors import GuardstackError
@@ -462,7 +463,8 @@ class Tracing:
     def wrap_layer(self, layer: Layer, info: LayerInfo) -> Layer:
         tracer = self.tracer
         # On tools an exception out of a layer is a bug in it; on models, how calls fail.
-        on_error = _end_with_model_error if info.stage == "model" else _end_with_exception
+        raising = adapter_for(info.stage).fails_by_raising
+        on_error = _end_with_model_error if raising else _end_with_exception
 
         async def traced_layer(call: Any, call_next: Any) -> Any:
             span = tracer.start_span(

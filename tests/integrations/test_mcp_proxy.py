@@ -12,6 +12,7 @@ import anyio
 from mcp.types import ImageContent, TextContent
 
 from guardstack.guards import GENTLE_TEXT
+from tests.integrations.ports import free_port, until_listening
 from tests.integrations.test_mcp import connected, runs, server_command, server_log, wait_for
 
 CONFIG = """\
@@ -200,16 +201,10 @@ async def test_prompts_resources_and_completions_pass_through_unchanged(tmp_path
 async def test_the_proxy_over_streamable_http_in_front_of_a_server_over_http(
     tmp_path: Path,
 ) -> None:
-    import socket
     import subprocess
 
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
-
-    def free_port() -> int:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            return int(probe.getsockname()[1])
 
     downstream_port, proxy_port = free_port(), free_port()
     log = server_log(tmp_path)
@@ -235,9 +230,9 @@ async def test_the_proxy_over_streamable_http_in_front_of_a_server_over_http(
         started.append(
             await anyio.open_process([*server, str(downstream_port)], cwd=root, stderr=quiet)
         )
-        await _until_listening(downstream_port)
+        await until_listening(downstream_port)
         started.append(await anyio.open_process(proxy, cwd=root, stderr=quiet))
-        await _until_listening(proxy_port)
+        await until_listening(proxy_port)
         url = f"http://127.0.0.1:{proxy_port}/mcp"
         async with (
             streamable_http_client(url) as streams,
@@ -257,18 +252,6 @@ async def test_the_proxy_over_streamable_http_in_front_of_a_server_over_http(
     assert [GENTLE_TEXT in texts(result) for result in searches] == [False, False, True]
     assert prompts == ["review"]
     assert read.contents[0].text == "ship the proxy"  # type: ignore[union-attr]
-
-
-async def _until_listening(port: int) -> None:
-    import socket
-
-    with anyio.fail_after(20):
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    return
-            except OSError:
-                await anyio.sleep(0.05)
 
 
 async def test_a_downstream_that_dies_mid_call_answers_every_pending_call_and_stops_the_proxy(

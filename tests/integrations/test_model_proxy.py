@@ -5,7 +5,6 @@ uvicorn between them (real time, asyncio: uvicorn and the client are asyncio's).
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,17 +18,12 @@ from guardstack.integrations.model_proxy import ModelProxy
 from guardstack.pipeline import Harness
 from guardstack.wrappers import Retry
 from tests.integrations.chat_server import Answer, ChatServer, Fail
+from tests.integrations.ports import free_port, until_listening
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Served:
@@ -45,9 +39,10 @@ class Served:
         )
 
 
-async def serve(harness: Harness, upstream: Any) -> AsyncIterator[Served]:
-    proxy = ModelProxy(harness, upstream.base_url.removesuffix("/v1"), upstream_key="upstream-key")
-    port = _free_port()
+async def serve(harness: Harness, upstream: Any, **options: Any) -> AsyncIterator[Served]:
+    options.setdefault("upstream_key", "upstream-key")
+    proxy = ModelProxy(harness, upstream.base_url.removesuffix("/v1"), **options)
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(proxy.app, host="127.0.0.1", port=port, log_level="warning")
     )
@@ -179,7 +174,7 @@ async def test_the_command_serves_a_config_with_the_key_from_the_environment(
 
     config = tmp_path / "guards.yaml"
     config.write_text("- name: tool-call-limit\n  config: {per_turn: 4}\n", "utf-8")
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable, "-c", "from guardstack.cli.main import main; raise SystemExit(main())",
         "model-proxy", "--config", str(config), "--upstream",
@@ -192,13 +187,7 @@ async def test_the_command_serves_a_config_with_the_key_from_the_environment(
         command, cwd=str(Path(__file__).parents[2]), env=environment, stderr=subprocess.DEVNULL
     )
     try:
-        with anyio.fail_after(20):
-            while True:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                        break
-                except OSError:
-                    await anyio.sleep(0.05)
+        await until_listening(port)
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         async with client:
             reply = await client.chat.completions.create(model="m", messages=ASK)
@@ -355,33 +344,22 @@ async def test_a_days_tokens_are_shared_by_the_clients_of_one_tenant(
     harness.plugin(UsageLimit(tokens_per_day=20, estimate_output_tokens=1))
     chat_server.script = [Answer("For acme.", usage=(10, 5)), Answer("For other.", usage=(10, 5))]
     keys = {"key-a1": "acme", "key-a2": "acme", "key-o": "other"}
-    proxy = ModelProxy(harness, chat_server.base_url.removesuffix("/v1"), client_keys=keys)
-    port = _free_port()
-    config = uvicorn.Config(proxy.app, host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
+    async for served in serve(harness, chat_server, client_keys=keys):
 
-    def client(key: str) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+        def client(key: str, port: int = served.port) -> AsyncOpenAI:
+            url = f"http://127.0.0.1:{port}/v1"
+            return AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(server.serve)
-        with anyio.fail_after(10):
-            while not server.started:  # noqa: ASYNC110 - uvicorn sets it
-                await anyio.sleep(0.01)
-        try:
-            async with client("key-a1") as first, client("key-a2") as second:
-                spent = await first.chat.completions.create(model="m", messages=ASK)
-                refused = await second.chat.completions.with_raw_response.create(
-                    model="m", messages=[{"role": "user", "content": "another conversation"}]
-                )
-            async with client("key-o") as other:
-                fine = await other.chat.completions.create(model="m", messages=ASK)
-            async with client("not-a-key") as stranger:
-                with pytest.raises(Exception, match="401"):
-                    await stranger.chat.completions.create(model="m", messages=ASK)
-        finally:
-            server.should_exit = True
-            await proxy.aclose()
+        async with client("key-a1") as first, client("key-a2") as second:
+            spent = await first.chat.completions.create(model="m", messages=ASK)
+            refused = await second.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "another conversation"}]
+            )
+        async with client("key-o") as other:
+            fine = await other.chat.completions.create(model="m", messages=ASK)
+        async with client("not-a-key") as stranger:
+            with pytest.raises(Exception, match="401"):
+                await stranger.chat.completions.create(model="m", messages=ASK)
     assert spent.choices[0].message.content == "For acme."
     assert refused.headers.get("x-guardstack-stopped") == "usage-limit"
     stop_text = refused.parse().choices[0].message.content or ""
