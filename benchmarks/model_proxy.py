@@ -1,50 +1,59 @@
-"""What ``guardstack model-proxy`` adds to a request: the same upstream, called directly
-and through the proxy, in the same run.
+"""What ``guardstack model-proxy`` adds to a request: the same upstream, called directly,
+through guardstack's proxy and (where it installs) through LiteLLM's proxy, in one run.
 
-The upstream is a minimal OpenAI-compatible server (starlette on uvicorn, loopback)
-that answers at once — a JSON completion, or a three-chunk SSE stream — so what is
-measured is the hop and the proxy's own work, not a model. The proxy runs the stack
-a user would: a model-stage ``Retry``, ``ToolCallLimit``, ``RepeatToolReminder``.
-The client is ``httpx`` (one connection pool per side, keep-alive).
+Every side is its own process, as it would be in use: the upstream (a minimal
+OpenAI-compatible server, starlette on uvicorn, loopback, answering at once — a JSON
+completion or a three-chunk SSE stream — so what is measured is the hop and the
+proxy's own work, not a model); ``guardstack model-proxy`` with the stack a user
+would run (a model-stage ``Retry``, ``ToolCallLimit``, ``RepeatToolReminder``, a
+``UsageLimit`` with a day's token budget); LiteLLM's proxy with ``num_retries: 3``.
+LiteLLM's budgets need its database (Postgres), so it runs with retries only: it does
+less per request than guardstack's side here. The client is ``httpx`` (one
+keep-alive pool per side), in this process.
 
-* non-streaming: wall time per request, median over the run, at 1 client (one after
-  another) and at 100 concurrent clients;
-* streaming: time to first byte of the stream, at 1 client.
+A fourth side is the floor: a bare forwarder (the body sent on with httpx, the answer
+sent back, no guards), so the table shows the extra HTTP hop apart from the proxy's own
+work (guardstack − forwarder).
 
-Reported as the proxy's addition (through − direct) and the ratio. LiteLLM's proxy
-is not compared here: it needs ``litellm[proxy]`` (FastAPI, a database for budgets),
-which this project does not install.
+* non-streaming: wall time per request at 1 client (one after another) and at 100
+  concurrent clients;
+* streaming: time to the first byte of the stream, at 1 client.
 
-    python -m benchmarks.model_proxy [--requests 300]
+Rounds are interleaved (direct, guardstack, LiteLLM, direct, …); the first round is
+warm-up; each figure is the median of the rounds' medians, with their range.
+
+    python -m benchmarks.model_proxy [--requests 300] [--rounds 3]
+        [--litellm /path/to/venv/bin/litellm]
+
+``--litellm`` (or ``$LITELLM``) is the ``litellm`` command of an environment with
+``litellm[proxy]`` installed; it is kept out of this project's own environment
+because it pins versions of FastAPI, uvicorn and friends of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
+import os
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
-from guardstack.guards import RepeatToolReminder, ToolCallLimit
-from guardstack.integrations.model_proxy import ModelProxy
-from guardstack.pipeline import Harness
-from guardstack.wrappers import Retry
-
+ROOT = Path(__file__).parents[1]
 COMPLETION = json.dumps(
     {
         "id": "c",
         "object": "chat.completion",
+        "created": 1,
         "model": "m",
         "choices": [
             {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
@@ -53,39 +62,107 @@ COMPLETION = json.dumps(
     }
 ).encode()
 CHUNKS = [
-    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"o"}}]}\n\n',
-    b'data: {"choices":[{"index":0,"delta":{"content":"k"},"finish_reason":"stop"}]}\n\n',
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":"o"}}]}\n\n',
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"content":"k"},"finish_reason":"stop"}]}\n\n',
     b"data: [DONE]\n\n",
 ]
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+GUARDS = """\
+- name: retry
+  config: {stage: model, attempts: 3}
+- name: tool-call-limit
+  config: {per_turn: 40}
+- name: repeat-tool-reminder
+- name: usage-limit
+  config: {tokens_per_day: 1000000000}
+"""
+LITELLM_CONFIG = """\
+model_list:
+  - model_name: m
+    litellm_params:
+      model: openai/m
+      api_base: http://127.0.0.1:{port}/v1
+      api_key: upstream-key
+litellm_settings:
+  num_retries: 3
+  telemetry: false
+"""
 
 
-async def _upstream_chat(request: Request) -> Response:
-    data = json.loads(await request.body())
-    if data.get("stream"):
+def upstream_app() -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
 
-        async def events() -> AsyncIterator[bytes]:
-            for chunk in CHUNKS:
-                yield chunk
+    async def chat(request: Request) -> Response:
+        data = json.loads(await request.body())
+        if data.get("stream"):
 
-        return StreamingResponse(events(), media_type="text/event-stream")
-    return Response(COMPLETION, media_type="application/json")
+            async def events() -> AsyncIterator[bytes]:
+                for chunk in CHUNKS:
+                    yield chunk
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return Response(COMPLETION, media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def forwarder_app(upstream: str) -> Any:
+    """The floor a proxy cannot go under: the body forwarded to the upstream with httpx and
+    the answer (or stream) sent back — the same HTTP hop, no guards."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    client = httpx.AsyncClient(base_url=upstream, timeout=None)
+
+    async def chat(request: Request) -> Response:
+        body = await request.body()
+        sent = client.build_request(
+            "POST", "/v1/chat/completions", content=body,
+            headers={"content-type": "application/json", "authorization": "Bearer k"},
+        )  # fmt: skip
+        answer = await client.send(sent, stream=True)
+        if json.loads(body).get("stream"):
+
+            async def relay() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in answer.aiter_raw():
+                        yield chunk
+                finally:
+                    await answer.aclose()
+
+            return StreamingResponse(relay(), media_type="text/event-stream")
+        content = await answer.aread()
+        return Response(content, answer.status_code, media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
 def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    from tests.integrations.ports import free_port
+
+    return free_port()
 
 
-async def _serve(app: Any, port: int, group: Any) -> uvicorn.Server:
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-    )
-    group.start_soon(server.serve)
-    while not server.started:  # noqa: ASYNC110 - uvicorn sets it
-        await anyio.sleep(0.01)
-    return server
+async def _until_answering(port: int, process: Any, what: str) -> None:
+    """Until ``port`` answers HTTP (any status), or say why not."""
+    with anyio.fail_after(120):
+        async with httpx.AsyncClient() as probe:
+            while True:
+                if process.returncode is not None:
+                    raise SystemExit(f"{what} exited ({process.returncode}) before it listened")
+                try:
+                    await probe.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+                except httpx.HTTPError:
+                    await anyio.sleep(0.1)
+                else:
+                    return
 
 
 async def _timed(
@@ -100,6 +177,7 @@ async def _timed(
         started = time.perf_counter()
         if stream:
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                response.raise_for_status()
                 first = True
                 async for _ in response.aiter_raw():
                     if first:
@@ -120,55 +198,117 @@ async def _timed(
     return times
 
 
-async def measure(requests: int) -> dict[str, dict[str, float]]:
-    upstream_port, proxy_port = _port(), _port()
-    harness = Harness()
-    harness.plugin(Retry(stage="model", attempts=3))
-    harness.plugin(ToolCallLimit(per_turn=40))
-    harness.plugin(RepeatToolReminder())
-    upstream_app = Starlette(
-        routes=[Route("/v1/chat/completions", _upstream_chat, methods=["POST"])]
-    )
-    proxy = ModelProxy(harness, f"http://127.0.0.1:{upstream_port}")
-    results: dict[str, dict[str, float]] = {}
-    async with anyio.create_task_group() as group:
-        servers = [
-            await _serve(upstream_app, upstream_port, group),
-            await _serve(proxy.app, proxy_port, group),
-        ]
+CASES = {
+    "1 client": (1, 1, False),
+    "100 clients": (3, 100, False),
+    "stream, first byte": (1, 1, True),
+}
+
+
+async def measure(
+    requests: int, rounds: int, litellm: str | None
+) -> dict[str, dict[str, list[float]]]:
+    """Per case and side, each kept round's median in milliseconds."""
+    upstream_port, forwarder_port, proxy_port, litellm_port = _port(), _port(), _port(), _port()
+    work = Path(tempfile.mkdtemp(prefix="guardstack-bench-"))
+    (work / "guards.yaml").write_text(GUARDS, "utf-8")
+    (work / "litellm.yaml").write_text(LITELLM_CONFIG.format(port=upstream_port), "utf-8")
+    python = sys.executable
+    commands = {
+        "upstream": [python, "-m", "benchmarks.model_proxy", "--serve-upstream",
+                     str(upstream_port)],
+        "forwarder": [python, "-m", "benchmarks.model_proxy", "--serve-forwarder",
+                      str(forwarder_port), f"http://127.0.0.1:{upstream_port}"],
+        "guardstack": [python, "-c", "from guardstack.cli.main import main; main()",
+                       "model-proxy", "--config", str(work / "guards.yaml"), "--upstream",
+                       f"http://127.0.0.1:{upstream_port}", "--listen",
+                       f"127.0.0.1:{proxy_port}"],
+    }  # fmt: skip
+    if litellm:
+        commands["litellm"] = [litellm, "--config", str(work / "litellm.yaml"), "--port",
+                               str(litellm_port), "--host", "127.0.0.1"]  # fmt: skip
+    ports = {
+        "upstream": upstream_port,
+        "forwarder": forwarder_port,
+        "guardstack": proxy_port,
+        "litellm": litellm_port,
+    }
+    master = "sk-" + "5f" * 32  # LiteLLM's proxy refuses to start without a strong one
+    environment = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": master}
+    processes: list[Any] = []
+    results: dict[str, dict[str, list[float]]] = {case: {} for case in CASES}
+    try:
+        for name, command in commands.items():
+            process = await anyio.open_process(
+                command, cwd=str(ROOT), env=environment, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            processes.append(process)
+            await _until_answering(ports[name], process, name)
+        sides = {"direct": upstream_port, "forwarder": forwarder_port, "guardstack": proxy_port}
+        if litellm:
+            sides["litellm"] = litellm_port
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-        sides = {"direct": upstream_port, "proxy": proxy_port}
-        cases: dict[str, Callable[[httpx.AsyncClient], Awaitable[list[float]]]] = {
-            "1 client": lambda c: _timed(c, requests, 1, False),
-            "100 clients": lambda c: _timed(c, requests * 3, 100, False),
-            "stream, first byte": lambda c: _timed(c, requests, 1, True),
-        }
-        for case, run in cases.items():
-            results[case] = {}
-            for _ in range(2):  # interleaved rounds; the second is kept (warm)
+        keys = {"direct": "k", "forwarder": "k", "guardstack": "client-key", "litellm": master}
+        for case, (scale, concurrent, stream) in CASES.items():
+            for round_ in range(rounds + 1):
                 for side, port in sides.items():
                     async with httpx.AsyncClient(
-                        base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=30
+                        base_url=f"http://127.0.0.1:{port}",
+                        limits=limits,
+                        timeout=60,
+                        headers={"authorization": f"Bearer {keys[side]}"},
                     ) as client:
-                        results[case][side] = statistics.median(await run(client)) * 1000
-        for server in servers:
-            server.should_exit = True
-    await proxy.aclose()
+                        times = await _timed(client, requests * scale, concurrent, stream)
+                    if round_:  # the first is warm-up
+                        results[case].setdefault(side, []).append(statistics.median(times) * 1e3)
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.terminate()
+            with anyio.move_on_after(10):
+                await process.wait()
+        shutil.rmtree(work, ignore_errors=True)
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--litellm", default=os.environ.get("LITELLM"))
+    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-forwarder", nargs=2, help=argparse.SUPPRESS)
     options = parser.parse_args()
-    results = anyio.run(measure, options.requests)
-    print("| case | direct ms | through the proxy ms | added ms | ratio |")
-    print("|------|-----------|----------------------|----------|-------|")
-    for case, sides in results.items():
-        direct, proxied = sides["direct"], sides["proxy"]
+    if options.serve_upstream or options.serve_forwarder:
+        import uvicorn
+
+        app, port = (
+            (upstream_app(), options.serve_upstream)
+            if options.serve_upstream
+            else (forwarder_app(options.serve_forwarder[1]), int(options.serve_forwarder[0]))
+        )
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        return
+    litellm = options.litellm or shutil.which("litellm")
+    results = anyio.run(measure, options.requests, options.rounds, litellm)
+    sides = ["forwarder", "guardstack"] + (["litellm"] if litellm else [])
+    print("| case | direct ms | " + " | ".join(f"{side} ms (added)" for side in sides) + " |")
+    print("|------|-----------|" + "|".join("---" for _ in sides) + "|")
+    for case, measured in results.items():
+        direct = statistics.median(measured["direct"])
+        cells = []
+        for side in sides:
+            values = measured[side]
+            middle = statistics.median(values)
+            cells.append(
+                f"{middle:.2f} (+{middle - direct:.2f}; {min(values):.2f}–{max(values):.2f})"
+            )
+        print(f"| {case} | {direct:.2f} | " + " | ".join(cells) + " |")
+    if not litellm:
         print(
-            f"| {case} | {direct:.2f} | {proxied:.2f} | {proxied - direct:.2f} | "
-            f"{proxied / direct:.2f}x |"
+            "\nLiteLLM's proxy was not measured: give --litellm, the `litellm` command of an "
+            "environment with litellm[proxy] installed."
         )
 
 

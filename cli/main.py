@@ -112,16 +112,26 @@ def _parser() -> argparse.ArgumentParser:
         "model-proxy",
         help="serve an OpenAI-compatible API through a guard stack (needs guardstack[proxy])",
         description="An OpenAI-compatible server (POST /v1/chat/completions, GET "
-        "/v1/models) in front of --upstream: every request through the model stage and the "
-        "conversation's guards of --config.",
+        "/v1/models; Anthropic's POST /v1/messages) in front of --upstream: every request "
+        "through the model stage and the conversation's guards of --config.",
     )
     model_proxy.add_argument("--config", type=Path, help="a YAML, TOML or JSON plugin list")
     _allow_imports(model_proxy)
-    model_proxy.add_argument("--upstream", required=True, help="the provider's base URL")
+    model_proxy.add_argument(
+        "--upstream",
+        required=True,
+        action="append",
+        metavar="[NAME=]URL",
+        help="the provider's base URL; repeat as NAME=URL for upstreams a model-stage "
+        "fallback names (to: {upstream: NAME})",
+    )
     model_proxy.add_argument(
         "--upstream-key-env",
-        metavar="VAR",
-        help="the environment variable holding the upstream's key (never logged)",
+        action="append",
+        default=[],
+        metavar="[NAME=]VAR",
+        help="the environment variable holding an upstream's key (never logged); "
+        "NAME=VAR for a named upstream",
     )
     model_proxy.add_argument(
         "--keys",

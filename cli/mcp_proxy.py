@@ -26,7 +26,12 @@ from typing import Any, NoReturn
 import anyio
 
 from guardstack.guards import ToolCallTimeoutPolicy
-from guardstack.integrations.mcp import mcp_tools, serve_proxy, serve_proxy_http
+from guardstack.integrations.mcp import (
+    NotificationRelay,
+    serve_proxy,
+    serve_proxy_http,
+    sync_tools,
+)
 from guardstack.pipeline.errors import ConfigError, GuardstackError
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.values import MAX_TIMEOUT_MS, message_of
@@ -162,14 +167,11 @@ async def _proxy(
                 group.cancel_scope.cancel()  # the client left first
 
         group.start_soon(pump)
-        async with _downstream(command, connect) as downstream:
-            tools = await mcp_tools(
-                downstream, timeouts_ms=timeouts_ms, default_timeout_ms=default_timeout_ms
-            )
-            for tool in tools:
-                harness.tools.register(tool)
+        relay = NotificationRelay()
+        async with _downstream(command, connect, relay) as downstream:
+            await _keep_tools(harness, downstream, relay, timeouts_ms, default_timeout_ms)
             ready = True
-            await serve_proxy(harness, downstream, receive, server_write)
+            await serve_proxy(harness, downstream, receive, server_write, relay)
         group.cancel_scope.cancel()
 
 
@@ -184,8 +186,33 @@ def _listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
+async def _keep_tools(
+    harness: Harness,
+    downstream: Any,
+    relay: NotificationRelay,
+    timeouts_ms: dict[str, int] | None,
+    default_timeout_ms: int | None,
+) -> None:
+    """Register the downstream's tools now, and again whenever it says they changed."""
+    registered: dict[str, Any] = {}
+
+    async def sync() -> None:
+        await sync_tools(
+            harness,
+            downstream,
+            registered,
+            timeouts_ms=timeouts_ms,
+            default_timeout_ms=default_timeout_ms,
+        )
+
+    await sync()
+    relay.on_tools_changed = sync
+
+
 @contextlib.asynccontextmanager
-async def _downstream(command: Sequence[str], connect: str | None) -> AsyncIterator[Any]:
+async def _downstream(
+    command: Sequence[str], connect: str | None, relay: NotificationRelay
+) -> AsyncIterator[Any]:
     """The downstream server's session: a child over stdio, or a server over HTTP."""
     from mcp import ClientSession, StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
@@ -193,7 +220,7 @@ async def _downstream(command: Sequence[str], connect: str | None) -> AsyncItera
     if connect is not None:
         async with (
             streamable_http_client(connect) as streams,
-            ClientSession(streams[0], streams[1]) as session,
+            ClientSession(streams[0], streams[1], message_handler=relay) as session,
         ):
             await session.initialize()
             yield session
@@ -201,7 +228,7 @@ async def _downstream(command: Sequence[str], connect: str | None) -> AsyncItera
     params = StdioServerParameters(command=command[0], args=list(command[1:]))
     async with (
         stdio_client(params, errlog=sys.stderr) as (read, write),
-        ClientSession(read, write) as session,
+        ClientSession(read, write, message_handler=relay) as session,
     ):
         await session.initialize()
         yield session
@@ -216,16 +243,13 @@ async def _proxy_http(
     timeouts_ms: dict[str, int] | None,
     default_timeout_ms: int | None,
 ) -> None:
-    async with _downstream(command, connect) as downstream:
-        tools = await mcp_tools(
-            downstream, timeouts_ms=timeouts_ms, default_timeout_ms=default_timeout_ms
-        )
-        for tool in tools:
-            harness.tools.register(tool)
+    relay = NotificationRelay()
+    async with _downstream(command, connect, relay) as downstream:
+        await _keep_tools(harness, downstream, relay, timeouts_ms, default_timeout_ms)
         print(
             f"guardstack mcp-proxy: serving http://{host}:{port}/mcp", file=sys.stderr, flush=True
         )
-        await serve_proxy_http(harness, downstream, host, port)
+        await serve_proxy_http(harness, downstream, host, port, relay)
 
 
 def _first_reportable(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from guardstack.cli.mcp_proxy import _listen
-from guardstack.integrations.model_proxy import ModelProxy
+from guardstack.integrations.model_proxy import DEFAULT, ModelProxy
 from guardstack.pipeline.errors import ConfigError
-from guardstack.pipeline.harness import Harness, read_config_file
+from guardstack.pipeline.harness import Harness, _in_file, read_config_file
 
 
 def _keys(path: Path) -> dict[str, str]:
@@ -38,11 +38,37 @@ def _keys(path: Path) -> dict[str, str]:
     return dict(data)
 
 
+def _named(values: list[str], option: str, *, default_required: bool) -> dict[str, str]:
+    """``[NAME=]VALUE`` options: name -> value (the unnamed one under ``default``)."""
+    named: dict[str, str] = {}
+    for value in values:
+        name, has_name, rest = value.partition("=")
+        # A URL's own "=" (a query) is not a name: names come before "://".
+        if not has_name or "://" in name or "/" in name:
+            name, rest = DEFAULT, value
+        if not name or not rest:
+            raise ConfigError(
+                f"model-proxy: {option} {value!r} must be [NAME=]VALUE", key=option, value=value
+            )
+        if name in named:
+            raise ConfigError(
+                f"model-proxy: {option} is given twice for {name!r}", key=option, value=value
+            )
+        named[name] = rest
+    if default_required and DEFAULT not in named:
+        raise ConfigError(
+            f"model-proxy: {option} needs one unnamed URL (the default upstream)",
+            key=option,
+            value=values,
+        )
+    return named
+
+
 async def run_model_proxy(
     config: Path | None,
-    upstream: str,
+    upstream: str | list[str],
     *,
-    key_env: str | None = None,
+    key_env: str | list[str] | None = None,
     keys: Path | None = None,
     listen: str = "127.0.0.1:8809",
     allow_imports: bool = False,
@@ -51,21 +77,46 @@ async def run_model_proxy(
     import uvicorn
 
     host, port = _listen(listen)
-    key = None
-    if key_env is not None:
-        key = os.environ.get(key_env)
+    urls = _named([upstream] if isinstance(upstream, str) else upstream, "--upstream",
+                  default_required=True)  # fmt: skip
+    variables = _named(
+        [key_env] if isinstance(key_env, str) else list(key_env or []),
+        "--upstream-key-env",
+        default_required=False,
+    )
+    upstream_keys: dict[str, str] = {}
+    for name, variable in variables.items():
+        if name not in urls:
+            raise ConfigError(
+                f"model-proxy: --upstream-key-env names the upstream {name!r}, which no "
+                "--upstream NAME=URL gives",
+                key="upstream-key-env",
+                value=name,
+            )
+        key = os.environ.get(variable)
         if not key:
             raise ConfigError(
-                f"model-proxy: the environment variable {key_env!r} (--upstream-key-env) is "
+                f"model-proxy: the environment variable {variable!r} (--upstream-key-env) is "
                 "not set",
                 key="upstream-key-env",
-                value=key_env,
+                value=variable,
             )
+        upstream_keys[name] = key
     client_keys = _keys(keys) if keys is not None else None
     harness = Harness()
     if config is not None:
         harness.load(config, allow_imports=allow_imports)
-    proxy = ModelProxy(harness, upstream, upstream_key=key, client_keys=client_keys)
+    try:
+        proxy = ModelProxy(
+            harness,
+            urls.pop(DEFAULT),
+            upstream_key=upstream_keys.pop(DEFAULT, None),
+            upstreams=urls,
+            upstream_keys=upstream_keys,
+            client_keys=client_keys,
+        )
+    except ConfigError as error:  # a fallback naming an upstream nobody gave
+        raise _in_file(error, config) from error
     print(f"guardstack model-proxy: serving http://{host}:{port}/v1", file=sys.stderr, flush=True)
     try:
         server = uvicorn.Server(

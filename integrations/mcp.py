@@ -38,7 +38,7 @@ import itertools
 import json
 import logging
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -67,11 +67,13 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_PAGES",
     "McpServerError",
+    "NotificationRelay",
     "mcp_tools",
     "proxy_server",
     "render_content",
     "serve_proxy",
     "serve_proxy_http",
+    "sync_tools",
 ]
 
 EXTRA = "mcp"
@@ -330,15 +332,138 @@ def _describe(block: Any) -> str:
 _connections = itertools.count(1)
 
 
+class NotificationRelay:
+    """What the downstream server says on its own, relayed to the proxy's clients: pass
+    it as the downstream ``ClientSession``'s ``message_handler``.
+
+    * a tool list change first brings the harness's tools up to date
+      (``on_tools_changed``), then is relayed;
+    * list changes and resource updates go to every client: on a 2026-07-28
+      connection through its ``subscriptions/listen`` streams, on an older one as
+      the notification itself;
+    * a log message goes to the clients with a call in flight, on that call's
+      stream (the downstream is one session for all clients, so a log cannot be
+      told apart further), else to every older connection.
+    """
+
+    def __init__(self) -> None:
+        from mcp.server.subscriptions import InMemorySubscriptionBus
+
+        self.bus = InMemorySubscriptionBus()
+        self.connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: The calls in flight: where a log message goes.
+        self.calls: dict[int, tuple[Any, Any]] = {}
+        self.on_tools_changed: Callable[[], Awaitable[None]] | None = None
+
+    async def __call__(self, message: Any) -> None:
+        if isinstance(message, Exception):
+            return
+        try:
+            await self._relay(message)
+        except Exception:  # a client that left, a refresh that failed: the proxy goes on
+            logger.warning("mcp-proxy: a downstream notification was not relayed", exc_info=True)
+
+    async def _relay(self, message: Any) -> None:
+        from mcp import types
+        from mcp.server.subscriptions import (
+            PromptsListChanged,
+            ResourcesListChanged,
+            ResourceUpdated,
+            ToolsListChanged,
+        )
+
+        event: Any
+        legacy: tuple[str, tuple[str, ...]]
+        if isinstance(message, types.LoggingMessageNotification):
+            await self._log(message.params)
+            return
+        if isinstance(message, types.ToolListChangedNotification):
+            if self.on_tools_changed is not None:
+                await self.on_tools_changed()
+            event, legacy = ToolsListChanged(), ("send_tool_list_changed", ())
+        elif isinstance(message, types.PromptListChangedNotification):
+            event, legacy = PromptsListChanged(), ("send_prompt_list_changed", ())
+        elif isinstance(message, types.ResourceListChangedNotification):
+            event, legacy = ResourcesListChanged(), ("send_resource_list_changed", ())
+        elif isinstance(message, types.ResourceUpdatedNotification):
+            uri = str(message.params.uri)
+            event, legacy = ResourceUpdated(uri), ("send_resource_updated", (uri,))
+        else:
+            return
+        await self.bus.publish(event)
+        for connection in self._older():
+            await getattr(connection, legacy[0])(*legacy[1])
+
+    async def _log(self, params: Any) -> None:
+        import warnings
+
+        if self.calls:
+            for session, request_id in list(self.calls.values()):
+                await session.send_log_message(
+                    params.level, params.data, params.logger, related_request_id=request_id
+                )
+            return
+        for connection in self._older():
+            with warnings.catch_warnings():  # connection-wide logs: only before 2026-07-28
+                warnings.simplefilter("ignore")
+                await connection.log(params.level, params.data, params.logger)
+
+    def _older(self) -> list[Any]:
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        return [
+            connection
+            for connection in list(self.connections)
+            if getattr(connection, "protocol_version", None) not in MODERN_PROTOCOL_VERSIONS
+        ]
+
+
+async def sync_tools(
+    harness: Harness,
+    downstream: ClientSession,
+    registered: dict[str, Any],
+    *,
+    timeouts_ms: Mapping[str, int] | None = None,
+    default_timeout_ms: int | None = None,
+) -> None:
+    """Bring ``harness``'s tools in line with what the downstream lists now: a tool gone
+    is removed, a new one registered with its budget, a changed one replaced.
+    ``registered`` (name -> registration) is kept by the caller across calls."""
+    listed = {
+        tool.name: tool
+        for tool in await mcp_tools(
+            downstream, timeouts_ms=timeouts_ms, default_timeout_ms=default_timeout_ms
+        )
+    }
+    for name in list(registered):
+        if name not in listed:
+            registered.pop(name).dispose()
+    for name, tool in listed.items():
+        current = harness.tools.get(name)
+        if name in registered and current is not None and _same_tool(current, tool):
+            continue
+        if name in registered:
+            registered.pop(name).dispose()
+        registered[name] = harness.tools.register(tool)
+
+
+def _same_tool(one: ToolDefinition, other: ToolDefinition) -> bool:
+    keys = ("description", "parameters", "timeout_ms", "idempotent", "destructive")
+    return all(getattr(one, key, None) == getattr(other, key, None) for key in keys)
+
+
 def proxy_server(
-    harness: Harness, downstream: ClientSession, on_lost: Callable[[], None] | None = None
+    harness: Harness,
+    downstream: ClientSession,
+    on_lost: Callable[[], None] | None = None,
+    relay: NotificationRelay | None = None,
 ) -> Any:
     """The ``mcp-proxy`` MCP server (the SDK's low-level ``Server``) in front of
     ``downstream``: its tools through ``harness``, everything else it offers —
     prompts, resources, resource templates, completions, subscriptions — passed
     through unchanged. Each client session is one conversation and one turn."""
     require("mcp", EXTRA)
-    from mcp.server.lowlevel import Server
+    from mcp.server.lowlevel import NotificationOptions, Server
     from mcp.types import CallToolResult, TextContent
 
     conversations: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -347,13 +472,18 @@ def proxy_server(
     def conversation_of(ctx: Any) -> str:
         # the SDK hands each request its own ServerSession over one connection: the
         # connection is the client's session (over stdio, the only one)
-        connection = getattr(ctx.session, "_connection", ctx.session)
+        connection = getattr(ctx, "connection", None) or getattr(
+            ctx.session, "_connection", ctx.session
+        )
         key = conversations.get(connection)
         if key is None:
             key = conversations[connection] = f"mcp-proxy-{next(_connections)}"
+            if relay is not None:
+                relay.connections.add(connection)
         return key
 
     async def list_tools(ctx: Any, params: Any) -> Any:
+        conversation_of(ctx)  # a client that lists tools hears of their changes
         return await downstream.list_tools(params=params)
 
     async def call_tool(ctx: Any, params: Any) -> CallToolResult:
@@ -365,12 +495,19 @@ def proxy_server(
         )
         meta = ctx.meta or {}
         token = meta.get("progress_token", meta.get("progressToken"))
-        relay = _PROGRESS.set((ctx.session, token, ctx.request_id)) if token is not None else None
+        progress = (
+            _PROGRESS.set((ctx.session, token, ctx.request_id)) if token is not None else None
+        )
+        in_flight = id(call)
+        if relay is not None:
+            relay.calls[in_flight] = (ctx.session, ctx.request_id)
         try:
             outcome = await harness.tools.execute(call)
         finally:
+            if progress is not None:
+                _PROGRESS.reset(progress)
             if relay is not None:
-                _PROGRESS.reset(relay)
+                relay.calls.pop(in_flight, None)
         if outcome.pending is not None:  # Approval: ask the person at the client
             decision = await _ask_client(ctx, outcome.pending)
             outcome = await harness.tools.run_decided(
@@ -391,9 +528,35 @@ def proxy_server(
         )
 
     handlers = _passthrough(downstream)
-    return Server(
-        "guardstack-mcp-proxy", on_list_tools=list_tools, on_call_tool=call_tool, **handlers
+    if relay is not None:
+        from mcp.server.subscriptions import ListenHandler
+
+        handlers["on_subscriptions_listen"] = ListenHandler(relay.bus)
+    import warnings
+
+    from mcp.shared.exceptions import MCPDeprecationWarning
+
+    with warnings.catch_warnings():  # logging/setLevel: deprecated at 2026-07-28, not before
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        server = Server(
+            "guardstack-mcp-proxy", on_list_tools=list_tools, on_call_tool=call_tool, **handlers
+        )
+    offered = downstream.server_capabilities
+    changes = NotificationOptions(
+        prompts_changed=bool(offered and offered.prompts and offered.prompts.list_changed),
+        resources_changed=bool(offered and offered.resources and offered.resources.list_changed),
+        tools_changed=bool(offered and offered.tools and offered.tools.list_changed),
     )
+    default_options = server.create_initialization_options
+
+    def create_initialization_options(
+        notification_options: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        # the list changes the downstream announces, the proxy relays: it says so too
+        return default_options(notification_options or changes, *args, **kwargs)
+
+    server.create_initialization_options = create_initialization_options  # type: ignore[method-assign]
+    return server
 
 
 def _passthrough(downstream: ClientSession) -> dict[str, Any]:
@@ -436,6 +599,12 @@ def _passthrough(downstream: ClientSession) -> dict[str, Any]:
                 return await downstream.unsubscribe_resource(str(params.uri))
 
             handlers |= {"on_subscribe_resource": subscribe, "on_unsubscribe_resource": unsubscribe}
+    if offered.logging is not None:
+
+        async def set_level(ctx: Any, params: Any) -> Any:
+            return await downstream.set_logging_level(params.level)
+
+        handlers["on_set_logging_level"] = set_level
     if offered.completions is not None:
 
         async def complete(ctx: Any, params: Any) -> Any:
@@ -448,7 +617,11 @@ def _passthrough(downstream: ClientSession) -> dict[str, Any]:
 
 
 async def serve_proxy(
-    harness: Harness, downstream: ClientSession, read_stream: Any, write_stream: Any
+    harness: Harness,
+    downstream: ClientSession,
+    read_stream: Any,
+    write_stream: Any,
+    relay: NotificationRelay | None = None,
 ) -> None:
     """Serve ``proxy_server`` over one MCP connection (stdio's streams).
 
@@ -462,7 +635,7 @@ async def serve_proxy(
     text saying why.
     """
     lost = anyio.Event()
-    server = proxy_server(harness, downstream, lost.set)
+    server = proxy_server(harness, downstream, lost.set, relay)
     async with anyio.create_task_group() as group:
 
         async def stop_when_lost() -> None:
@@ -478,7 +651,11 @@ async def serve_proxy(
 
 
 async def serve_proxy_http(
-    harness: Harness, downstream: ClientSession, host: str, port: int
+    harness: Harness,
+    downstream: ClientSession,
+    host: str,
+    port: int,
+    relay: NotificationRelay | None = None,
 ) -> None:
     """Serve ``proxy_server`` over streamable HTTP at ``http://host:port/mcp`` (the SDK's
     default path), until cancelled."""
@@ -492,7 +669,7 @@ async def serve_proxy_http(
         if running is not None:
             running.should_exit = True  # after the answers in flight
 
-    app = proxy_server(harness, downstream, lost).streamable_http_app(host=host)
+    app = proxy_server(harness, downstream, lost, relay).streamable_http_app(host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     running = uvicorn.Server(config)
     await running.serve()

@@ -24,27 +24,36 @@ upstream error keeps its status and body. The upstream key comes from the
 environment only (``--upstream-key-env``), is never logged, and a client's own key
 is never forwarded. Requests over ``max_body_bytes`` are refused (413).
 
-A streamed reply's usage (when the client asks for ``include_usage``) is charged to
-the conversation once the stream ends, so the next request's caps see it; calendar
-windows settle only JSON replies (and Anthropic streams' usage is not read). With
+A stream is relayed inside the model call, so every model-stage layer sees the whole
+call: its duration, and the usage the stream reports (OpenAI's ``include_usage``
+chunk, Anthropic's message events), which the caps and calendar windows settle. A
+``Retry`` retries only before a stream's first byte reaches the client; an upstream
+stream that breaks after it breaks the client's too. With
 ``client_keys`` (key -> tenant), an unknown key is refused (401) and each
 conversation's calls count in its key's tenant's ``UsageLimit`` windows. On the
 Messages API a reminder is a text block added to the last user message, after its
-tool results (the roles must alternate). Not yet: several upstreams (and a
-``Fallback`` between them); the OpenAI Responses API is out of scope for now.
+tool results (the roles must alternate). Other upstreams, by name, are what a
+model-stage ``Fallback(to={"upstream": NAME})`` sends a failed request to. The OpenAI
+Responses API is out of scope for now.
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import hashlib
 import json
+import logging
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any, Final
 
 import anyio
+import attrs
 
 from guardstack.integrations._extras import require
+from guardstack.integrations.anthropic import _usage
 from guardstack.pipeline import (
     MODEL_FAILED,
     MODEL_OVERLOADED,
@@ -61,43 +70,136 @@ from guardstack.pipeline import (
     TurnBlocked,
     Usage,
 )
+from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.values import TOOL_DENIED
 
 __all__ = ["ModelProxy"]
+
+logger = logging.getLogger(__name__)
 
 EXTRA = "proxy"
 STOPPED_HEADER = "x-guardstack-stopped"
 CONVERSATION_HEADER = "x-guardstack-conversation"
 
 
+DEFAULT = "default"
+
+
+class _Target:
+    """One upstream: its client (a connection pool) and its key."""
+
+    def __init__(self, httpx: Any, name: str, url: str, key: str | None) -> None:
+        self.name, self.url, self.key = name, url.rstrip("/"), key
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
+
+
 class _Upstream:
-    """The model the stack's model stage calls: one POST of the (forwarded) body."""
+    """The model the stack's model stage calls: one POST of the (forwarded) body.
+
+    A JSON answer is kept for passthrough (``answer``). A stream is relayed to the
+    client as it arrives, inside the call — so the model stage's layers see the whole
+    call, its duration and the usage the stream reports — through ``send`` (the ASGI
+    channel); once its first byte has gone, the call is never made again (a retry or
+    fallback then fails ``MODEL_FAILED``)."""
 
     model = "upstream"
 
     def __init__(
-        self, proxy: ModelProxy, wire: _Wire, body: bytes, stream: bool, headers: dict[str, str]
+        self, proxy: ModelProxy, wire: _Wire, body: bytes, stream: bool, headers: Mapping[str, str]
     ) -> None:
         self.proxy, self.wire, self.body, self.stream = proxy, wire, body, stream
-        self.headers = headers
-        self.response: Any = None  # the upstream's last answer (kept for passthrough)
+        self.client_headers = headers
+        #: The last upstream answer that was not relayed: (status, body, content type).
+        self.answer: tuple[int, bytes, str | None] | None = None
+        self.send: Any = None
+        self.started = False  # a byte of a streamed reply has reached the client
+
+    def upstream(self, name: str, *, model: str | None = None) -> _Via:
+        """The same request to the upstream ``name`` (``Fallback(to={"upstream": …})``)."""
+        return _Via(self, name, model)
 
     async def complete(self, messages: Any, tools: Any) -> ModelReply:
-        client = self.proxy.client
-        if self.response is not None:
-            await self.response.aclose()  # a retry: the failed answer is done with
-        request = client.build_request(
-            "POST", self.wire.path, content=self.body, headers=self.headers
-        )
-        response = await client.send(request, stream=True)
-        self.response = response
-        if response.status_code >= 400:
-            await response.aread()
-            raise _model_error(response)
-        if self.stream:
-            return ModelReply("")  # the stream goes to the client as it arrives
-        await response.aread()
-        return self.wire.reply_of(response.content)
+        return await self.post(self.proxy.upstreams[DEFAULT], None)
+
+    async def post(self, target: _Target, model: str | None) -> ModelReply:
+        if self.started:
+            raise ModelError(
+                "the reply had begun reaching the client: the request is not made again",
+                MODEL_FAILED,
+            )
+        body = self.body
+        if model is not None:
+            data = json.loads(body)
+            data["model"] = model
+            body = json.dumps(data).encode()
+        headers = self.wire.headers(target.key, self.client_headers)
+        request = target.client.build_request("POST", self.wire.path, content=body, headers=headers)
+        try:
+            response = await target.client.send(request, stream=True)
+        except self.proxy.httpx.TransportError as error:
+            self.answer = None
+            raise ModelError(
+                f"upstream {target.name!r} unreachable ({type(error).__name__})", MODEL_UNAVAILABLE
+            ) from error
+        try:
+            if response.status_code >= 400 or not self.stream:
+                content = await response.aread()
+                self.answer = (
+                    response.status_code,
+                    content,
+                    response.headers.get("content-type"),
+                )
+                if response.status_code >= 400:
+                    raise _model_error(response)
+                return self.wire.reply_of(content)
+            return await self._relay(response)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+    async def _relay(self, response: Any) -> ModelReply:
+        """The upstream's stream to the client, chunk by chunk as it arrives; the usage it
+        reports (OpenAI's ``include_usage`` chunk, Anthropic's message events)."""
+        pending = b""
+        usage: Usage | None = None
+        try:
+            async for chunk in response.aiter_raw():
+                if not chunk:
+                    continue
+                if not self.started:
+                    self.started = True
+                    media = response.headers.get("content-type", "text/event-stream")
+                    await self.send(
+                        {
+                            "type": "http.response.start",
+                            "status": response.status_code,
+                            "headers": [(b"content-type", media.encode())],
+                        }
+                    )
+                await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    usage = self.wire.usage_in(line, usage)
+        except self.proxy.httpx.TransportError as error:
+            code = MODEL_FAILED if self.started else MODEL_UNAVAILABLE
+            raise ModelError(
+                f"the upstream's stream broke ({type(error).__name__})", code
+            ) from error
+        return ModelReply("", usage=usage)
+
+
+class _Via:
+    """The request, sent to another of the proxy's upstreams (a ``Fallback``'s target)."""
+
+    def __init__(self, upstream: _Upstream, name: str, model: str | None) -> None:
+        self.upstream, self.name, self.model = upstream, name, model
+
+    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+        target = self.upstream.proxy.upstreams.get(self.name)
+        if target is None:
+            raise ModelError(f"no upstream named {self.name!r}", MODEL_FAILED)
+        return await self.upstream.post(target, self.model)
 
 
 def _model_error(response: Any) -> ModelError:
@@ -142,8 +244,9 @@ class _Wire:
     def stop_events(self, model: str, text: str) -> list[tuple[str | None, dict[str, Any]]]:
         raise NotImplementedError
 
-    def usage_in(self, line: bytes) -> Usage | None:
-        return None
+    def usage_in(self, line: bytes, so_far: Usage | None) -> Usage | None:
+        """The usage a stream has reported, after one more of its lines."""
+        return so_far
 
     def prompts(self, messages: list[Any]) -> int:
         """How many of the history's messages a person wrote (a new one: a new turn)."""
@@ -220,16 +323,16 @@ class _OpenAI(_Wire):
         chunk = {"id": "guardstack-stop", "object": "chat.completion.chunk", "model": model}
         return [(None, {**chunk, "choices": [choice]})]
 
-    def usage_in(self, line: bytes) -> Usage | None:
+    def usage_in(self, line: bytes, so_far: Usage | None) -> Usage | None:
         if not line.startswith(b"data: {") or b'"usage"' not in line:
-            return None
+            return so_far
         try:
             reported = json.loads(line[6:]).get("usage") or {}
             return Usage(
                 int(reported.get("prompt_tokens", 0)), int(reported.get("completion_tokens", 0))
             )
         except (ValueError, TypeError, AttributeError):
-            return None
+            return so_far
 
 
 class _Anthropic(_Wire):
@@ -311,11 +414,26 @@ class _Anthropic(_Wire):
             usage = data.get("usage") or {}
         except (ValueError, TypeError, AttributeError):
             return ModelReply("")
-        return ModelReply(
-            text,
-            usage=Usage(int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))),
-            model=data.get("model"),
-        )
+        return ModelReply(text, usage=_anthropic_usage(usage), model=data.get("model"))
+
+    def usage_in(self, line: bytes, so_far: Usage | None) -> Usage | None:
+        """``message_start`` carries the input tokens, each ``message_delta`` the output
+        so far (and, lately, the input too)."""
+        if not line.startswith(b"data: {") or b'"usage"' not in line:
+            return so_far
+        try:
+            event = json.loads(line[6:])
+            if event.get("type") == "message_start":
+                reported = event["message"].get("usage") or {}
+            elif event.get("type") == "message_delta":
+                reported = event.get("usage") or {}
+            else:
+                return so_far
+            if so_far is not None and "input_tokens" not in reported:
+                return attrs.evolve(so_far, output_tokens=reported.get("output_tokens", 0))
+            return _anthropic_usage(reported)
+        except (ValueError, TypeError, AttributeError, KeyError):
+            return so_far
 
     def stop_body(self, model: str, text: str) -> dict[str, Any]:
         return {
@@ -343,6 +461,12 @@ class _Anthropic(_Wire):
                                "usage": {"output_tokens": 0}}),
             ("message_stop", {"type": "message_stop"}),
         ]  # fmt: skip
+
+
+def _anthropic_usage(reported: Mapping[str, Any]) -> Usage | None:
+    """The Messages API's usage as guardstack counts it (the adapter's own rule: input
+    counts cache reads and writes too)."""
+    return _usage(SimpleNamespace(**reported))
 
 
 OPENAI: Final = _OpenAI()
@@ -381,7 +505,12 @@ def _stop(wire: _Wire, stopped: tuple[str, str], data: Mapping[str, Any], stream
 
 
 class ModelProxy:
-    """The proxy's app (``.app``, a Starlette application) over ``harness``'s stack."""
+    """The proxy's app (``.app``, a Starlette application) over ``harness``'s stack.
+
+    ``upstream`` is the default upstream's base URL; ``upstreams`` names others
+    (name -> URL) for ``Fallback(stage="model", to={"upstream": NAME})``, with their keys
+    in ``upstream_keys``. Every ``Fallback`` in the stack must name one of them.
+    """
 
     def __init__(
         self,
@@ -389,18 +518,27 @@ class ModelProxy:
         upstream: str,
         *,
         upstream_key: str | None = None,
+        upstreams: Mapping[str, str] | None = None,
+        upstream_keys: Mapping[str, str] | None = None,
         client_keys: Mapping[str, str] | None = None,
         max_body_bytes: int = 4 * 1024 * 1024,
     ) -> None:
-        httpx = require("httpx", EXTRA)
+        self.httpx = require("httpx", EXTRA)
         require("starlette", EXTRA)
         self.harness = harness
-        self.upstream = upstream.rstrip("/")
-        self.client = httpx.AsyncClient(base_url=self.upstream, timeout=None)
-        self.upstream_key = upstream_key
-        self.upstream_headers = {"content-type": "application/json"}
-        if upstream_key:
-            self.upstream_headers["authorization"] = f"Bearer {upstream_key}"
+        keys = dict(upstream_keys or {})
+        self.upstreams: dict[str, _Target] = {
+            DEFAULT: _Target(self.httpx, DEFAULT, upstream, upstream_key),
+        }
+        for name, url in (upstreams or {}).items():
+            if name in self.upstreams:
+                raise ConfigError(
+                    f"model-proxy: two upstreams are named {name!r}", key="upstream", value=name
+                )
+            self.upstreams[name] = _Target(self.httpx, name, url, keys.get(name))
+        _check_fallbacks(harness, self.upstreams)
+        self.upstream = self.upstreams[DEFAULT].url
+        self.client = self.upstreams[DEFAULT].client
         self.max_body_bytes = max_body_bytes
         #: Client key -> tenant; ``None``: any client, one tenant.
         self.client_keys = dict(client_keys) if client_keys is not None else None
@@ -409,7 +547,8 @@ class ModelProxy:
         self.app = self._build()
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        for target in self.upstreams.values():
+            await target.client.aclose()
 
     def _build(self) -> Any:
         from starlette.applications import Starlette
@@ -426,7 +565,9 @@ class ModelProxy:
     async def _models(self, request: Any) -> Any:
         from starlette.responses import Response
 
-        answer = await self.client.get("/v1/models", headers=self.upstream_headers)
+        target = self.upstreams[DEFAULT]
+        headers = OPENAI.headers(target.key, {})
+        answer = await target.client.get("/v1/models", headers=headers)
         return Response(
             answer.content,
             answer.status_code,
@@ -440,7 +581,7 @@ class ModelProxy:
         return await self._proxy(request, ANTHROPIC)
 
     async def _proxy(self, request: Any, wire: _Wire) -> Any:
-        from starlette.responses import JSONResponse, Response, StreamingResponse
+        from starlette.responses import JSONResponse, Response
 
         tenant = None
         if self.client_keys is not None:
@@ -470,37 +611,21 @@ class ModelProxy:
         if reminders:  # only then is the body rebuilt
             data["messages"] = wire.remind(messages, reminders)
             forwarded = json.dumps(data).encode()
-        headers = wire.headers(self.upstream_key, request.headers)
-        upstream = _Upstream(self, wire, forwarded, stream, headers)
+        upstream = _Upstream(self, wire, forwarded, stream, request.headers)
         call = ModelRequest(agent, messages, data.get("tools") or [], model=upstream)
-        try:
-            reply = await _unless_gone(request, self.harness.loop.model_call._chain(call))
-            if reply is None:  # the client went away: so does the upstream request
-                await _close(upstream)
-                return Response(b"", 499)
-        except TurnBlocked as blocked:
-            await _close(upstream)
-            return _stop(wire, (_plugin_of(str(blocked)), str(blocked)), data, stream)
-        except ModelError:
-            answer = upstream.response
-            if answer is None:
-                return JSONResponse({"error": {"message": "upstream unreachable"}}, 502)
-            return Response(
-                answer.content, answer.status_code, media_type=answer.headers.get("content-type")
-            )
-        if isinstance(reply, ModelReply) and reply.usage is not None:
-            agent.usage += reply.usage
-            agent.turn_usage += reply.usage
-        answer = upstream.response
+        exchange = _Exchange(self, agent, call, upstream, data)
         if stream:
-            return StreamingResponse(
-                _chunks(answer, agent, wire),
-                answer.status_code,
-                media_type=answer.headers.get("content-type", "text/event-stream"),
-            )
-        return Response(
-            answer.content, answer.status_code, media_type=answer.headers.get("content-type")
-        )
+            return exchange  # an ASGI response: the stream goes out from inside the call
+        try:
+            reply = await _unless_gone(request.receive, exchange.run())
+        except TurnBlocked as blocked:
+            return exchange.stopped(blocked)
+        except ModelError:
+            return exchange.failed()
+        if reply is None:  # the client went away: so did the upstream request
+            return Response(b"", 499)
+        status, content, media = upstream.answer or (502, b"", None)
+        return Response(content, status, media_type=media)
 
     # -- the conversation ------------------------------------------------------------------
 
@@ -583,38 +708,15 @@ def _plugin_of(text: str) -> str:
     return "guardstack"
 
 
-async def _chunks(response: Any, agent: Agent, wire: _Wire) -> AsyncIterator[bytes]:
-    """The upstream's stream, chunk by chunk as it arrives; closing it (a client that
-    went away) closes the upstream request. A usage the stream reports (the client asked
-    for ``stream_options.include_usage``) is charged to the conversation when it ends."""
-    pending = b""
-    usage: Usage | None = None
-    try:
-        async for chunk in response.aiter_raw():
-            yield chunk
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                found = wire.usage_in(line)
-                if found is not None:
-                    usage = found
-    finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
-        if usage is not None:
-            agent.usage += usage
-            agent.turn_usage += usage
-
-
-async def _unless_gone(request: Any, work: Any) -> Any:
+async def _unless_gone(receive: Any, work: Any) -> Any:
     """``await work``, or ``None`` as soon as the client disconnects (``work`` is then
-    cancelled: an upstream call waiting for its first byte stops)."""
+    cancelled: the upstream request stops, mid-stream or waiting for its first byte)."""
     answer = None
     try:
         async with anyio.create_task_group() as group:
 
             async def watch() -> None:
-                while (await request.receive())["type"] != "http.disconnect":
+                while (await receive())["type"] != "http.disconnect":
                     pass
                 group.cancel_scope.cancel()
 
@@ -628,6 +730,90 @@ async def _unless_gone(request: Any, work: Any) -> Any:
     return answer
 
 
-async def _close(upstream: _Upstream) -> None:
-    if upstream.response is not None:
-        await upstream.response.aclose()
+class _Exchange:
+    """One request through the model stage. For a stream, also its ASGI response: the
+    chain runs inside it, the upstream's chunks go out as they arrive, and a stop or an
+    error before the first of them is answered whole instead."""
+
+    def __init__(
+        self,
+        proxy: ModelProxy,
+        agent: Agent,
+        call: ModelRequest,
+        upstream: _Upstream,
+        data: Mapping[str, Any],
+    ) -> None:
+        self.proxy, self.agent, self.call, self.upstream, self.data = (
+            proxy,
+            agent,
+            call,
+            upstream,
+            data,
+        )
+
+    async def run(self) -> ModelReply:
+        reply: ModelReply = await self.proxy.harness.loop.model_call._chain(self.call)
+        if isinstance(reply, ModelReply) and reply.usage is not None:
+            self.agent.usage += reply.usage
+            self.agent.turn_usage += reply.usage
+        return reply
+
+    def stopped(self, blocked: TurnBlocked) -> Any:
+        text = str(blocked)
+        return _stop(self.upstream.wire, (_plugin_of(text), text), self.data, self.upstream.stream)
+
+    def failed(self) -> Any:
+        """The upstream's own error, status and body, or 502 when none answered."""
+        from starlette.responses import JSONResponse, Response
+
+        if self.upstream.answer is None:
+            return JSONResponse({"error": {"message": "upstream unreachable"}}, 502)
+        status, content, media = self.upstream.answer
+        return Response(content, status, media_type=media)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from starlette.responses import Response
+
+        self.upstream.send = send
+        instead: Any = None
+        try:
+            await _unless_gone(receive, self.run())
+        except TurnBlocked as blocked:
+            instead = self.stopped(blocked)
+        except ModelError:
+            instead = self.failed()
+        if not self.upstream.started:
+            if instead is None:  # an empty stream: answered empty, as it came
+                status, content, media = self.upstream.answer or (200, b"", None)
+                instead = Response(content, status, media_type=media or "text/event-stream")
+            await instead(scope, receive, send)
+        elif instead is None:
+            with anyio.CancelScope(shield=True), contextlib.suppress(OSError):  # a client gone
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:  # the upstream's stream broke after its first bytes went out: the client's
+            # breaks too (its response is left incomplete; the server drops the connection)
+            logger.warning(
+                "model-proxy: the upstream's stream broke after it began reaching the client; "
+                "the client's stream is cut too"
+            )
+
+
+def _check_fallbacks(harness: Harness, upstreams: Mapping[str, _Target]) -> None:
+    """Every ``Fallback(to={"upstream": NAME})`` in the stack names a known upstream."""
+    from guardstack.wrappers import Fallback
+
+    for handle in harness.plugins:
+        plugin = handle.plugin
+        if isinstance(plugin, Fallback) and isinstance(plugin.to, Mapping):
+            name = plugin.to["upstream"]
+            if name not in upstreams:
+                known = [n for n in upstreams if n != DEFAULT]
+                near = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ConfigError(
+                    f"{handle.id}: `to.upstream` names {name!r}, which is not an upstream "
+                    f"(--upstream NAME=URL gives: {', '.join(known) or 'none'}){hint}",
+                    plugin=handle.id,
+                    key="to.upstream",
+                    value=name,
+                )

@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal, Protocol
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Final, Literal, Protocol, get_args
 
 import anyio
 
@@ -71,6 +71,34 @@ def codes_of(stage: str, kinds: Mapping[str, tuple[FailureKind, ...]]) -> frozen
     """A layer's default codes: the kinds it names for the stage, in the stage's own codes."""
     adapter = adapter_for(stage)
     return frozenset(adapter.code_for(kind) for kind in kinds[adapter.name])
+
+
+def check_codes(plugin: str, key: str, stage: str, codes: object) -> None:
+    """Codes a layer on ``stage`` can never see are a mistake: a bare kind
+    (``RATE_LIMITED``) or another stage's code (``TOOL_TIMEOUT`` on model calls). Raise
+    naming the code the stage uses instead. Other codes (a tool's own) are accepted."""
+    if callable(codes) or not isinstance(codes, Collection):
+        return
+    adapter = adapter_for(stage)
+    other = adapter_for("dispatch" if adapter.name == "model" else "model")
+    kinds: tuple[FailureKind, ...] = get_args(FailureKind)
+    for code in sorted(codes):
+        meant = next(
+            (
+                adapter.code_for(kind)
+                for kind in kinds
+                if code in (kind, other.code_for(kind)) and code != adapter.code_for(kind)
+            ),
+            None,
+        )
+        if meant is not None:
+            raise invalid(
+                plugin,
+                key,
+                sorted(codes),
+                f"codes the {stage} stage gives ({code!r} never happens there; "
+                f"did you mean {meant!r}?)",
+            )
 
 
 def refuse_names_without_names(plugin: str, stage: str, **patterns: tuple[str, ...]) -> None:

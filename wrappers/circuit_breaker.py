@@ -49,6 +49,7 @@ from guardstack.pipeline.validate import StageName, codes, integer, stage
 from guardstack.wrappers._keyed import (
     StateKeys,
     StoreFailures,
+    check_codes,
     check_key,
     check_store,
     codes_of,
@@ -110,6 +111,9 @@ class CircuitBreaker:
     store: StateStore | None = attrs.field(
         default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
     )
+
+    def __attrs_post_init__(self) -> None:
+        check_codes(PLUGIN, "on", self.stage, self.on)
 
     def __repr__(self) -> str:
         where = stage_repr(self.stage)

@@ -18,7 +18,10 @@ inside one, the breaker sees the fallback's answer instead of the failure.
   its value is rendered as a tool's, an exception becomes ``TOOL_FAILED``;
 * on the model stage, another ``Model``: on a ``ModelError`` whose code is in
   ``on`` (default ``MODEL_UNAVAILABLE``, ``MODEL_RATE_LIMITED``, ``MODEL_TIMEOUT``),
-  the request goes to it with the same messages and tools.
+  the request goes to it with the same messages and tools;
+* on the model stage behind ``guardstack model-proxy``, ``{"upstream": NAME}``
+  (optionally with ``"model": NAME`` to ask that upstream for another model): the
+  request goes to the proxy's upstream of that name (``--upstream NAME=URL``).
 
 guardstack's own control flow is never answered for: a cap's ``TurnBlocked`` or a
 denial passes through. A refusal a guardstack layer made (an open breaker, a full
@@ -28,13 +31,15 @@ limit) is a failure with a code like any other: listed in ``on``, it falls back.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Final
 
 import attrs
 
 from guardstack.pipeline.contract import (
+    MODEL_FAILED,
     FailureKind,
+    ModelError,
     ModelReply,
     ModelRequest,
     Scope,
@@ -46,7 +51,7 @@ from guardstack.pipeline.values import (
     ToolCall,
     ToolDefinition,
 )
-from guardstack.wrappers._keyed import codes_of, register, stage_repr
+from guardstack.wrappers._keyed import check_codes, codes_of, register, stage_repr
 
 __all__ = ["Fallback"]
 
@@ -88,10 +93,15 @@ class Fallback:
     )
 
     def __attrs_post_init__(self) -> None:
+        check_codes(PLUGIN, "on", self.stage, self.on)
         # Without tools on the stage (model calls), the answer instead can only be a model.
         if not adapter_for(self.stage).has_names:
-            if not callable(getattr(self.to, "complete", None)):
-                raise invalid(PLUGIN, "to", self.to, "a model (an object with complete())")
+            if isinstance(self.to, Mapping):
+                _check_upstream(self.to)
+            elif not callable(getattr(self.to, "complete", None)):
+                raise invalid(
+                    PLUGIN, "to", self.to, "a model (an object with complete()) or {upstream: NAME}"
+                )
         elif isinstance(self.to, str):
             if not self.to:
                 raise invalid(PLUGIN, "to", self.to, "a tool's name or an async function")
@@ -105,6 +115,22 @@ class Fallback:
     def _instead(self, scope: Scope) -> _Instead:
         """What answers instead, for what ``to`` is (checked at construction)."""
         target = self.to
+        if isinstance(target, Mapping):
+            name, model = target["upstream"], target.get("model")
+
+            def other_upstream(request: ModelRequest, _: Any) -> Awaitable[ModelReply]:
+                # The proxy's upstream model (``ModelRequest.model``) names its siblings.
+                via = getattr(request.model, "upstream", None)
+                if not callable(via):
+                    raise ModelError(
+                        f"{PLUGIN}: to={{upstream: {name!r}}} answers only behind "
+                        "guardstack model-proxy",
+                        MODEL_FAILED,
+                    )
+                other = via(name, model=model)
+                return other.complete(list(request.messages), list(request.tools))  # type: ignore[no-any-return]
+
+            return other_upstream
         if not adapter_for(self.stage).has_names:
 
             def other_model(request: ModelRequest, _: Any) -> Awaitable[ModelReply]:
@@ -126,7 +152,20 @@ class Fallback:
     def __repr__(self) -> str:
         where = stage_repr(self.stage)
         target = self.to if isinstance(self.to, str) else getattr(self.to, "__name__", None)
+        if isinstance(self.to, Mapping):
+            target = dict(self.to)
         return f"Fallback(to={cut(target or self.to)}{where}, on={sorted(self.on)})"
+
+
+def _check_upstream(target: Mapping[Any, Any]) -> None:
+    """``{"upstream": NAME}`` (and optionally ``"model": NAME``), each a non-empty text."""
+    unknown = sorted(str(key) for key in target if key not in ("upstream", "model"))
+    if unknown:
+        raise invalid(PLUGIN, "to", dict(target), "{upstream: NAME} (and optionally model: NAME)")
+    for key in ("upstream", "model"):
+        value = target.get(key)
+        if (key == "upstream" or value is not None) and not (isinstance(value, str) and value):
+            raise invalid(PLUGIN, f"to.{key}", value, "an upstream's name (text)")
 
 
 class _Fallback:

@@ -81,7 +81,13 @@ from guardstack.pipeline.validate import (
     stage,
 )
 from guardstack.pipeline.values import ToolCall, ToolResult
-from guardstack.wrappers._keyed import codes_of, refuse_names_without_names, register, stage_repr
+from guardstack.wrappers._keyed import (
+    check_codes,
+    codes_of,
+    refuse_names_without_names,
+    register,
+    stage_repr,
+)
 
 __all__ = ["Retry", "RetryBudget", "no_backoff", "seeded_draws"]
 
@@ -298,6 +304,7 @@ class Retry:
                 f">= `backoff_ms` ({self.backoff_ms})",
             )
         refuse_names_without_names(PLUGIN, self.stage, tools=self.tools, exclude=self.exclude)
+        check_codes(PLUGIN, "retry_on", self.stage, self.retry_on)
         object.__setattr__(self, "_tools", compile_patterns(self.tools))
         object.__setattr__(self, "_exclude", compile_patterns(self.exclude))
         object.__setattr__(self, "_direct", _RetryRun(self))

@@ -57,7 +57,14 @@ class Raw:
     content_type: str = "application/json"
 
 
-Step = Answer | Fail | Hang | Raw
+@attrs.frozen
+class Broken:
+    """A stream that sends its first chunks, then drops the connection mid-body."""
+
+    text: str = "partial"
+
+
+Step = Answer | Fail | Hang | Raw | Broken
 
 
 class ScriptedServer:
@@ -164,10 +171,17 @@ class ChatServer(ScriptedServer):
         return _error(status, message, headers)
 
     def answer(self, step: Any, parsed: dict[str, Any]) -> Response:
+        if isinstance(step, Broken):
+            return Response(_broken(step), mimetype="text/event-stream")
         if parsed.get("stream"):
             include_usage = bool((parsed.get("stream_options") or {}).get("include_usage"))
             return Response(_events(step, include_usage), mimetype="text/event-stream")
         return Response(json.dumps(_completion(step)), mimetype="application/json")
+
+
+def _broken(step: Broken) -> Iterator[str]:
+    yield from list(_events(Answer(step.text), include_usage=False))[:3]
+    raise ConnectionAbortedError("the stream breaks here (the test asked it to)")
 
 
 def _missing_reasoning(messages: list[dict[str, Any]]) -> int | None:

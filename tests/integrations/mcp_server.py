@@ -7,7 +7,9 @@ Its tools cover what a guard stack must handle: ``echo`` (read-only), ``search``
 ``cancelled hang`` to the log file when the client cancels it), ``fail`` (an MCP
 error result), ``send_email`` (not idempotent: counts its runs in the log, and
 fails its first run so a retry would show), ``picture`` (image content) and
-``data`` (structured content only), ``crash`` (the server exits mid-call). Every run
+``data`` (structured content only), ``crash`` (the server exits mid-call), ``chatty``
+(log messages while it runs), ``grow`` (adds the tool ``grown`` and says the tool
+list and a resource changed). Every run
 is logged as ``run <tool>``. It also
 offers a prompt (``review``), resources (``notes://today``, the template
 ``notes://{day}``) and completions, which a proxy must pass through. With a port
@@ -109,6 +111,35 @@ async def count(n: int, ctx: Context) -> str:
         await ctx.report_progress(step, n, f"step {step}")
         await anyio.sleep(0.01)
     return f"counted to {n}"
+
+
+@server.tool()
+async def chatty(n: int, ctx: Context) -> str:
+    """Send n log messages while it runs (the logging capability, before 2026-07-28)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in range(1, n + 1):
+            await ctx.info(f"working on {step} of {n}", logger_name="chatty")
+    return f"said {n} things"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Add the tool ``grown`` and tell the client its tools changed; tell it too that
+    ``notes://today`` changed."""
+
+    def grown() -> str:
+        """A tool that was not there at the start."""
+        log("run grown")
+        return "grown ran"
+
+    if "grown" not in [tool.name for tool in await server.list_tools()]:
+        server.add_tool(grown, name="grown")
+    await ctx.session.send_tool_list_changed()
+    await ctx.session.send_resource_updated("notes://today")
+    return "grew"
 
 
 @server.tool()

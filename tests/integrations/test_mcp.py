@@ -30,7 +30,11 @@ def runs(log: Path) -> list[str]:
 
 @asynccontextmanager
 async def connected(
-    command: list[str], directory: Path, *, elicitation_callback: Any = None
+    command: list[str],
+    directory: Path,
+    *,
+    elicitation_callback: Any = None,
+    message_handler: Any = None,
 ) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(command=command[0], args=command[1:], cwd=str(ROOT))
     stderr = directory / "stderr.log"
@@ -38,7 +42,12 @@ async def connected(
         with stderr.open("w") as errlog:
             async with (
                 stdio_client(params, errlog=errlog) as (read, write),
-                ClientSession(read, write, elicitation_callback=elicitation_callback) as session,
+                ClientSession(
+                    read,
+                    write,
+                    elicitation_callback=elicitation_callback,
+                    message_handler=message_handler,
+                ) as session,
             ):
                 await session.initialize()
                 yield session
@@ -68,7 +77,7 @@ async def test_mcp_tools_become_definitions_with_budgets_and_idempotency(tmp_pat
         }
     assert set(tools) == {
         "echo", "search", "slow", "hang", "fail", "send_email", "picture", "data", "crash",
-        "count"
+        "count", "chatty", "grow",
     }  # fmt: skip
     assert tools["hang"].timeout_ms == 300
     assert tools["search"].timeout_ms == tools["slow"].timeout_ms == 2_000

@@ -293,3 +293,38 @@ async def test_the_downstreams_progress_reaches_the_client_through_the_proxy(
         result = await proxy.call_tool("count", {"n": 3}, progress_callback=progress)  # type: ignore[call-overload]
     assert texts(result) == ["counted to 3"]
     assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+
+async def test_the_downstreams_logs_and_list_changes_reach_the_client_and_new_tools_are_guarded(
+    tmp_path: Path,
+) -> None:
+    from mcp import types
+
+    heard: list[Any] = []
+
+    async def listen(message: Any) -> None:
+        if not isinstance(message, Exception):
+            heard.append(message)
+
+    def of(kind: type) -> list[Any]:
+        return [message for message in heard if isinstance(message, kind)]
+
+    async with connected(proxy_command(tmp_path), tmp_path, message_handler=listen) as proxy:
+        said = await proxy.call_tool("chatty", {"n": 3})
+        assert texts(said) == ["said 3 things"]
+        grew = await proxy.call_tool("grow", {})
+        assert texts(grew) == ["grew"]
+        with anyio.fail_after(5):
+            while not of(types.ToolListChangedNotification):  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        names = [tool.name for tool in (await proxy.list_tools()).tools]
+        ran = await proxy.call_tool("grown", {})
+    logs = [
+        (m.params.level, m.params.logger, m.params.data)
+        for m in of(types.LoggingMessageNotification)
+    ]
+    assert logs == [("info", "chatty", f"working on {n} of 3") for n in (1, 2, 3)]
+    assert "grown" in names
+    assert texts(ran) == ["grown ran"]  # the proxy registered the new tool: guarded, run
+    assert "run grown" in runs(server_log(tmp_path))
+    assert [str(m.params.uri) for m in of(types.ResourceUpdatedNotification)] == ["notes://today"]

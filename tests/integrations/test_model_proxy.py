@@ -379,3 +379,194 @@ def test_a_keys_file_that_is_not_a_mapping_of_text_is_refused_naming_it(tmp_path
     bad.write_text("- sk-a\n- sk-b\n", "utf-8")
     with pytest.raises(ConfigError, match=r"bad\.yaml: --keys must map each client key"):
         _keys(bad)
+
+
+# -- several upstreams, and streams through the whole model stage --------------------------
+
+
+@pytest.fixture
+def backup_server() -> Any:
+    server = ChatServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_fallback_sends_the_request_to_another_upstream(
+    chat_server: ChatServer, backup_server: ChatServer, stream: bool
+) -> None:
+    from guardstack.wrappers import Fallback
+
+    harness = Harness()
+    harness.plugin(Fallback(stage="model", to={"upstream": "backup", "model": "backup-model"}))
+    chat_server.script = [Fail(503, "down for maintenance")]
+    backup_server.script = [Answer("From the backup.")]
+    backup = backup_server.base_url.removesuffix("/v1")
+    async for served in serve(
+        harness, chat_server, upstreams={"backup": backup}, upstream_keys={"backup": "backup-key"}
+    ):
+        async with served.client() as client:
+            if stream:
+                chunks: Any = await client.chat.completions.create(
+                    model="m", messages=ASK, stream=True
+                )
+                text = "".join(
+                    [c.choices[0].delta.content or "" async for c in chunks if c.choices]
+                )
+            else:
+                reply = await client.chat.completions.create(model="m", messages=ASK)
+                text = reply.choices[0].message.content or ""
+    assert text == "From the backup."
+    assert len(chat_server.bodies) == 1  # the default upstream was asked once
+    assert json.loads(backup_server.bodies[0])["model"] == "backup-model"
+    assert backup_server.headers[0]["authorization"] == "Bearer backup-key"
+    assert json.loads(backup_server.bodies[0])["messages"] == ASK
+
+
+async def test_an_unreachable_upstream_falls_back_too(backup_server: ChatServer) -> None:
+    from guardstack.wrappers import Fallback
+
+    class Nowhere:
+        base_url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+
+    harness = Harness()
+    harness.plugin(Fallback(stage="model", to={"upstream": "backup"}))
+    backup_server.script = [Answer("Still answered.")]
+    backup = backup_server.base_url.removesuffix("/v1")
+    async for served in serve(harness, Nowhere(), upstreams={"backup": backup}):
+        async with served.client() as client:
+            reply = await client.chat.completions.create(model="m", messages=ASK)
+    assert reply.choices[0].message.content == "Still answered."
+    assert json.loads(backup_server.bodies[0])["model"] == "m"  # no model named: unchanged
+
+
+async def test_a_fallback_naming_no_upstream_is_refused_at_start_naming_file_and_near_name(
+    tmp_path: Any,
+) -> None:
+    from guardstack.cli.model_proxy import run_model_proxy
+    from guardstack.pipeline import ConfigError
+
+    config = tmp_path / "guards.yaml"
+    config.write_text(
+        "- name: fallback\n  config: {stage: model, to: {upstream: bakup}}\n", "utf-8"
+    )
+    with pytest.raises(ConfigError) as refused:
+        await run_model_proxy(
+            config, ["http://127.0.0.1:1", "backup=http://127.0.0.1:2"], listen="127.0.0.1:9"
+        )
+    message = str(refused.value)
+    assert str(config) in message
+    assert "fallback: `to.upstream` names 'bakup'" in message
+    assert "did you mean 'backup'?" in message
+
+
+def test_upstream_options_name_their_upstreams_and_refuse_what_is_ambiguous() -> None:
+    from guardstack.cli.model_proxy import _named
+    from guardstack.pipeline import ConfigError
+
+    urls = ["https://api.example/v1?x=1", "backup=http://127.0.0.1:9000"]
+    assert _named(urls, "--upstream", default_required=True) == {
+        "default": "https://api.example/v1?x=1",  # a query's "=" is not a name
+        "backup": "http://127.0.0.1:9000",
+    }
+    with pytest.raises(ConfigError, match="needs one unnamed URL"):
+        _named(["backup=http://127.0.0.1:9000"], "--upstream", default_required=True)
+    with pytest.raises(ConfigError, match="given twice for 'backup'"):
+        _named(["backup=http://a", "backup=http://b"], "--upstream", default_required=False)
+
+
+async def test_a_streams_usage_settles_the_tenants_day(chat_server: ChatServer) -> None:
+    """The stream is relayed inside the model call, so a calendar window settles what
+    the stream reported, not the reservation."""
+    from guardstack.guards import UsageLimit
+
+    harness = Harness()
+    harness.plugin(UsageLimit(tokens_per_day=115, estimate_output_tokens=1))
+    chat_server.script = [Answer("Long answer.", usage=(80, 30)), Answer("Never sent.")]
+    async for served in serve(harness, chat_server):
+        async with served.client() as client:
+            stream: Any = await client.chat.completions.create(
+                model="m", messages=ASK, stream=True, stream_options={"include_usage": True}
+            )
+            async for _ in stream:
+                pass
+            raw = await client.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "A new conversation"}]
+            )
+    assert raw.headers.get("x-guardstack-stopped") == "usage-limit"
+    assert "has used 110 tokens this day" in (raw.parse().choices[0].message.content or "")
+    assert len(chat_server.bodies) == 1
+
+
+async def test_an_anthropic_streams_usage_counts_cache_tokens_too(messages_server: Any) -> None:
+    from anthropic import AsyncAnthropic
+
+    from guardstack.guards import UsageLimit
+    from tests.integrations.messages_server import Reply
+
+    harness = Harness()
+    harness.plugin(UsageLimit(tokens_per_session=100))
+    # 20 plain input + 40 read from the cache + 10 written to it, 35 out: 105 tokens
+    messages_server.script = [Reply("Streamed.", usage=(20, 35, 40, 10)), Reply("Never.")]
+    ask: Any = [{"role": "user", "content": "What is in the repo?"}]
+    async for served in serve(harness, messages_server):
+        client = AsyncAnthropic(
+            base_url=f"http://127.0.0.1:{served.port}", api_key="theirs", max_retries=0
+        )
+        async with client:
+            async with client.messages.stream(
+                model="claude-test", max_tokens=100, messages=ask
+            ) as stream:
+                text = await stream.get_final_text()
+            later: Any = [*ask, {"role": "assistant", "content": text},
+                          {"role": "user", "content": "And?"}]  # fmt: skip
+            raw = await client.messages.with_raw_response.create(
+                model="claude-test", max_tokens=100, messages=later
+            )
+            stopped = await raw.parse()
+    assert text == "Streamed."
+    assert raw.headers.get("x-guardstack-stopped") == "usage-limit"
+    assert "this session used 105 tokens" in getattr(stopped.content[0], "text", "")
+    assert len(messages_server.bodies) == 1
+
+
+async def test_a_stream_is_retried_before_its_first_byte_never_after(
+    chat_server: ChatServer,
+) -> None:
+    import httpx
+
+    from tests.integrations.chat_server import Broken
+
+    harness = Harness()
+    harness.plugin(
+        Retry(
+            stage="model",
+            attempts=3,
+            backoff_ms=10,
+            retry_on=["MODEL_RATE_LIMITED", "MODEL_FAILED"],
+        )
+    )
+    chat_server.script = [Fail(429, "slow down", {"Retry-After": "0.1"}), Answer("Whole.")]
+    body = {"model": "m", "messages": ASK, "stream": True}
+    async for served in serve(harness, chat_server):
+        async with served.client() as client:
+            chunks: Any = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+        assert text == "Whole."  # the 429 came before any byte: retried
+        assert len(chat_server.bodies) == 2
+        chat_server.reset()
+        chat_server.script = [Broken("partial"), Answer("A second answer would be a lie.")]
+        received: list[bytes] = []
+
+        async def read(raw: httpx.AsyncClient, into: list[bytes]) -> None:
+            async with raw.stream("POST", "/v1/chat/completions", json=body) as response:
+                async for piece in response.aiter_raw():
+                    into.append(piece)
+
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await read(raw, received)  # the client's stream breaks as the upstream's did
+    assert b'"par"' in b"".join(received)  # the first chunks reached the client...
+    assert len(chat_server.bodies) == 1  # ...so the break was not retried

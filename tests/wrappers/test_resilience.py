@@ -299,6 +299,34 @@ async def test_a_model_fallback_asks_another_model() -> None:
     assert backup.requests[0] == [{"role": "user", "content": "hi"}]
 
 
+async def test_a_fallback_to_a_named_upstream_outside_the_model_proxy_fails_saying_so() -> None:
+    primary = ScriptedModel([ModelError("busy", MODEL_RATE_LIMITED)])
+    built = Harness(primary)
+    built.plugin(Fallback({"upstream": "backup"}, stage="model"))
+    turn = await built.loop.create("s").prompt("hi")
+    assert turn.reason == "error"
+    assert "MODEL_FAILED: fallback: to={upstream: 'backup'} answers only behind guardstack " in (
+        str(turn.error)
+    )
+
+
+@pytest.mark.parametrize(
+    ("layer", "meant"),
+    [
+        (lambda: Retry(stage="model", retry_on=["RATE_LIMITED"]), "MODEL_RATE_LIMITED"),
+        (lambda: Retry(retry_on=["MODEL_TIMEOUT"]), "TOOL_TIMEOUT"),
+        (lambda: CircuitBreaker(stage="model", on=["TOOL_FAILED"]), "MODEL_FAILED"),
+        (lambda: Fallback("mirror", on=["UNAVAILABLE"]), "TOOL_UNAVAILABLE"),
+    ],
+)
+def test_a_code_the_stage_never_gives_is_refused_naming_the_one_it_does(
+    layer: Callable[[], Any], meant: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"did you mean '{meant}'"):
+        layer()
+    assert Retry(retry_on=["TOOL_TIMEOUT", "MY_OWN_CODE"]).retry_on  # a tool's own code: fine
+
+
 # -- Hedge -------------------------------------------------------------------------------
 
 
