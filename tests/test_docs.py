@@ -122,3 +122,23 @@ def test_every_python_block_runs_and_prints_what_it_claims(
     printed = capsys.readouterr().out
     for claim in PRINTS[page]:
         assert claim in printed, (page, claim)
+
+
+def test_every_plugin_list_in_the_docs_loads() -> None:
+    """A YAML block that is a plugin list (entries with ``name``) is a configuration a
+    reader will copy: it must load."""
+    import yaml
+
+    from guardstack.pipeline import Harness
+
+    loaded = 0
+    for page in PAGES:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL):
+            entries = yaml.safe_load(block)
+            if isinstance(entries, list) and all(
+                isinstance(entry, dict) and "name" in entry for entry in entries
+            ):
+                Harness().load(entries)
+                loaded += 1
+    assert loaded >= 5

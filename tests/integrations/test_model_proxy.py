@@ -570,3 +570,24 @@ async def test_a_stream_is_retried_before_its_first_byte_never_after(
                 await read(raw, received)  # the client's stream breaks as the upstream's did
     assert b'"par"' in b"".join(received)  # the first chunks reached the client...
     assert len(chat_server.bodies) == 1  # ...so the break was not retried
+
+
+async def test_the_official_sync_client_gets_json_and_streams_through_the_proxy(
+    served: Served, chat_server: ChatServer
+) -> None:
+    from openai import OpenAI
+
+    chat_server.script = [Answer("Sync JSON."), Answer("Sync stream.")]
+
+    def use_the_sync_client() -> tuple[str, str]:
+        url = f"http://127.0.0.1:{served.port}/v1"
+        with OpenAI(base_url=url, api_key="theirs", max_retries=0) as client:
+            reply = client.chat.completions.create(model="m", messages=ASK)
+            chunks = client.chat.completions.create(model="m", messages=ASK, stream=True)
+            streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return reply.choices[0].message.content or "", streamed
+
+    # the sync client blocks its thread; the proxy serves on this test's event loop
+    text, streamed = await anyio.to_thread.run_sync(use_the_sync_client)
+    assert (text, streamed) == ("Sync JSON.", "Sync stream.")
+    assert [json.loads(body).get("stream") for body in chat_server.bodies] == [None, True]
