@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 import anyio
 import attrs
-from opentelemetry import metrics, trace
+from opentelemetry import metrics
 
 from guardstack.pipeline.contract import (
     Approve,
@@ -56,6 +56,7 @@ from guardstack.pipeline.contract import (
     decision_kind,
     outside_call_order,
 )
+from guardstack.pipeline.signals import Signals
 from guardstack.pipeline.validate import compile_patterns, integer, invalid
 from guardstack.pipeline.values import Allow, Ask, PreDecision, ToolCall
 
@@ -147,7 +148,7 @@ class Approval:
         return self.destructive and tool is not None and tool.destructive is True
 
     def apply(self, scope: Scope) -> None:
-        service = _Service(self)
+        service = _Service(self, scope.signals)
         scope.use(scope.tools.pre_execute, service.layer, name=PLUGIN)
         before = scope.tools.approvals
         scope.tools.approvals = service
@@ -162,8 +163,9 @@ class Approval:
 class _Service:
     """One application: the pre-execute layer, and the service that resolves asks."""
 
-    def __init__(self, config: Approval) -> None:
+    def __init__(self, config: Approval, signals: Signals) -> None:
         self.config = config
+        self.signals = signals
         self.decisions = _counter(config.meter_provider)
         #: Decisions handed over by a resume, for the layer to apply where it asked.
         self._decided: dict[str, Decision] = {}
@@ -243,12 +245,15 @@ class _Service:
         return decision
 
     def _report(self, call: ToolCall, decision: Decision, waited_s: float | None) -> None:
-        _report(call, decision, waited_s, self.decisions)
+        _report(call, decision, waited_s, self.decisions, self.signals)
 
 
-def _report(call: ToolCall, decision: Decision, waited_s: float | None, counter: Any) -> None:
-    """The decision as a span event on the running span and a counted metric point (a
-    durable pause's wait is not known to the process that resumes: it is left out)."""
+def _report(
+    call: ToolCall, decision: Decision, waited_s: float | None, counter: Any, signals: Signals
+) -> None:
+    """The decision as an event (``Tracing`` writes it as a log record and a span event)
+    and a counted metric point (a durable pause's wait is not known to the process that
+    resumes: it is left out)."""
     kind = decision_kind(decision)
     attributes: dict[str, Any] = {
         "gen_ai.tool.name": call.name,
@@ -261,5 +266,5 @@ def _report(call: ToolCall, decision: Decision, waited_s: float | None, counter:
         attributes["guardstack.approval.by"] = decision.by
     if isinstance(decision, Reject):
         attributes["guardstack.approval.reason"] = decision.reason
-    trace.get_current_span().add_event("guardstack.approval", attributes)
+    signals.event("guardstack.approval", attributes)
     counter.add(1, {"guardstack.approval.decision": kind, "gen_ai.tool.name": call.name})

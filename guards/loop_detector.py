@@ -70,12 +70,12 @@ from collections.abc import Collection, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
-from opentelemetry import trace
 
 from guardstack.guards import volatile as vol
 from guardstack.guards.agent_state import ConversationState, Resettable
 from guardstack.pipeline.contract import ModelNext, PostNext, PreNext, PromptNext, Scope
 from guardstack.pipeline.errors import TurnBlocked
+from guardstack.pipeline.signals import LOOP_DETECTIONS, REMINDERS, Signals
 from guardstack.pipeline.validate import (
     boolean,
     compile_patterns,
@@ -272,7 +272,7 @@ class LoopDetector:
     def apply(self, scope: Scope) -> None:
         """Register the watching, denying and resetting layers, with fresh state."""
         turns: ConversationState[_Turn] = self._resets.track(ConversationState(PLUGIN))
-        watcher = _Watcher(self, turns)
+        watcher = _Watcher(self, turns, scope.signals)
         scope.use(scope.tools.pre_execute, watcher.pre_execute, name=PLUGIN)
         scope.use(scope.tools.post_execute, watcher.post_execute, name=PLUGIN)
         scope.use(scope.loop.prompt_submit, watcher.prompt_submit, name=PLUGIN)
@@ -584,11 +584,14 @@ class _Monologue:
 class _Watcher:
     """One application's turns, and the layers that watch and stop loops."""
 
-    __slots__ = ("config", "monologues", "turns")
+    __slots__ = ("config", "monologues", "signals", "turns")
 
-    def __init__(self, config: LoopDetector, turns: ConversationState[_Turn]) -> None:
+    def __init__(
+        self, config: LoopDetector, turns: ConversationState[_Turn], signals: Signals
+    ) -> None:
         self.config = config
         self.turns = turns
+        self.signals = signals
         self.monologues: weakref.WeakKeyDictionary[Agent, _Monologue] = weakref.WeakKeyDictionary()
 
     def _turn(self, call: ToolCall) -> _Turn:
@@ -648,7 +651,7 @@ class _Watcher:
         if config.monologue and repeats >= config.monologue:
             monologue.detections += 1
             monologue.pending = Detection("monologue", (), repeats, monologue.detections)
-            _report(monologue.pending, monologue.detections)
+            _report(monologue.pending, monologue.detections, self.signals)
         return reply
 
     async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
@@ -705,10 +708,11 @@ class _Watcher:
             return decision
         turn.looping.add(entry.key)
         turn.detections += 1
-        _report(found, turn.detections)
+        _report(found, turn.detections, self.signals)
         if config.remind is None or turn.detections != config.remind:
             return decision
         reminder = ContextMessage(config.text(found), SOURCE)
+        self.signals.add(REMINDERS, 1, {"pattern": found.pattern})
         return attrs.evolve(decision, additional_contexts=(reminder, *decision.additional_contexts))
 
 
@@ -716,17 +720,20 @@ async def _echo(agent: Agent, text: str) -> str:
     return text
 
 
-def _report(found: Detection, number: int) -> None:
-    trace.get_current_span().add_event(
-        DETECTED_EVENT,
-        {
-            "guardstack.loop.pattern": found.pattern,
-            "guardstack.loop.tools": list(found.tools),
-            "guardstack.loop.repeats": found.repeats,
-            "guardstack.loop.detection": number,
-            "guardstack.loop.volatile": list(found.volatile),
-        },
-    )
+def _report(found: Detection, number: int, signals: Signals) -> None:
+    signals.add(LOOP_DETECTIONS, 1, {"pattern": found.pattern})
+    if signals.listened:
+        signals.event(
+            DETECTED_EVENT,
+            {
+                "guardstack.loop.pattern": found.pattern,
+                "guardstack.loop.tools": list(found.tools),
+                "guardstack.loop.repeats": found.repeats,
+                "guardstack.loop.detection": number,
+                "guardstack.loop.volatile": list(found.volatile),
+            },
+            "WARN",
+        )
     logger.info(
         "loop-detector: %s loop (%s, %d times), detection %d%s",
         found.pattern,

@@ -48,6 +48,7 @@ import attrs
 from guardstack.guards.agent_state import ConversationState, Resettable
 from guardstack.guards.canonical import canonical_json, utf16_length, utf16_prefix
 from guardstack.pipeline.contract import PostNext, Scope
+from guardstack.pipeline.signals import REMINDERS, Signals
 from guardstack.pipeline.validate import compile_patterns, cut, invalid, patterns, rejected
 from guardstack.pipeline.values import (
     ContextMessage,
@@ -174,7 +175,7 @@ class RepeatToolReminder:
     def apply(self, scope: Scope) -> None:
         """Register the counting post-execute layer and the prompt reset, with fresh chains."""
         chains: ConversationState[_Chain] = self._resets.track(ConversationState(PLUGIN))
-        counter = _ChainCounter(self, chains)
+        counter = _ChainCounter(self, chains, scope.signals)
         scope.use(scope.tools.post_execute, counter.post_execute, name=self.name)
         # a new person's prompt resets the submitting agent's chain
         scope.use(scope.loop.prompt_submit, chains.reset_on_prompt, name=self.name)
@@ -183,11 +184,14 @@ class RepeatToolReminder:
 class _ChainCounter:
     """One application's chains, and the post-execute layer that counts them."""
 
-    __slots__ = ("chains", "config")
+    __slots__ = ("chains", "config", "signals")
 
-    def __init__(self, config: RepeatToolReminder, chains: ConversationState[_Chain]) -> None:
+    def __init__(
+        self, config: RepeatToolReminder, chains: ConversationState[_Chain], signals: Signals
+    ) -> None:
         self.config = config
         self.chains = chains
+        self.signals = signals
 
     async def post_execute(
         self, call: ToolCall, result: ToolResult, call_next: PostNext
@@ -205,5 +209,6 @@ class _ChainCounter:
         if count not in config.thresholds:
             return decision
         reminder = config.reminder(call.name, canonical, count)
+        self.signals.add(REMINDERS, 1, {"pattern": "repeat", "gen_ai.tool.name": call.name})
         contexts: tuple[ContextMessage, ...] = (reminder, *decision.additional_contexts)
         return attrs.evolve(decision, additional_contexts=contexts)

@@ -50,6 +50,7 @@ from guardstack.pipeline.contract import (
     Usage,
 )
 from guardstack.pipeline.errors import ConfigError, GuardstackWarning, TurnBlocked
+from guardstack.pipeline.signals import USAGE_USD
 from guardstack.pipeline.validate import invalid, number, optional_integer
 
 if TYPE_CHECKING:
@@ -218,6 +219,7 @@ class UsageLimit:
         """Register the checking model-call layer, with fresh per-session spend counters."""
         store = scope.store_for(self.store)
         namespace = scope.namespace
+        signals = scope.signals
         seen: weakref.WeakSet[Agent] = weakref.WeakSet()
         tracks_cost = self.usd_per_session is not None
 
@@ -250,6 +252,15 @@ class UsageLimit:
                     _fail_closed(store, error)
             self.check(agent, so_far)
             reply = await call_next(request)
+            if (
+                self.prices is not None
+                and isinstance(reply, ModelReply)
+                and reply.usage is not None
+            ):
+                tenant = self.tenant if isinstance(self.tenant, str) else None
+                tenant = tenant or getattr(agent, "tenant", None) or "default"
+                spent_now = self.cost_usd(reply.usage, reply.model, asked_for)
+                signals.add(USAGE_USD, spent_now, {"tenant": tenant})
             if tracks_cost and isinstance(reply, ModelReply) and reply.usage is not None:
                 cost = self.cost_usd(reply.usage, reply.model, asked_for)
                 try:

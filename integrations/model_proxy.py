@@ -754,8 +754,7 @@ class _Exchange:
     async def run(self) -> ModelReply:
         reply: ModelReply = await self.proxy.harness.loop.model_call._chain(self.call)
         if isinstance(reply, ModelReply) and reply.usage is not None:
-            self.agent.usage += reply.usage
-            self.agent.turn_usage += reply.usage
+            self.proxy.harness.loop.charge(self.agent, reply.usage)
         return reply
 
     def stopped(self, blocked: TurnBlocked) -> Any:

@@ -73,6 +73,7 @@ from guardstack.pipeline.outcome import (
     ToolStage,
     adapter_for,
 )
+from guardstack.pipeline.signals import Signals
 from guardstack.pipeline.store import Admission, BreakerState, MemoryStore, StateStore, StoreError
 from guardstack.pipeline.values import PostDecision, PreDecision, ToolCall, ToolOutcome, ToolResult
 
@@ -121,6 +122,7 @@ __all__ = [
     "Registration",
     "Reject",
     "Scope",
+    "Signals",
     "StageAdapter",
     "StateStore",
     "StoreError",
@@ -187,6 +189,11 @@ class Scope:
         self.store: StateStore = store if store is not None else MemoryStore()
         self.namespace = namespace or plugin_id
         self._registrations: list[Registration] = []
+
+    @property
+    def signals(self) -> Signals:
+        """Where a layer reports events and resilience metrics (the loop's)."""
+        return self.loop.signals
 
     def store_for(self, store: StateStore | None) -> StateStore:
         """A layer's own ``store=`` if given, else the harness's."""

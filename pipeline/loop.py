@@ -80,6 +80,7 @@ from guardstack.pipeline.session import (
     TurnStart,
     UserMessage,
 )
+from guardstack.pipeline.signals import USAGE_TOKENS, Signals
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     TOOL_REJECTED,
@@ -196,6 +197,22 @@ class AgentLoop:
         self._create_hooks: list[Callable[[Agent], None]] = []
         #: What a tree of agents counts at this loop's agents (``AgentTool``'s children).
         self.ledger = Ledger()
+        #: Where the layers report events and resilience metrics (``Tracing``, ``Metrics``).
+        self.signals = Signals()
+
+    def charge(self, agent: Agent, usage: Usage) -> None:
+        """Count a reply's usage for ``agent`` (its session and turn), and as
+        ``guardstack.usage.tokens`` for its tenant."""
+        agent.usage += usage
+        agent.turn_usage += usage
+        tenant = getattr(agent, "tenant", None) or "default"
+        signals = self.signals
+        signals.add(
+            USAGE_TOKENS, usage.input_tokens, {"tenant": tenant, "gen_ai.token.type": "input"}
+        )
+        signals.add(
+            USAGE_TOKENS, usage.output_tokens, {"tenant": tenant, "gen_ai.token.type": "output"}
+        )
 
     def _through_stage(self, request: ModelRequest) -> Awaitable[ModelReply]:
         return self.model_call._chain(request)
@@ -441,8 +458,7 @@ class Agent:
                     return self._result("error", last_text, message, step)
                 self.turn_model_calls += 1
                 if reply.usage is not None:
-                    self.usage += reply.usage
-                    self.turn_usage += reply.usage
+                    self.loop.charge(self, reply.usage)
                 requests = _with_unique_ids(reply.tool_calls, turn, step)
                 last_text = reply.text
                 log(

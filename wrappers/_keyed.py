@@ -33,6 +33,7 @@ from guardstack.pipeline.contract import (
     adapter_for,
 )
 from guardstack.pipeline.errors import GuardstackWarning
+from guardstack.pipeline.signals import STORE_ERRORS, Signals
 from guardstack.pipeline.validate import invalid, non_empty_text
 
 __all__ = [
@@ -124,18 +125,30 @@ class _Keyed(Protocol):
 class StoreFailures:
     """One application's answer to a failing store, and its count of failures."""
 
-    __slots__ = ("_warned_at", "count", "layer", "policy", "store")
+    __slots__ = ("_warned_at", "count", "layer", "policy", "signals", "store")
 
-    def __init__(self, layer: str, store: StateStore, default: OnError) -> None:
+    def __init__(
+        self, layer: str, store: StateStore, default: OnError, signals: Signals | None = None
+    ) -> None:
         self.layer = layer
         self.store = store
         self.policy: OnError = store.on_error or default
         self.count = 0
+        self.signals = signals
         self._warned_at = -math.inf
 
     def fails_open(self, error: BaseException) -> bool:
         """Count a store failure; ``True`` to let the call through, ``False`` to refuse it."""
         self.count += 1
+        if self.signals is not None:
+            attributes = {"store": self.store.name, "policy": self.policy}
+            self.signals.add(STORE_ERRORS, 1, attributes)
+            self.signals.event(
+                "guardstack.store.error",
+                {**attributes, "guardstack.layer": self.layer,
+                 "error.type": type(error).__name__},
+                "WARN",
+            )  # fmt: skip
         now = anyio.current_time()
         if now - self._warned_at >= _WARN_EVERY_S:
             self._warned_at = now

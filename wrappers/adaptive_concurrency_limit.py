@@ -29,8 +29,10 @@ from typing import Any, ClassVar, Final, Literal
 
 import anyio
 import attrs
+from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
+from guardstack.pipeline.signals import CONCURRENCY_LIMIT, LIMITER_QUEUE, Signals
 from guardstack.pipeline.validate import StageName, integer, invalid, optional_integer, stage
 from guardstack.wrappers._keyed import StateKeys, StoreFailures, check_key, check_store, register
 from guardstack.wrappers.concurrency_limit import SlotQueue, _Overloaded, overloaded
@@ -197,7 +199,9 @@ class AdaptiveConcurrencyLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh limit (``initial``, all slots free) on the stage it names."""
-        limits = _Limits(self, scope.store_for(self.store), scope.namespace)
+        limits = _Limits(self, scope.store_for(self.store), scope.namespace, scope.signals)
+        scope.adopt(scope.signals.gauge(CONCURRENCY_LIMIT, limits.observed))
+        scope.adopt(scope.signals.gauge(LIMITER_QUEUE, limits.slots.observed))
         self._applied.append(limits)
         scope.on_dispose(lambda: self._applied.remove(limits))
         register(scope, self.stage, limits, PLUGIN)
@@ -220,18 +224,33 @@ class _State:
 class _Limits:
     """One application: the layer, the slots and each key's adaptive limit."""
 
-    def __init__(self, config: AdaptiveConcurrencyLimit, store: StateStore, namespace: str) -> None:
+    def __init__(
+        self,
+        config: AdaptiveConcurrencyLimit,
+        store: StateStore,
+        namespace: str,
+        signals: Signals,
+    ) -> None:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
-        self.slots = SlotQueue(store)
+        self.namespace = namespace
+        self.slots = SlotQueue(store, signals, namespace, PLUGIN)
         self.keys = StateKeys(namespace, config.key, self.stage)
-        self.failures = StoreFailures(PLUGIN, store, "open")
+        self.failures = StoreFailures(PLUGIN, store, "open", signals)
         self.states: dict[str, _State] = {}
         self.signals = OVERLOAD | set(config.on)
 
     def __repr__(self) -> str:
         return repr(self.config)
+
+    def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
+        """``guardstack.concurrency.limit``: each key's limit now."""
+        cut = len(self.namespace) + 1
+        return [
+            (self._clamped(state.limit), {"key": key[cut:], "guardstack.layer": PLUGIN})
+            for key, state in list(self.states.items())
+        ]
 
     def current(self, name: str | None) -> int:
         if name is None:

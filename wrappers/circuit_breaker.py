@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Final
 
 import anyio
 import attrs
+from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import (
     FailureKind,
@@ -45,6 +46,8 @@ from guardstack.pipeline.contract import (
     StateStore,
     adapter_for,
 )
+from guardstack.pipeline.signals import BREAKER_STATE, BREAKER_TRANSITIONS, Signals
+from guardstack.pipeline.store import BreakerState
 from guardstack.pipeline.validate import StageName, codes, integer, stage
 from guardstack.wrappers._keyed import (
     StateKeys,
@@ -127,7 +130,12 @@ class CircuitBreaker:
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of breakers (closed) on the stage it names."""
         store = scope.store_for(self.store)
-        register(scope, self.stage, _Breakers(self, store, scope.namespace), PLUGIN)
+        breakers = _Breakers(self, store, scope.namespace, scope.signals)
+        scope.adopt(scope.signals.gauge(BREAKER_STATE, breakers.observed))
+        register(scope, self.stage, breakers, PLUGIN)
+
+
+_STATE_VALUE: dict[str, float] = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
 
 def _why(what: str, wait_s: float) -> str:
@@ -145,15 +153,55 @@ def _why(what: str, wait_s: float) -> str:
 class _Breakers:
     """One application: the layer, on either stage, over breakers kept in a store."""
 
-    __slots__ = ("config", "failures", "keys", "shield", "stage", "store")
+    __slots__ = ("config", "failures", "keys", "namespace", "shield", "signals", "stage",
+                 "states", "store")  # fmt: skip
 
-    def __init__(self, config: CircuitBreaker, store: StateStore, namespace: str) -> None:
+    def __init__(
+        self, config: CircuitBreaker, store: StateStore, namespace: str, signals: Signals
+    ) -> None:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
+        self.namespace = namespace
         self.keys = StateKeys(namespace, config.key, self.stage)
         self.shield = suspends(store)
-        self.failures = StoreFailures(PLUGIN, store, "open")
+        self.failures = StoreFailures(PLUGIN, store, "open", signals)
+        self.signals = signals
+        #: The state this process last saw of each breaker that ever left closed.
+        self.states: dict[str, BreakerState] = {}
+
+    def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
+        """``guardstack.breaker.state``: 0 closed, 1 half-open, 2 open, per breaker."""
+        return [
+            (_STATE_VALUE[state], {"key": key, "guardstack.plugin": self.namespace})
+            for key, state in self.states.items()
+        ]
+
+    def _seen_open(self, key: str) -> None:
+        """Refused: the breaker is open, whoever opened it (another process, through a
+        shared store, counts its own transition)."""
+        name = key[len(self.namespace) + 1 :]
+        if self.states.get(name) != "open":
+            self.states[name] = "open"
+
+    def _changed(self, key: str, state: BreakerState) -> None:
+        name = key[len(self.namespace) + 1 :]
+        before = self.states.get(name, "closed")
+        if before == state:
+            return
+        self.states[name] = state
+        signals = self.signals
+        signals.add(BREAKER_TRANSITIONS, 1, {"key": name, "to": state})
+        signals.event(
+            "guardstack.breaker.state_change",
+            {
+                "guardstack.breaker.key": name,
+                "guardstack.breaker.from": before,
+                "guardstack.breaker.to": state,
+                "guardstack.plugin": self.namespace,
+            },
+            "WARN" if state == "open" else "INFO",
+        )
 
     def __repr__(self) -> str:
         return repr(self.config)
@@ -168,7 +216,10 @@ class _Breakers:
                 return stage.deliver(self._refusal(item, 0.0, self.failures.reason()))
             return await call_next(item)
         if not admission.admitted:
+            self._seen_open(key)
             return stage.deliver(self._refusal(item, admission.wait_s))
+        if admission.probe:
+            self._changed(key, "half_open")
         try:
             outcome = await stage.attempt(call_next, item)
         except BaseException:
@@ -181,7 +232,7 @@ class _Breakers:
         else:
             failed = stage.failed(outcome) and stage.code(outcome) in config.on
             try:
-                await store.record(
+                changed = await store.record(
                     key,
                     failed,
                     admission.probe,
@@ -191,6 +242,9 @@ class _Breakers:
                 )
             except Exception as error:
                 self.failures.fails_open(error)  # the call already ran: its outcome stands
+            else:
+                if changed is not None:
+                    self._changed(key, changed)
         return stage.deliver(outcome)
 
     async def _release_probe(self, key: str) -> None:

@@ -31,8 +31,10 @@ from typing import Any, ClassVar
 
 import anyio
 import attrs
+from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
+from guardstack.pipeline.signals import LIMITER_QUEUE, LIMITER_WAIT, Signals
 from guardstack.pipeline.validate import StageName, integer, optional_integer, stage
 from guardstack.wrappers._keyed import (
     StateKeys,
@@ -85,7 +87,8 @@ class ConcurrencyLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of limits (all slots free) on the stage it names."""
-        limits = _Limits(self, scope.store_for(self.store), scope.namespace)
+        limits = _Limits(self, scope.store_for(self.store), scope.namespace, scope.signals)
+        scope.adopt(scope.signals.gauge(LIMITER_QUEUE, limits.slots.observed))
         register(scope, self.stage, limits, PLUGIN)
 
 
@@ -111,12 +114,39 @@ class SlotQueue:
     again every ``store.poll_s`` seconds (slots freed elsewhere wake no one here).
     """
 
-    __slots__ = ("queues", "shield", "store")
+    __slots__ = ("layer", "namespace", "queues", "shield", "signals", "store")
 
-    def __init__(self, store: StateStore) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        signals: Signals | None = None,
+        namespace: str = "",
+        layer: str = PLUGIN,
+    ) -> None:
         self.store = store
         self.shield = suspends(store)
         self.queues: dict[str, deque[_Waiter]] = {}
+        self.signals, self.namespace, self.layer = signals, namespace, layer
+
+    def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
+        """``guardstack.limiter.queue``: the calls waiting, per key that has a queue."""
+        cut = len(self.namespace) + 1
+        return [
+            (len(waiting), {"key": key[cut:], "guardstack.layer": self.layer})
+            for key, waiting in list(self.queues.items())
+        ]
+
+    def _waited(self, key: str, started: float, admitted: bool) -> None:
+        if self.signals is not None:
+            self.signals.add(
+                LIMITER_WAIT,
+                anyio.current_time() - started,
+                {
+                    "key": key[len(self.namespace) + 1 :],
+                    "guardstack.layer": self.layer,
+                    "outcome": "admitted" if admitted else "refused",
+                },
+            )
 
     async def acquire(
         self,
@@ -143,10 +173,15 @@ class SlotQueue:
             )
         waiter = _Waiter()
         waiting.append(waiter)
+        started = anyio.current_time()
+        admitted = False
         try:
             with anyio.move_on_after(timeout_s if timeout_s is not None else float("inf")):
-                return await self._wait(key, limit, waiting, waiter, current)
+                lease = await self._wait(key, limit, waiting, waiter, current)
+                admitted = True
+                return lease
         finally:
+            self._waited(key, started, admitted)
             at_head = waiting[0] is waiter
             waiting.remove(waiter)
             if not waiting:
@@ -193,12 +228,14 @@ class _Limits:
 
     __slots__ = ("config", "failures", "keys", "slots", "stage")
 
-    def __init__(self, config: ConcurrencyLimit, store: StateStore, namespace: str) -> None:
+    def __init__(
+        self, config: ConcurrencyLimit, store: StateStore, namespace: str, signals: Signals
+    ) -> None:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
-        self.slots = SlotQueue(store)
+        self.slots = SlotQueue(store, signals, namespace)
         self.keys = StateKeys(namespace, config.key, self.stage)
-        self.failures = StoreFailures(PLUGIN, store, "open")
+        self.failures = StoreFailures(PLUGIN, store, "open", signals)
 
     def __repr__(self) -> str:
         return repr(self.config)

@@ -138,7 +138,10 @@ class Metrics:
         return self._layer(call, call_next)
 
     def apply(self, scope: Scope) -> None:
-        """Register on the stage it names."""
+        """Register on the stage it names; the harness's resilience metrics (breakers,
+        limiters, retries…) report through this meter provider from now on."""
+        if self.meter_provider is not None:
+            scope.signals.bind(self.meter_provider)
         register(scope, self.stage, self._layer, self.name)
 
     async def _layer(self, item: Any, call_next: Any) -> Any:

@@ -30,8 +30,10 @@ from typing import Any, ClassVar
 
 import anyio
 import attrs
+from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
+from guardstack.pipeline.signals import LIMITER_QUEUE, LIMITER_WAIT, Signals
 from guardstack.pipeline.validate import StageName, boolean, integer, stage
 from guardstack.wrappers._keyed import (
     StateKeys,
@@ -83,23 +85,37 @@ class RateLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of buckets (full) on the stage it names."""
-        limiter = _Buckets(self, scope.store_for(self.store), scope.namespace)
+        limiter = _Buckets(self, scope.store_for(self.store), scope.namespace, scope.signals)
+        scope.adopt(scope.signals.gauge(LIMITER_QUEUE, limiter.observed))
         register(scope, self.stage, limiter, PLUGIN)
 
 
 class _Buckets:
     """One application: the layer, on either stage, and its queues of waiters per key."""
 
-    __slots__ = ("config", "failures", "keys", "queues", "stage", "store")
+    __slots__ = ("config", "failures", "keys", "namespace", "queues", "signals", "stage",
+                 "store")  # fmt: skip
 
-    def __init__(self, config: RateLimit, store: StateStore, namespace: str) -> None:
+    def __init__(
+        self, config: RateLimit, store: StateStore, namespace: str, signals: Signals
+    ) -> None:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
+        self.namespace = namespace
+        self.signals = signals
         self.keys = StateKeys(namespace, config.key, self.stage)
-        self.failures = StoreFailures(PLUGIN, store, "open")
+        self.failures = StoreFailures(PLUGIN, store, "open", signals)
         #: Waiters per key, head first; a key is here only while someone waits.
         self.queues: dict[str, deque[anyio.Event]] = {}
+
+    def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
+        """``guardstack.limiter.queue``: the calls waiting, per key that has a queue."""
+        cut = len(self.namespace) + 1
+        return [
+            (len(queue), {"key": key[cut:], "guardstack.layer": PLUGIN})
+            for key, queue in list(self.queues.items())
+        ]
 
     def __repr__(self) -> str:
         return repr(self.config)
@@ -112,17 +128,29 @@ class _Buckets:
         """Wait for this caller's turn at the head of the queue, then for a token."""
         turn = anyio.Event()
         queue.append(turn)
+        started = anyio.current_time()
+        admitted = False
         try:
             if queue[0] is not turn:
                 await turn.wait()  # set when the waiter ahead leaves, with a token or not
             while True:
                 wait_s = await self._take(key)
                 if wait_s <= 0:
+                    admitted = True
                     return
                 # Never a wait shorter than the clock can add: at a large (virtual) time a
                 # wait of 1e-10 s does not move it, and the waiter would spin.
                 await anyio.sleep(max(wait_s, _SHORTEST_WAIT_S))
         finally:
+            self.signals.add(
+                LIMITER_WAIT,
+                anyio.current_time() - started,
+                {
+                    "key": key[len(self.namespace) + 1 :],
+                    "guardstack.layer": PLUGIN,
+                    "outcome": "admitted" if admitted else "refused",
+                },
+            )
             at_head = queue[0] is turn
             queue.remove(turn)
             if not queue:

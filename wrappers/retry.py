@@ -58,6 +58,7 @@ from typing import Any, ClassVar, Final
 import anyio
 import anyio.lowlevel
 import attrs
+from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import (
     DISPATCH,
@@ -69,6 +70,7 @@ from guardstack.pipeline.contract import (
     StateStore,
     adapter_for,
 )
+from guardstack.pipeline.signals import RETRY_ATTEMPTS, Signals
 from guardstack.pipeline.validate import (
     StageName,
     boolean,
@@ -343,7 +345,7 @@ class Retry:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh run of this policy (its own random draws) on its stage."""
-        register(scope, self.stage, _RetryRun(self), PLUGIN)
+        register(scope, self.stage, _RetryRun(self, scope.signals), PLUGIN)
 
     def __repr__(self) -> str:
         retry_on = self.retry_on if callable(self.retry_on) else sorted(self.retry_on)
@@ -373,15 +375,21 @@ async def _before_attempt() -> None:
     await anyio.lowlevel.checkpoint_if_cancelled()
 
 
+#: Distinct tool (or model) names whose metric attributes are kept made, at most.
+_MAX_LABELS: Final = 1024
+
+
 class _RetryRun:
     """The mechanism: one application of a ``Retry`` policy, with its own random draws."""
 
-    __slots__ = ("policy", "random", "stage")
+    __slots__ = ("_attributes", "policy", "random", "signals", "stage")
 
-    def __init__(self, policy: Retry) -> None:
+    def __init__(self, policy: Retry, signals: Signals | None = None) -> None:
         self.policy = policy
         self.random = random_for(policy.seed)
         self.stage: StageAdapter[Any, Any] = adapter_for(policy.stage)
+        self.signals = signals
+        self._attributes: dict[str, dict[str, AttributeValue]] = {}
 
     def delay_s(self, attempt: int) -> float:
         ceiling = self.policy.ceiling_s(attempt)
@@ -399,16 +407,28 @@ class _RetryRun:
         while True:
             outcome = await stage.attempt(call_next, stage.with_attempt(item, attempt))
             if attempt >= policy.attempts or not policy.should_retry(outcome, stage):
-                return stage.deliver(outcome)
+                return self._done(item, attempt, stage.deliver(outcome))
             if attempt == 1 and not policy.may_retry(item, stage):
-                return stage.deliver(outcome)
+                return self._done(item, attempt, stage.deliver(outcome))
             retry_after = stage.retry_after_s(outcome)
             stop = self._deadline_stop(attempt, stage.budget_ms(item), retry_after)
             if stop is not None:
-                return stage.deliver(stage.explained(outcome, stop))
+                return self._done(item, attempt, stage.deliver(stage.explained(outcome, stop)))
             if not await self._pause(attempt, retry_after):
-                return stage.deliver(outcome)
+                return self._done(item, attempt, stage.deliver(outcome))
             attempt += 1
+
+    def _done(self, item: Any, attempts: int, delivered: Any) -> Any:
+        """``guardstack.retry.attempts``: one point per operation, then its answer."""
+        if self.signals is not None:
+            key = self.stage.key(item)
+            attributes = self._attributes.get(key)
+            if attributes is None:
+                attributes = {"key": key, "guardstack.stage": self.stage.name}
+                if len(self._attributes) < _MAX_LABELS:
+                    self._attributes[key] = attributes
+            self.signals.add(RETRY_ATTEMPTS, attempts, attributes)
+        return delivered
 
     def _deadline_stop(
         self, attempt: int, budget_ms: int | None, retry_after_s: float | None = None

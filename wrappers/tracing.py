@@ -54,6 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from opentelemetry import context, trace
+from opentelemetry._logs import SeverityNumber, get_logger_provider
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
@@ -91,7 +92,15 @@ from guardstack.wrappers._otel import (
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent, TurnResult
 
-__all__ = ["BLOCKED_EVENT", "CAPTURE_VARIABLE", "CONTEXT_EVENT", "DENIED_EVENT", "Tracing"]
+__all__ = [
+    "BLOCKED_EVENT",
+    "CAPTURE_VARIABLE",
+    "CONTEXT_EVENT",
+    "DENIED_EVENT",
+    "MODEL_EXCEPTION_EVENT",
+    "TOOL_EXCEPTION_EVENT",
+    "Tracing",
+]
 
 #: A call a cap (or any pre-execute layer) denied: an event on its ``execute_tool`` span.
 DENIED_EVENT = "guardstack.denied"
@@ -102,6 +111,17 @@ BLOCKED_EVENT = "guardstack.blocked"
 CAPTURE_VARIABLE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 CONTEXT_EVENT = "guardstack.context"
+#: A model call that failed: the GenAI conventions' exception event (a log record).
+MODEL_EXCEPTION_EVENT = "gen_ai.client.operation.exception"
+#: A tool that raised (the conventions define no tool exception event: guardstack's own).
+TOOL_EXCEPTION_EVENT = "guardstack.tool.exception"
+
+_SEVERITY: Final = {
+    "DEBUG": SeverityNumber.DEBUG,
+    "INFO": SeverityNumber.INFO,
+    "WARN": SeverityNumber.WARN,
+    "ERROR": SeverityNumber.ERROR,
+}
 
 
 #: On a span a failure passed through: the guardstack layer that produced it (``model``:
@@ -277,8 +297,21 @@ class Tracing:
         *,
         capture_content: bool | None = None,
         max_content_chars: int = 4_000,
+        span_events: bool = True,
+        logger_provider: Any = None,
     ) -> None:
         boolean("tracing", "layer_spans", layer_spans)
+        boolean("tracing", "span_events", span_events)
+        if logger_provider is not None and not callable(
+            getattr(logger_provider, "get_logger", None)
+        ):
+            raise invalid(
+                "tracing", "logger_provider", logger_provider, "an OpenTelemetry LoggerProvider"
+            )
+        #: Events as span events too (Phoenix reads span events, not log records, today).
+        self.span_events = span_events
+        self.logger_provider = logger_provider
+        self.logger = (logger_provider or get_logger_provider()).get_logger("guardstack", VERSION)
         if capture_content is None:
             flag = os.environ.get(CAPTURE_VARIABLE, "")
             capture_content = flag.strip().lower() in ("true", "1", "yes")
@@ -301,12 +334,38 @@ class Tracing:
     def apply(self, scope: Scope) -> None:
         """Instrument turns, model calls and tool calls, and (optionally) every layer."""
         tools = scope.tools
+        scope.adopt(scope.signals.listen(self.emit))
         scope.adopt(tools.instrument(lambda execute: self.wrap_execute(execute, tools.get)))
         scope.adopt(scope.loop.instrument_turn(self.wrap_turn))
         scope.adopt(scope.loop.instrument_model_call(self.wrap_model_call))
         if self.layer_spans:
             scope.adopt(scope.tools.dispatch.instrument(self.wrap_layer))
             scope.adopt(scope.loop.model_call.instrument(self.wrap_layer))
+
+    def emit(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue],
+        severity: str = "INFO",
+        span: Span | None = None,
+        *,
+        as_span_event: bool = True,
+    ) -> None:
+        """An event: a log record through the Logs API (``event_name`` = ``name``, in the
+        context of ``span`` or the current one) and, with ``span_events``, an event on
+        that span (``as_span_event=False``: the span has its own ``exception`` event)."""
+        if span is None:
+            span = trace.get_current_span()
+        if as_span_event and self.span_events and span.is_recording():
+            span.add_event(name, attributes)
+        number = _SEVERITY.get(severity, SeverityNumber.INFO)
+        self.logger.emit(
+            event_name=name,
+            attributes=attributes,
+            severity_number=number,
+            severity_text=severity,
+            context=trace.set_span_in_context(span),
+        )
 
     def wrap_turn(self, run: TurnRun) -> TurnRun:
         tracer = self.tracer
@@ -334,7 +393,7 @@ class Tracing:
                 if result.reason == "error":
                     span.set_status(Status(StatusCode.ERROR, result.error))
                 if result.reason == "blocked":
-                    span.add_event(BLOCKED_EVENT, {"guardstack.reason": result.error or ""})
+                    self.emit(BLOCKED_EVENT, {"guardstack.reason": result.error or ""}, span=span)
                 return result
             finally:
                 context.detach(token)
@@ -368,6 +427,18 @@ class Tracing:
                 reply = await call_model(request)
             except BaseException as error:
                 _end_with_model_error(span, error)
+                if isinstance(error, Exception) and not isinstance(error, GuardstackError):
+                    self.emit(
+                        MODEL_EXCEPTION_EVENT,
+                        {
+                            "exception.type": type(error).__qualname__,
+                            "exception.message": message_of(error),
+                            "error.type": model_error_code(error),
+                        },
+                        "WARN",
+                        span,
+                        as_span_event=False,
+                    )
                 raise
             else:
                 if isinstance(reply, ModelReply):
@@ -427,31 +498,42 @@ class Tracing:
                     span.set_attribute("gen_ai.tool.call.result", self._cut(outcome.result.content))
                 if outcome.result.code == TOOL_DENIED:
                     denial = outcome.result.error
-                    span.add_event(
+                    self.emit(
                         DENIED_EVENT,
                         {
+                            "gen_ai.tool.name": call.name,
+                            "gen_ai.tool.call.id": call.call_id,
                             "guardstack.reason": denial.message if denial else "",
                             "guardstack.ends_turn": outcome.ends_turn,
                         },
+                        span=span,
                     )
                 raised = outcome.result.value
                 if isinstance(raised, RaisedException):
-                    span.add_event(
-                        "exception",
-                        {
-                            "exception.type": raised.type,
-                            "exception.message": raised.message,
-                            "exception.stacktrace": raised.stacktrace,
-                        },
+                    exception = {
+                        "exception.type": raised.type,
+                        "exception.message": raised.message,
+                        "exception.stacktrace": raised.stacktrace,
+                    }
+                    span.add_event("exception", exception)  # the span's own exception event
+                    self.emit(
+                        TOOL_EXCEPTION_EVENT,
+                        {**exception, "gen_ai.tool.name": call.name},
+                        "WARN",
+                        span,
+                        as_span_event=False,
                     )
                 for injected in outcome.contexts:
-                    span.add_event(
+                    self.emit(
                         CONTEXT_EVENT,
                         {
+                            "gen_ai.tool.name": call.name,
+                            "gen_ai.tool.call.id": call.call_id,
                             "guardstack.context.source": injected.source.plugin
                             or injected.source.kind,
                             "guardstack.context.text": injected.text,
                         },
+                        span=span,
                     )
                 return outcome
             finally:
@@ -500,4 +582,5 @@ class Tracing:
 
     def __repr__(self) -> str:
         capture = ", capture_content=True" if self.capture_content else ""
-        return f"Tracing(layer_spans={self.layer_spans}{capture})"
+        events = "" if self.span_events else ", span_events=False"
+        return f"Tracing(layer_spans={self.layer_spans}{capture}{events})"

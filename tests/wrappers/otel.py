@@ -50,3 +50,23 @@ class MetricRig:
                 value = getattr(point, "value", None)
                 total += value if value is not None else point.count
         return total
+
+
+class LogRig:
+    """Log records (the OpenTelemetry Logs API's events) kept in memory."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import (
+            InMemoryLogRecordExporter,
+            SimpleLogRecordProcessor,
+        )
+
+        self.exporter = InMemoryLogRecordExporter()
+        self.provider = LoggerProvider()
+        self.provider.add_log_record_processor(SimpleLogRecordProcessor(self.exporter))
+
+    def events(self, name: str | None = None) -> list[Any]:
+        """The records (``LogRecord``) with this event name, or every one."""
+        records = [readable.log_record for readable in self.exporter.get_finished_logs()]
+        return [r for r in records if name is None or r.event_name == name]

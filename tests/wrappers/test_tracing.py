@@ -122,6 +122,8 @@ async def test_reminders_appear_as_span_events() -> None:
     event = spans[2].events[0]
     assert event.name == CONTEXT_EVENT
     assert dict(event.attributes or {}) == {
+        "gen_ai.tool.name": "grep",
+        "gen_ai.tool.call.id": "call_1_3_0",
         "guardstack.context.source": "repeat-tool-reminder",
         "guardstack.context.text": GENTLE_TEXT,
     }

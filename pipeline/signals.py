@@ -1,0 +1,263 @@
+"""What the layers report about themselves: events, and the state of the resilience
+machinery as metrics.
+
+Every harness has one ``Signals`` (``AgentLoop.signals``, ``Scope.signals``). Layers
+report to it; they never know who listens:
+
+* ``event(name, attributes)`` — something a person should see (a reminder, a loop
+  detected, a breaker that opened, a store that failed). ``Tracing`` listens and
+  writes each as an OpenTelemetry log record (``event_name`` = ``name``, correlated
+  with the current span) and, by default, as an event on the current span. With no
+  listener an event costs one attribute check.
+* ``add(name, value, attributes)`` — a point on one of the instruments in
+  ``METRICS`` (a counter, or a histogram);
+* ``gauge(name, read)`` — a gauge read when the meter collects: ``read()`` gives
+  ``(value, attributes)`` pairs (one per breaker, per limiter key…). Nothing is
+  recorded between collections, so a gauge costs nothing per call.
+
+The instruments come from the ``Metrics`` plugin's meter provider once one is applied
+(``bind``), else from the global one (the OpenTelemetry API's proxy: a no-op until an
+SDK provider is set, then real). Telemetry never changes an outcome: a listener or
+instrument that raises is logged and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Literal
+
+import attrs
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.util.types import AttributeValue
+
+from guardstack.pipeline.onion import Registration
+
+__all__ = [
+    "BREAKER_STATE",
+    "BREAKER_TRANSITIONS",
+    "CONCURRENCY_LIMIT",
+    "EVENTS",
+    "LIMITER_QUEUE",
+    "LIMITER_WAIT",
+    "LOOP_DETECTIONS",
+    "METRICS",
+    "REMINDERS",
+    "RETRY_ATTEMPTS",
+    "STORE_ERRORS",
+    "USAGE_TOKENS",
+    "USAGE_USD",
+    "MetricSpec",
+    "Signals",
+]
+
+BREAKER_STATE: Final = "guardstack.breaker.state"
+BREAKER_TRANSITIONS: Final = "guardstack.breaker.transitions"
+LIMITER_QUEUE: Final = "guardstack.limiter.queue"
+LIMITER_WAIT: Final = "guardstack.limiter.wait"
+CONCURRENCY_LIMIT: Final = "guardstack.concurrency.limit"
+RETRY_ATTEMPTS: Final = "guardstack.retry.attempts"
+REMINDERS: Final = "guardstack.reminders"
+LOOP_DETECTIONS: Final = "guardstack.loop.detections"
+USAGE_TOKENS: Final = "guardstack.usage.tokens"
+USAGE_USD: Final = "guardstack.usage.usd"
+STORE_ERRORS: Final = "guardstack.store.errors"
+
+logger = logging.getLogger("guardstack")
+
+Attributes = Mapping[str, AttributeValue]
+Sink = Callable[[str, Attributes, str], None]
+Reader = Callable[[], Iterable[tuple[float, Attributes]]]
+
+VERSION = "0.1.0"
+
+#: Seconds a call waited for a limiter: from a hundredth of a millisecond (an
+#: uncontended admission is microseconds) to a minute (a queue that long is an outage).
+WAIT_BUCKETS: Final = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                       2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+#: Attempts per operation: every count a retry policy is likely to allow, one bucket
+#: each up to 5, then coarser (a storm shows as the top buckets filling).
+ATTEMPT_BUCKETS: Final = (1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 10.0, 20.0)
+
+
+@attrs.frozen
+class MetricSpec:
+    """One instrument: its kind, unit (UCUM), description and, for a histogram, its
+    bucket boundaries."""
+
+    kind: Literal["counter", "histogram", "gauge"]
+    unit: str
+    description: str
+    buckets: tuple[float, ...] | None = None
+
+
+#: Every instrument guardstack's layers report on (beyond the GenAI ones ``Metrics``
+#: records per call). The dashboard and the docs are checked against this table.
+METRICS: Final[dict[str, MetricSpec]] = {
+    "guardstack.breaker.state": MetricSpec(
+        "gauge", "{state}", "Circuit breaker state: 0 closed, 1 half-open, 2 open"
+    ),
+    "guardstack.breaker.transitions": MetricSpec(
+        "counter", "{transition}", "Circuit breaker state changes, by the state entered"
+    ),
+    "guardstack.limiter.queue": MetricSpec(
+        "gauge", "{call}", "Calls waiting for a concurrency or rate limit"
+    ),
+    "guardstack.limiter.wait": MetricSpec(
+        "histogram", "s", "Time a call waited for a limiter before it was admitted or refused",
+        WAIT_BUCKETS,
+    ),
+    "guardstack.concurrency.limit": MetricSpec(
+        "gauge", "{call}", "The concurrency an adaptive limit allows now"
+    ),
+    "guardstack.retry.attempts": MetricSpec(
+        "histogram", "{attempt}", "Attempts a retried operation made, first included",
+        ATTEMPT_BUCKETS,
+    ),
+    "guardstack.reminders": MetricSpec(
+        "counter", "{reminder}", "Reminders added to the conversation, by pattern"
+    ),
+    "guardstack.loop.detections": MetricSpec(
+        "counter", "{detection}", "Loops a loop guard detected, by pattern"
+    ),
+    "guardstack.usage.tokens": MetricSpec(
+        "counter", "{token}", "Tokens model calls used, by tenant and token type"
+    ),
+    "guardstack.usage.usd": MetricSpec(
+        "counter", "[USD]", "What model calls cost at the configured prices, by tenant"
+    ),
+    "guardstack.store.errors": MetricSpec(
+        "counter", "{error}", "State store operations that failed, by store and policy"
+    ),
+}  # fmt: skip
+
+#: The log-based events, by name (``LogRecord.event_name``), and what each says.
+EVENTS: Final[dict[str, str]] = {
+    "guardstack.context": "a reminder or notice added to the conversation (source, text)",
+    "guardstack.loop_detected": "LoopDetector saw a loop (pattern, tools, repeats, number)",
+    "guardstack.denied": "a call a layer denied (reason, whether the turn ends)",
+    "guardstack.blocked": "a turn a cap ended (reason)",
+    "guardstack.approval": "a person's decision on a call (decision, by, reason, waited)",
+    "guardstack.breaker.state_change": "a circuit breaker changed state (key, from, to)",
+    "guardstack.store.error": "a state store failed (store, layer, policy, error)",
+    "gen_ai.client.operation.exception": "a model call failed (the GenAI conventions' event)",
+    "guardstack.tool.exception": "a tool raised (exception type, message, stacktrace)",
+}
+
+
+class Signals:
+    """One harness's events and resilience metrics (see the module)."""
+
+    def __init__(self) -> None:
+        self._sinks: list[Sink] = []
+        self._gauges: dict[str, list[Reader]] = {}
+        self._provider: Any = None
+        self._bound = False
+        self._instruments: dict[str, Any] = {}
+        #: The meter whose observable gauges report (a rebind silences the old ones).
+        self._meter: Any = None
+
+    # -- events -------------------------------------------------------------------------
+
+    @property
+    def listened(self) -> bool:
+        """Whether an event would reach anyone (build costly attributes only then)."""
+        return bool(self._sinks)
+
+    def listen(self, sink: Sink) -> Registration:
+        """``sink(name, attributes, severity)`` for every event, until disposed."""
+        self._sinks.append(sink)
+
+        def remove() -> None:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+
+        return Registration(remove)
+
+    def event(self, name: str, attributes: Attributes, severity: str = "INFO") -> None:
+        for sink in list(self._sinks):
+            try:
+                sink(name, attributes, severity)
+            except Exception:
+                logger.warning("guardstack: an event listener failed on %s", name, exc_info=True)
+
+    # -- metrics ------------------------------------------------------------------------
+
+    def bind(self, meter_provider: Any) -> None:
+        """Report through ``meter_provider`` from now on (the ``Metrics`` plugin's)."""
+        self._provider = meter_provider
+        self._bound = False
+        self._bind()
+
+    def add(self, name: str, value: float, attributes: Attributes) -> None:
+        if not self._bound:
+            self._bind()
+        instrument = self._instruments[name]
+        try:
+            if METRICS[name].kind == "counter":
+                instrument.add(value, attributes)
+            else:
+                instrument.record(value, attributes)
+        except Exception:
+            logger.warning("guardstack: could not record %s", name, exc_info=True)
+
+    def gauge(self, name: str, read: Reader) -> Registration:
+        """Report ``read()`` as the gauge ``name`` at every collection, until disposed."""
+        if METRICS[name].kind != "gauge":
+            raise ValueError(f"{name} is not a gauge")
+        if not self._bound:
+            self._bind()
+        readers = self._gauges.setdefault(name, [])
+        readers.append(read)
+
+        def remove() -> None:
+            if read in readers:
+                readers.remove(read)
+
+        return Registration(remove)
+
+    def _bind(self) -> None:
+        provider = self._provider or metrics.get_meter_provider()
+        meter = provider.get_meter("guardstack", VERSION)
+        self._meter = meter
+        instruments: dict[str, Any] = {}
+        for name, spec in METRICS.items():
+            if spec.kind == "counter":
+                instruments[name] = meter.create_counter(
+                    name, unit=spec.unit, description=spec.description
+                )
+            elif spec.kind == "histogram":
+                instruments[name] = meter.create_histogram(
+                    name,
+                    unit=spec.unit,
+                    description=spec.description,
+                    explicit_bucket_boundaries_advisory=list(spec.buckets or ()),
+                )
+            else:
+                instruments[name] = meter.create_observable_gauge(
+                    name,
+                    callbacks=[self._observer(name, meter)],
+                    unit=spec.unit,
+                    description=spec.description,
+                )
+        self._instruments = instruments
+        self._bound = True
+
+    def _observer(
+        self, name: str, meter: Any
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            if meter is not self._meter:
+                return []  # rebound: another meter reports now
+            observations: list[Observation] = []
+            for read in list(self._gauges.get(name, ())):
+                try:
+                    observations.extend(
+                        Observation(value, dict(attributes)) for value, attributes in read()
+                    )
+                except Exception:
+                    logger.warning("guardstack: could not read %s", name, exc_info=True)
+            return observations
+
+        return observe
