@@ -35,6 +35,7 @@ EXTRAS = {
     "litellm": ["test_litellm.py", "test_docs_models.py"],
     "mcp": ["test_mcp.py", "test_mcp_hostile.py", "test_mcp_proxy.py", "test_docs_mcp.py"],
     "otlp": ["test_phoenix.py"],
+    "prometheus": ["test_prometheus.py"],
     "redis": ["test_redis.py"],
     "langchain": ["../frameworks/test_langchain.py"],
     "openai-agents": ["../frameworks/test_openai_agents.py"],

@@ -33,9 +33,13 @@ EXTRA = "otlp"
 class Telemetry:
     """The SDK providers ``configure`` built, and what their exporters failed to send."""
 
-    def __init__(self, tracer_provider: Any, meter_provider: Any, watch: _Watch) -> None:
+    def __init__(
+        self, tracer_provider: Any, meter_provider: Any, watch: _Watch, logger_provider: Any = None
+    ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
+        #: Where ``Tracing``'s log-based events go (``None`` with ``logs=False``).
+        self.logger_provider = logger_provider
         self._watch = watch
 
     @property
@@ -52,6 +56,8 @@ class Telemetry:
         self.tracer_provider.shutdown()
         if self.meter_provider is not None:
             self.meter_provider.shutdown()
+        if self.logger_provider is not None:
+            self.logger_provider.shutdown()
 
 
 class _Watch:
@@ -91,12 +97,15 @@ def configure(
     service_name: str | None = None,
     traces_endpoint: str | None = None,
     metrics: bool = True,
+    logs: bool = True,
     set_global: bool = True,
 ) -> Telemetry:
-    """Build (and by default install globally) SDK providers exporting over OTLP/HTTP.
+    """Build (and by default install globally) SDK providers exporting over OTLP/HTTP:
+    traces, metrics and logs (where ``Tracing``'s events go).
 
     ``service_name`` is used only when ``OTEL_SERVICE_NAME`` is not set;
-    ``traces_endpoint`` overrides the environment's traces endpoint.
+    ``traces_endpoint`` overrides the environment's traces endpoint (and, when it ends
+    in ``/v1/traces``, the logs go beside it, to ``/v1/logs``).
     """
     import os
 
@@ -123,8 +132,24 @@ def configure(
     if metrics:
         reader = PeriodicExportingMetricReader(OTLPMetricExporter())
         meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    logger_provider = None
+    if logs:
+        from opentelemetry._logs import set_logger_provider
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+        logs_endpoint = None
+        if traces_endpoint is not None and traces_endpoint.endswith("/v1/traces"):
+            logs_endpoint = traces_endpoint.removesuffix("/v1/traces") + "/v1/logs"
+        logger_provider = LoggerProvider(resource=resource)
+        logger_provider.add_log_record_processor(
+            BatchLogRecordProcessor(OTLPLogExporter(endpoint=logs_endpoint))
+        )
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         if meter_provider is not None:
             metrics_api.set_meter_provider(meter_provider)
-    return Telemetry(tracer_provider, meter_provider, watch)
+        if logger_provider is not None:
+            set_logger_provider(logger_provider)
+    return Telemetry(tracer_provider, meter_provider, watch, logger_provider)

@@ -24,6 +24,8 @@ instrument that raises is logged and skipped.
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
 
@@ -125,7 +127,7 @@ METRICS: Final[dict[str, MetricSpec]] = {
         "counter", "{token}", "Tokens model calls used, by tenant and token type"
     ),
     "guardstack.usage.usd": MetricSpec(
-        "counter", "[USD]", "What model calls cost at the configured prices, by tenant"
+        "counter", "{USD}", "What model calls cost at the configured prices, by tenant"
     ),
     "guardstack.store.errors": MetricSpec(
         "counter", "{error}", "State store operations that failed, by store and policy"
@@ -218,46 +220,91 @@ class Signals:
         return Registration(remove)
 
     def _bind(self) -> None:
-        provider = self._provider or metrics.get_meter_provider()
-        meter = provider.get_meter("guardstack", VERSION)
+        meter = (
+            self._provider.get_meter("guardstack", VERSION)
+            if self._provider is not None
+            else _global_meter()
+        )
+        shared = _for_meter(meter)
+        shared.signals.add(self)
         self._meter = meter
-        instruments: dict[str, Any] = {}
+        self._instruments = shared.instruments
+        self._bound = True
+
+    def _observe(self, name: str, meter: Any) -> list[Observation]:
+        if meter is not self._meter:
+            return []  # rebound: it reports through another meter now
+        observations: list[Observation] = []
+        for read in list(self._gauges.get(name, ())):
+            try:
+                observations.extend(
+                    Observation(value, dict(attributes)) for value, attributes in read()
+                )
+            except Exception:
+                logger.warning("guardstack: could not read %s", name, exc_info=True)
+        return observations
+
+
+class _Shared:
+    """One meter's instruments, made once however many harnesses report through it (an
+    instrument made twice is one instrument, and the SDK warns): its gauges read every
+    harness bound to it."""
+
+    def __init__(self, meter: Any) -> None:
+        self.signals: weakref.WeakSet[Signals] = weakref.WeakSet()
+        self.instruments: dict[str, Any] = {}
         for name, spec in METRICS.items():
             if spec.kind == "counter":
-                instruments[name] = meter.create_counter(
+                self.instruments[name] = meter.create_counter(
                     name, unit=spec.unit, description=spec.description
                 )
             elif spec.kind == "histogram":
-                instruments[name] = meter.create_histogram(
+                self.instruments[name] = meter.create_histogram(
                     name,
                     unit=spec.unit,
                     description=spec.description,
                     explicit_bucket_boundaries_advisory=list(spec.buckets or ()),
                 )
             else:
-                instruments[name] = meter.create_observable_gauge(
+                self.instruments[name] = meter.create_observable_gauge(
                     name,
                     callbacks=[self._observer(name, meter)],
                     unit=spec.unit,
                     description=spec.description,
                 )
-        self._instruments = instruments
-        self._bound = True
 
     def _observer(
         self, name: str, meter: Any
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
-            if meter is not self._meter:
-                return []  # rebound: another meter reports now
-            observations: list[Observation] = []
-            for read in list(self._gauges.get(name, ())):
-                try:
-                    observations.extend(
-                        Observation(value, dict(attributes)) for value, attributes in read()
-                    )
-                except Exception:
-                    logger.warning("guardstack: could not read %s", name, exc_info=True)
-            return observations
+            return [
+                observation
+                for signals in list(self.signals)
+                for observation in signals._observe(name, meter)
+            ]
 
         return observe
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+_GLOBAL: list[Any] = []
+
+
+def _global_meter() -> Any:
+    """One meter from the global provider for every harness (the API's proxy gives a new
+    one per call; one is enough, and it turns real when an SDK provider is set)."""
+    with _SHARED_LOCK:
+        if not _GLOBAL:
+            _GLOBAL.append(metrics.get_meter_provider().get_meter("guardstack", VERSION))
+        return _GLOBAL[0]
+
+
+def _for_meter(meter: Any) -> _Shared:
+    with _SHARED_LOCK:
+        shared = _SHARED.get(meter)
+        if shared is None:
+            shared = _SHARED[meter] = _Shared(meter)
+        return shared

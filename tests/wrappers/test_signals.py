@@ -12,6 +12,7 @@ import pytest
 from guardstack.guards import LoopDetector, RepeatToolReminder, UsageLimit
 from guardstack.pipeline import (
     MODEL_UNAVAILABLE,
+    GuardstackWarning,
     Harness,
     ModelError,
     ModelReply,
@@ -142,7 +143,8 @@ async def test_reminders_and_loop_detections_are_counted_by_pattern() -> None:
     assert rig.meters.total("guardstack.loop.detections", pattern=pattern) == 1 + len(later)
     assert rig.meters.total("guardstack.reminders", pattern=pattern) == 1  # remind=1
     reminded = rig.logs.events("guardstack.context")
-    assert reminded and dict(reminded[0].attributes or {})["gen_ai.tool.name"] == "grep"
+    assert reminded
+    assert dict(reminded[0].attributes or {})["gen_ai.tool.name"] == "grep"
 
 
 async def test_usage_and_spend_are_counted_per_tenant() -> None:
@@ -171,9 +173,10 @@ async def test_a_failing_store_is_counted_and_logged() -> None:
     store = FailingStore(on_error="open")
     store.down = True
     rig.harness.plugin(CircuitBreaker(store=store))
-    with pytest.warns(Warning):
-        for _ in range(2):
-            assert (await rig.harness.tools.execute(call("search"))).result.content == "ok"
+    answers = []
+    with pytest.warns(GuardstackWarning, match="store failed"):
+        answers = [await rig.harness.tools.execute(call("search")) for _ in range(2)]
+    assert [outcome.result.content for outcome in answers] == ["ok", "ok"]
     assert rig.meters.total("guardstack.store.errors", policy="open") == 2
     [first, _] = rig.logs.events("guardstack.store.error")
     assert dict(first.attributes or {})["guardstack.layer"] == "circuit-breaker"
@@ -219,3 +222,22 @@ async def test_a_hanging_tool_under_a_timeout_leaves_the_limiter_queue_empty() -
         for _ in range(3):
             group.start_soon(rig.harness.tools.execute, call("hang"))
     assert rig.gauge("guardstack.limiter.queue", key="hang") == []
+
+
+async def test_two_harnesses_on_one_meter_provider_both_report_their_gauges(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    meters = MetricRig()
+    harnesses = []
+    for name in ("one", "two"):
+        harness = Harness()
+        ScriptedTool(name, [Raise(RuntimeError("down"))] * 4).register(harness.tools)
+        harness.plugin(Metrics(meters.provider))
+        harness.plugin(CircuitBreaker(minimum_calls=2, failure_ratio=0.5))
+        harnesses.append((name, harness))
+    for name, harness in harnesses:
+        for _ in range(3):
+            await harness.tools.execute(call(name))
+    states = {p.attributes["key"]: p.value for p in meters.points("guardstack.breaker.state")}
+    assert states == {"one": 2.0, "two": 2.0}
+    assert "created already" not in caplog.text  # each instrument made once per meter
