@@ -31,6 +31,7 @@ from guardstack.integrations.mcp import (
     serve_proxy,
     serve_proxy_http,
     sync_tools,
+    tracing_provider,
 )
 from guardstack.pipeline.errors import ConfigError, GuardstackError
 from guardstack.pipeline.harness import Harness
@@ -97,8 +98,6 @@ async def run_proxy(
 ) -> None:
     """Proxy ``command``'s MCP server (or the one at ``connect``) over stdio until the
     client disconnects, or over streamable HTTP until stopped."""
-    from mcp.server.stdio import stdio_server
-
     if connect is not None and command:
         raise ConfigError("mcp-proxy: give either --connect URL or -- COMMAND, not both")
     if connect is None and not command:
@@ -110,9 +109,49 @@ async def run_proxy(
     if (timeouts_ms or default_timeout_ms is not None) and not _enforces_budgets(harness):
         # Budgets declared on the command line are the tools' own: enforce them.
         harness.plugin(ToolCallTimeoutPolicy())
-    if transport == "http":
-        await _proxy_http(harness, command, connect, host, port, timeouts_ms, default_timeout_ms)
-        return
+    telemetry = export_from_environment("guardstack-mcp-proxy")
+    try:
+        if transport == "http":
+            await _proxy_http(
+                harness, command, connect, host, port, timeouts_ms, default_timeout_ms
+            )
+            return
+        await _proxy_stdio(harness, command, connect, timeouts_ms, default_timeout_ms)
+    finally:
+        if telemetry is not None:
+            telemetry.shutdown()  # flush what the proxy traced
+
+
+def export_from_environment(service: str) -> Any:
+    """With ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``…_TRACES_ENDPOINT``) set, the proxy's
+    traces, metrics and logs go there over OTLP/HTTP, as the global providers (so the MCP
+    SDK's own spans join guardstack's); ``None`` otherwise."""
+    if not (
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    ):
+        return None
+    try:
+        from guardstack.integrations.otel import configure
+
+        return configure(service_name=service)
+    except ImportError:
+        raise ConfigError(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set: sending the proxy's telemetry needs "
+            "pip install 'guardstack[otlp]'",
+            key="OTEL_EXPORTER_OTLP_ENDPOINT",
+        ) from None
+
+
+async def _proxy_stdio(
+    harness: Harness,
+    command: Sequence[str],
+    connect: str | None,
+    timeouts_ms: dict[str, int] | None,
+    default_timeout_ms: int | None,
+) -> None:
+    from mcp.server.stdio import stdio_server
+
     try:
         async with stdio_server() as (server_read, server_write):
             try:
@@ -171,7 +210,9 @@ async def _proxy(
         async with _downstream(command, connect, relay) as downstream:
             await _keep_tools(harness, downstream, relay, timeouts_ms, default_timeout_ms)
             ready = True
-            await serve_proxy(harness, downstream, receive, server_write, relay)
+            await serve_proxy(
+                harness, downstream, receive, server_write, relay, tracing_provider(harness)
+            )
         group.cancel_scope.cancel()
 
 
@@ -203,6 +244,7 @@ async def _keep_tools(
             registered,
             timeouts_ms=timeouts_ms,
             default_timeout_ms=default_timeout_ms,
+            tracer_provider=tracing_provider(harness),
         )
 
     await sync()
@@ -249,7 +291,7 @@ async def _proxy_http(
         print(
             f"guardstack mcp-proxy: serving http://{host}:{port}/mcp", file=sys.stderr, flush=True
         )
-        await serve_proxy_http(harness, downstream, host, port, relay)
+        await serve_proxy_http(harness, downstream, host, port, relay, tracing_provider(harness))
 
 
 def _first_reportable(group: BaseExceptionGroup[Any]) -> BaseException:

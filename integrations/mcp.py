@@ -42,6 +42,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._framework import budgets
@@ -57,8 +60,9 @@ from guardstack.pipeline import (
     ToolResult,
 )
 from guardstack.pipeline.approval import Decision
-from guardstack.pipeline.validate import cut
+from guardstack.pipeline.validate import cut, invalid
 from guardstack.pipeline.values import TOOL_UNAVAILABLE, failed_result, validate_timeout_ms
+from guardstack.wrappers._otel import VERSION
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -74,6 +78,7 @@ __all__ = [
     "serve_proxy",
     "serve_proxy_http",
     "sync_tools",
+    "tracing_provider",
 ]
 
 EXTRA = "mcp"
@@ -95,8 +100,17 @@ async def mcp_tools(
     *,
     timeouts_ms: Mapping[str, int] | None = None,
     default_timeout_ms: int | None = None,
+    tracer_provider: Any = None,
 ) -> list[ToolDefinition]:
-    """A ``ToolDefinition`` for every tool the session's server lists (all pages)."""
+    """A ``ToolDefinition`` for every tool the session's server lists (all pages).
+
+    ``tracer_provider``: the one ``Tracing`` reports to, when it is not the global one.
+    The MCP SDK makes its own client span for each request, through the global
+    provider, and carries that span's context in the request's ``_meta``; with another
+    provider here, each call gets a ``tools/call {tool}`` client span in it too (the
+    MCP conventions' attributes), whose context is what ``_meta`` carries when the
+    global provider is the API's no-op — so the server's spans join the caller's trace.
+    """
     require("mcp", EXTRA)
     from mcp.types import PaginatedRequestParams
 
@@ -137,7 +151,7 @@ async def mcp_tools(
         definitions.append(
             ToolDefinition(
                 tool.name,
-                _caller(session, tool.name),
+                _caller(session, tool.name, _client_tracer(tracer_provider)),
                 tool.description or "",
                 dict(tool.input_schema),
                 budget,
@@ -253,27 +267,78 @@ def _forward_progress() -> Any:
     return relay
 
 
-def _caller(session: ClientSession, name: str) -> Any:
+def _client_tracer(provider: Any) -> Any:
+    """A tracer for guardstack's own MCP client spans, or ``None`` when the SDK's spans
+    already land in ``provider`` (it is the global one, or none was given)."""
+    if provider is None or provider is trace.get_tracer_provider():
+        return None
+    if not callable(getattr(provider, "get_tracer", None)):
+        raise invalid(OWNER, "tracer_provider", provider, "an OpenTelemetry TracerProvider")
+    return provider.get_tracer("guardstack.mcp", VERSION)
+
+
+def _caller(session: ClientSession, name: str, tracer: Any = None) -> Any:
     from mcp.shared.exceptions import MCPError
     from mcp.types import CONNECTION_CLOSED
 
     async def call_tool(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
         # Cancelling this await (a guardstack timeout) makes the SDK send the server
         # notifications/cancelled for the request.
+        span = token = None
+        if tracer is not None:
+            span = tracer.start_span(
+                f"tools/call {name}",
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "mcp.method.name": "tools/call",
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": name,
+                    "gen_ai.tool.call.id": call.call_id,
+                    **_session_attributes(session),
+                },
+            )
+            token = otel_context.attach(trace.set_span_in_context(span))
         try:
             result = await session.call_tool(
                 name, dict(arguments), progress_callback=_forward_progress()
             )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+            _span_failed(span, "connection_closed")
             return _gone(name)
         except MCPError as error:
+            _span_failed(span, str(error.error.code))
             if error.error.code == CONNECTION_CLOSED:
                 return _gone(name)
             raise
+        except BaseException as error:
+            _span_failed(span, type(error).__qualname__)
+            raise
+        else:
+            if result.is_error:
+                _span_failed(span, "tool_error")
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+            if span is not None:
+                span.end()
         return result_of(result)
 
     call_tool.__name__ = f"mcp_{name}"
     return call_tool
+
+
+def _session_attributes(session: Any) -> dict[str, str]:
+    attributes = {}
+    version = getattr(session, "protocol_version", None)
+    if isinstance(version, str):
+        attributes["mcp.protocol.version"] = version
+    return attributes
+
+
+def _span_failed(span: Any, error_type: str) -> None:
+    if span is not None and span.is_recording():
+        span.set_attribute("error.type", error_type)
+        span.set_status(Status(StatusCode.ERROR))
 
 
 def _gone(name: str) -> ToolResult:
@@ -425,6 +490,7 @@ async def sync_tools(
     *,
     timeouts_ms: Mapping[str, int] | None = None,
     default_timeout_ms: int | None = None,
+    tracer_provider: Any = None,
 ) -> None:
     """Bring ``harness``'s tools in line with what the downstream lists now: a tool gone
     is removed, a new one registered with its budget, a changed one replaced.
@@ -432,7 +498,10 @@ async def sync_tools(
     listed = {
         tool.name: tool
         for tool in await mcp_tools(
-            downstream, timeouts_ms=timeouts_ms, default_timeout_ms=default_timeout_ms
+            downstream,
+            timeouts_ms=timeouts_ms,
+            default_timeout_ms=default_timeout_ms,
+            tracer_provider=tracer_provider,
         )
     }
     for name in list(registered):
@@ -447,6 +516,17 @@ async def sync_tools(
         registered[name] = harness.tools.register(tool)
 
 
+def tracing_provider(harness: Harness) -> Any:
+    """The tracer provider the harness's ``Tracing`` reports to (``None``: the global
+    one, or no ``Tracing``)."""
+    from guardstack.wrappers import Tracing
+
+    for handle in harness.plugins:
+        if isinstance(handle.plugin, Tracing):
+            return handle.plugin.tracer_provider
+    return None
+
+
 def _same_tool(one: ToolDefinition, other: ToolDefinition) -> bool:
     keys = ("description", "parameters", "timeout_ms", "idempotent", "destructive")
     return all(getattr(one, key, None) == getattr(other, key, None) for key in keys)
@@ -457,6 +537,7 @@ def proxy_server(
     downstream: ClientSession,
     on_lost: Callable[[], None] | None = None,
     relay: NotificationRelay | None = None,
+    tracer_provider: Any = None,
 ) -> Any:
     """The ``mcp-proxy`` MCP server (the SDK's low-level ``Server``) in front of
     ``downstream``: its tools through ``harness``, everything else it offers —
@@ -468,6 +549,9 @@ def proxy_server(
 
     conversations: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
     calls = itertools.count(1)
+    # The SDK's own server span (global provider) parents the call's spans; with another
+    # provider for Tracing, the proxy makes the server span there, from the request's _meta.
+    server_tracer = _client_tracer(tracer_provider)
 
     def conversation_of(ctx: Any) -> str:
         # the SDK hands each request its own ServerSession over one connection: the
@@ -501,6 +585,22 @@ def proxy_server(
         in_flight = id(call)
         if relay is not None:
             relay.calls[in_flight] = (ctx.session, ctx.request_id)
+        span = token = None
+        if server_tracer is not None:
+            from opentelemetry.propagate import extract
+
+            span = server_tracer.start_span(
+                f"tools/call {params.name}",
+                context=extract(dict(meta)) if meta else None,
+                kind=SpanKind.SERVER,
+                attributes={
+                    "mcp.method.name": "tools/call",
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": params.name,
+                    "jsonrpc.request.id": str(ctx.request_id),
+                },
+            )
+            token = otel_context.attach(trace.set_span_in_context(span))
         try:
             outcome = await harness.tools.execute(call)
         finally:
@@ -508,12 +608,18 @@ def proxy_server(
                 _PROGRESS.reset(progress)
             if relay is not None:
                 relay.calls.pop(in_flight, None)
+            if token is not None:
+                otel_context.detach(token)
         if outcome.pending is not None:  # Approval: ask the person at the client
             decision = await _ask_client(ctx, outcome.pending)
             outcome = await harness.tools.run_decided(
                 call, decision, asked_by=outcome.pending.asked_by
             )
         result = outcome.result
+        if span is not None:
+            if result.is_error:
+                _span_failed(span, "tool_error")
+            span.end()
         if on_lost is not None and result.error is not None and result.error.name == SERVER_GONE:
             on_lost()  # this answer goes out, then the proxy stops
         original = result.value if isinstance(result.value, CallToolResult) else None
@@ -622,6 +728,7 @@ async def serve_proxy(
     read_stream: Any,
     write_stream: Any,
     relay: NotificationRelay | None = None,
+    tracer_provider: Any = None,
 ) -> None:
     """Serve ``proxy_server`` over one MCP connection (stdio's streams).
 
@@ -635,7 +742,7 @@ async def serve_proxy(
     text saying why.
     """
     lost = anyio.Event()
-    server = proxy_server(harness, downstream, lost.set, relay)
+    server = proxy_server(harness, downstream, lost.set, relay, tracer_provider)
     async with anyio.create_task_group() as group:
 
         async def stop_when_lost() -> None:
@@ -656,6 +763,7 @@ async def serve_proxy_http(
     host: str,
     port: int,
     relay: NotificationRelay | None = None,
+    tracer_provider: Any = None,
 ) -> None:
     """Serve ``proxy_server`` over streamable HTTP at ``http://host:port/mcp`` (the SDK's
     default path), until cancelled."""
@@ -669,7 +777,8 @@ async def serve_proxy_http(
         if running is not None:
             running.should_exit = True  # after the answers in flight
 
-    app = proxy_server(harness, downstream, lost, relay).streamable_http_app(host=host)
+    server = proxy_server(harness, downstream, lost, relay, tracer_provider)
+    app = server.streamable_http_app(host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     running = uvicorn.Server(config)
     await running.serve()

@@ -13,7 +13,8 @@ list and a resource changed). Every run
 is logged as ``run <tool>``. It also
 offers a prompt (``review``), resources (``notes://today``, the template
 ``notes://{day}``) and completions, which a proxy must pass through. With a port
-after the log file it serves streamable HTTP there instead of stdio.
+after the log file it serves streamable HTTP there instead of stdio. With ``--spans`` it
+traces itself (the SDK's own server spans) to ``LOG_FILE.spans.jsonl``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
+SPANS = "--spans" in sys.argv  # write the SDK's spans to LOG_FILE.spans.jsonl
+if SPANS:
+    sys.argv.remove("--spans")
 LOG = Path(sys.argv[1]) if len(sys.argv) > 1 else None
 server = MCPServer("guardstack-test-server")
 _sends = 0
@@ -177,8 +181,40 @@ async def complete(ref: object, argument: object, context: object) -> object:
     return Completion(values=languages)
 
 
+def trace_to_file(path: Path) -> None:
+    """The MCP SDK instruments itself through the global tracer provider: install one that
+    writes each finished span as a JSON line (name, kind, trace, span and parent ids), so a
+    test can see whether this server's spans joined the caller's trace."""
+    import json
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    class ToFile(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            with path.open("a", encoding="utf-8") as file:
+                for span in spans:  # type: ignore[attr-defined]
+                    parent = span.parent.span_id if span.parent is not None else None
+                    record = {
+                        "name": span.name,
+                        "kind": span.kind.name,
+                        "trace_id": format(span.context.trace_id, "032x"),
+                        "span_id": format(span.context.span_id, "016x"),
+                        "parent_id": format(parent, "016x") if parent is not None else None,
+                    }
+                    file.write(json.dumps(record) + "\n")
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(ToFile()))
+    trace.set_tracer_provider(provider)
+
+
 if __name__ == "__main__":
     log(f"pid {os.getpid()}")
+    if SPANS and LOG is not None:
+        trace_to_file(LOG.with_suffix(".spans.jsonl"))
     if len(sys.argv) > 2:  # streamable HTTP on this port, for the HTTP proxy test
         server.run("streamable-http", port=int(sys.argv[2]))
     else:

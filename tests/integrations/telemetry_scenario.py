@@ -89,7 +89,11 @@ async def everything(
     agentic.plugin(UsageLimit(prices={"gpt-test": (2.5, 10.0)}, usd_per_session=100))
     limited.plugin(ConcurrencyLimit(max_concurrent=1, queue=50))
     limited.plugin(AdaptiveConcurrencyLimit(initial=4, min=1, max=16))
-    execute, run = harness.tools.execute, limited.tools.execute
+    execute = harness.tools.execute
+
+    async def run(request: ToolCall) -> None:
+        await limited.tools.execute(request)
+
     for round_ in range(rounds):
         for n in range(8):  # the breaker opens on the 4th failure, then refuses
             await execute(_call("search", n))

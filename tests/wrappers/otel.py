@@ -62,7 +62,7 @@ class LogRig:
             SimpleLogRecordProcessor,
         )
 
-        self.exporter = InMemoryLogRecordExporter()
+        self.exporter = InMemoryLogRecordExporter()  # type: ignore[no-untyped-call]
         self.provider = LoggerProvider()
         self.provider.add_log_record_processor(SimpleLogRecordProcessor(self.exporter))
 

@@ -33,6 +33,10 @@ from tests.helpers import call, calls
 from tests.wrappers.otel import LogRig, MetricRig, SpanRig
 
 
+async def run(harness: Harness, request: Any) -> None:
+    await harness.tools.execute(request)
+
+
 class Rig:
     """A harness with Tracing (spans and log records) and Metrics, all in memory."""
 
@@ -105,7 +109,7 @@ async def test_a_limiter_queue_and_its_waits_are_visible() -> None:
     queued: list[float] = []
     async with anyio.create_task_group() as group:
         for _ in range(3):
-            group.start_soon(rig.harness.tools.execute, call("slow"))
+            group.start_soon(run, rig.harness, call("slow"))
         await anyio.sleep(0.5)
         queued = rig.gauge("guardstack.limiter.queue", key="slow")
     assert queued == [2.0]  # one runs, two wait
@@ -122,7 +126,7 @@ async def test_a_rate_limits_waiters_and_an_adaptive_limit_are_visible() -> None
     rig.harness.plugin(AdaptiveConcurrencyLimit(initial=4, min=1, max=8))
     async with anyio.create_task_group() as group:
         for _ in range(4):
-            group.start_soon(rig.harness.tools.execute, call("api"))
+            group.start_soon(run, rig.harness, call("api"))
     [waits] = rig.meters.points("guardstack.limiter.wait")
     assert waits.count == 3
     assert waits.sum == pytest.approx(0.5 + 1.0 + 1.5)
@@ -220,7 +224,7 @@ async def test_a_hanging_tool_under_a_timeout_leaves_the_limiter_queue_empty() -
     rig.harness.plugin(ConcurrencyLimit(max_concurrent=1, queue=5))
     async with anyio.create_task_group() as group:
         for _ in range(3):
-            group.start_soon(rig.harness.tools.execute, call("hang"))
+            group.start_soon(run, rig.harness, call("hang"))
     assert rig.gauge("guardstack.limiter.queue", key="hang") == []
 
 
