@@ -142,9 +142,8 @@ async def test_one_trace_from_the_client_through_the_proxy_to_the_server(
             ClientSession(read, write) as session,
         ):
             await session.initialize()
-            result = await session.call_tool(
-                "echo", {"text": "hi"}, meta={"traceparent": traceparent}
-            )
+            meta: Any = {"traceparent": traceparent}  # the W3C keys, unprefixed (SEP-414)
+            result = await session.call_tool("echo", {"text": "hi"}, meta=meta)
     span.end()
     assert getattr(result.content[0], "text", None) == "hi"
     with anyio.fail_after(10):  # the proxy flushes its spans as it exits
