@@ -53,6 +53,7 @@ bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of 
 	$(BIN)/python -m benchmarks.adaptive --change
 	$(BIN)/python -m benchmarks.frameworks
 	$(BIN)/python -m benchmarks.model_proxy
+	@echo "benchmarks.telemetry needs an older checkout: python -m benchmarks.telemetry --before DIR"
 
 ci: check test
 

@@ -78,9 +78,9 @@ VERSION = "0.1.0"
 #: uncontended admission is microseconds) to a minute (a queue that long is an outage).
 WAIT_BUCKETS: Final = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                        2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
-#: Attempts per operation: every count a retry policy is likely to allow, one bucket
-#: each up to 5, then coarser (a storm shows as the top buckets filling).
-ATTEMPT_BUCKETS: Final = (1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 10.0, 20.0)
+#: Attempts per retried operation: every count a retry policy is likely to allow, one
+#: bucket each up to 5, then coarser (a storm shows as the top buckets filling).
+ATTEMPT_BUCKETS: Final = (2.0, 3.0, 4.0, 5.0, 7.0, 10.0, 20.0)
 
 
 @attrs.frozen
@@ -114,7 +114,9 @@ METRICS: Final[dict[str, MetricSpec]] = {
         "gauge", "{call}", "The concurrency an adaptive limit allows now"
     ),
     "guardstack.retry.attempts": MetricSpec(
-        "histogram", "{attempt}", "Attempts a retried operation made, first included",
+        "histogram", "{attempt}",
+        "Attempts an operation that was retried made, first included (one that worked "
+        "first time is not recorded)",
         ATTEMPT_BUCKETS,
     ),
     "guardstack.reminders": MetricSpec(

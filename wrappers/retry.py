@@ -419,8 +419,10 @@ class _RetryRun:
             attempt += 1
 
     def _done(self, item: Any, attempts: int, delivered: Any) -> Any:
-        """``guardstack.retry.attempts``: one point per operation, then its answer."""
-        if self.signals is not None:
+        """``guardstack.retry.attempts``: one point per operation that was retried (one
+        that worked first time costs nothing here: ``Metrics`` counts the calls), then its
+        answer."""
+        if attempts > 1 and self.signals is not None:
             key = self.stage.key(item)
             attributes = self._attributes.get(key)
             if attributes is None:
