@@ -2,7 +2,7 @@
 and limiter metrics, and Phoenix showing guardstack's events on a trace.
 
     python -m tests.integrations.screenshots prometheus   # needs Debian's prometheus, chromium
-    python -m tests.integrations.screenshots phoenix PHOENIX_COMMAND
+    PLAYWRIGHT_SITE=… python -m tests.integrations.screenshots phoenix PHOENIX_COMMAND
 
 The scenario is ``telemetry_scenario.everything``, run again and again for a couple of
 minutes (fresh harnesses each round: each round's breaker opens anew, and its queue
@@ -11,6 +11,7 @@ fills), so the graphs have history. Chromium takes the pictures headless.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,13 @@ def prometheus() -> None:
 
 
 def phoenix(command: str) -> None:
-    """A turn with a reminder, a loop detection and an opened breaker, traced to Phoenix."""
+    """A turn with reminders and a loop detection, an opened breaker, traced to Phoenix;
+    the picture is of a call's span with its events open (Playwright drives Debian's
+    Chromium to click the span's Events tab: ``pip install playwright`` beside it)."""
+    import json
+
+    from opentelemetry.sdk.metrics import MeterProvider
+
     from guardstack.integrations.otel import configure
 
     port = free_port()
@@ -97,27 +104,68 @@ def phoenix(command: str) -> None:
                    "PHOENIX_GRPC_PORT": str(free_port()), "PATH": "/usr/bin:/bin"}  # fmt: skip
     process = subprocess.Popen([command, "serve"], env=environment,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):
             try:
-                httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+                httpx.get(f"{url}/", timeout=1)
                 break
             except httpx.HTTPError:
                 time.sleep(0.5)
         telemetry = configure(
             service_name="guardstack-events",
-            traces_endpoint=f"http://127.0.0.1:{port}/v1/traces",
+            traces_endpoint=f"{url}/v1/traces",
             metrics=False,
             logs=False,
             set_global=False,
         )
-        from opentelemetry.sdk.metrics import MeterProvider
-
-        anyio.run(lambda: everything(MeterProvider(), tracer_provider=telemetry.tracer_provider))
+        anyio.run(
+            lambda: everything(MeterProvider(), tracer_provider=telemetry.tracer_provider)
+        )
         telemetry.shutdown()
         time.sleep(3)
-        _chromium(f"http://127.0.0.1:{port}/projects", DOCS / "phoenix-events.png",
-                  wait_ms=15000)  # fmt: skip
+
+        def graphql(query: str) -> dict:  # type: ignore[type-arg]
+            answer = httpx.post(f"{url}/graphql", json={"query": query}, timeout=30)
+            return answer.json()["data"]  # type: ignore[no-any-return]
+
+        project = graphql("{ projects { edges { node { id name } } } }")["projects"]["edges"][0]
+        project_id = project["node"]["id"]
+        spans = graphql(
+            f'{{ node(id: "{project_id}") {{ ... on Project {{ spans(first: 500) '
+            "{ edges { node { id name context { traceId spanId } "
+            "events { name } } } } } } }"
+        )["node"]["spans"]["edges"]
+        chosen = next(
+            edge["node"] for edge in spans
+            if any(e["name"] == "guardstack.loop_detected" for e in edge["node"]["events"])
+        )  # fmt: skip
+        print(json.dumps(chosen))
+        page_url = (
+            f"{url}/projects/{project_id}/traces/{chosen['context']['traceId']}"
+            f"?selectedSpanNodeId={chosen['id']}"
+        )
+        import os
+
+        if os.environ.get("PLAYWRIGHT_SITE"):  # playwright installed in another environment
+            sys.path.append(os.environ["PLAYWRIGHT_SITE"])
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as driver:
+            browser = driver.chromium.launch(executable_path=shutil.which("chromium"))
+            page = browser.new_page(viewport={"width": 1500, "height": 950})
+            page.goto(page_url)
+            page.wait_for_timeout(4000)
+            events = page.get_by_role("tab", name=re.compile("Events"))
+            if events.count():
+                events.first.click()
+                page.wait_for_timeout(1000)
+                for name in ("guardstack.loop_detected", "guardstack.context"):
+                    page.get_by_text(name, exact=True).first.click()  # open its attributes
+                    page.wait_for_timeout(500)
+            page.screenshot(path=str(DOCS / "phoenix-events.png"))
+            browser.close()
+        print(f"wrote {DOCS / 'phoenix-events.png'}")
     finally:
         process.terminate()
         process.wait(20)
