@@ -119,9 +119,7 @@ def phoenix(command: str) -> None:
             logs=False,
             set_global=False,
         )
-        anyio.run(
-            lambda: everything(MeterProvider(), tracer_provider=telemetry.tracer_provider)
-        )
+        anyio.run(lambda: everything(MeterProvider(), tracer_provider=telemetry.tracer_provider))
         telemetry.shutdown()
         time.sleep(3)
 
