@@ -147,7 +147,7 @@ def phoenix(command: str) -> None:
 
         if os.environ.get("PLAYWRIGHT_SITE"):  # playwright installed in another environment
             sys.path.append(os.environ["PLAYWRIGHT_SITE"])
-        from playwright.sync_api import sync_playwright
+        from playwright.sync_api import sync_playwright  # type: ignore[import-not-found]
 
         with sync_playwright() as driver:
             browser = driver.chromium.launch(executable_path=shutil.which("chromium"))
