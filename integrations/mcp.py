@@ -60,9 +60,9 @@ from guardstack.pipeline import (
     ToolResult,
 )
 from guardstack.pipeline.approval import Decision
-from guardstack.pipeline.validate import cut, invalid
+from guardstack.pipeline.validate import cut
 from guardstack.pipeline.values import TOOL_UNAVAILABLE, failed_result, validate_timeout_ms
-from guardstack.wrappers._otel import VERSION
+from guardstack.wrappers._otel import VERSION, check_provider
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -270,10 +270,10 @@ def _forward_progress() -> Any:
 def _client_tracer(provider: Any) -> Any:
     """A tracer for guardstack's own MCP client spans, or ``None`` when the SDK's spans
     already land in ``provider`` (it is the global one, or none was given)."""
-    if provider is None or provider is trace.get_tracer_provider():
+    if check_provider(OWNER, "tracer_provider", provider, "get_tracer") is None:
         return None
-    if not callable(getattr(provider, "get_tracer", None)):
-        raise invalid(OWNER, "tracer_provider", provider, "an OpenTelemetry TracerProvider")
+    if provider is trace.get_tracer_provider():
+        return None
     return provider.get_tracer("guardstack.mcp", VERSION)
 
 

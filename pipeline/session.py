@@ -43,7 +43,7 @@ import attrs
 from guardstack.pipeline.errors import GuardstackWarning, SessionCorruptError, SessionTailWarning
 from guardstack.pipeline.model import ToolCallRequest, Usage, as_thinking_blocks
 from guardstack.pipeline.onion import Registration
-from guardstack.pipeline.readonly import read_only
+from guardstack.pipeline.readonly import ReadOnlyDict, read_only
 from guardstack.pipeline.values import MessageSource, ToolError, ToolResult, aborted_result
 
 __all__ = [
@@ -473,9 +473,56 @@ def _json_line(wire: Mapping[str, Any]) -> str:
 
 def _message_of(event: Event) -> dict[str, Any] | None:
     """The chat message one event contributes to the request, if any: read-only, so a
-    model (or a layer) handed the request cannot change what the log says was sent."""
+    model (or a layer) handed the request cannot change what the log says was sent.
+    Built for the event's type directly (one dict lookup, no second walk to freeze it)."""
+    kind = type(event)
+    build = _BUILDERS.get(kind)
+    if build is None:  # first seen: a subclass of a message's event, or no message at all
+        message_types = (UserMessage, SystemMessage, ToolResultEvent, AssistantMessage)
+        build = _BUILDERS[kind] = _generic if issubclass(kind, message_types) else _nothing
+    return build(event)
+
+
+def _generic(event: Any) -> dict[str, Any] | None:
     message = _plain_message_of(event)
     return None if message is None else read_only(message)
+
+
+def _nothing(event: Any) -> None:
+    return None
+
+
+def _user(event: Any) -> dict[str, Any]:
+    return ReadOnlyDict(role="user", content=event.text)
+
+
+def _system(event: Any) -> dict[str, Any]:
+    return ReadOnlyDict(role="system", content=event.text)
+
+
+def _tool_result(event: Any) -> dict[str, Any]:
+    result = event.result
+    content = result.content
+    if not isinstance(content, str):  # a result's content is text; anything else, frozen
+        content = read_only(content)
+    if result.is_error:  # is_error: for Anthropic's tool_result; other adapters drop it
+        return ReadOnlyDict(role="tool", tool_call_id=event.call_id, content=content,
+                            is_error=True)  # fmt: skip
+    return ReadOnlyDict(role="tool", tool_call_id=event.call_id, content=content)
+
+
+def _assistant(event: Any) -> dict[str, Any] | None:
+    if not (event.text or event.tool_calls):
+        return None
+    return _generic(event)
+
+
+_BUILDERS: dict[type, Callable[[Any], dict[str, Any] | None]] = {
+    UserMessage: _user,
+    SystemMessage: _system,
+    ToolResultEvent: _tool_result,
+    AssistantMessage: _assistant,
+}
 
 
 def _plain_message_of(event: Event) -> dict[str, Any] | None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import anyio
 
 from guardstack.pipeline.contract import ModelRequest
+from guardstack.pipeline.validate import invalid
 from guardstack.pipeline.values import ToolResult
 
 try:
@@ -39,3 +41,15 @@ def request_model(request: ModelRequest) -> str | None:
     """The model name a request goes to: the agent's model's ``model`` attribute, if text."""
     name = getattr(request.agent.model, "model", None)
     return name if isinstance(name, str) and name else None
+
+
+_PROVIDED = {"get_tracer": "TracerProvider", "get_meter": "MeterProvider",
+             "get_logger": "LoggerProvider"}  # fmt: skip
+
+
+def check_provider(owner: str, key: str, provider: Any, method: str) -> Any:
+    """``provider`` if it is ``None`` or an OpenTelemetry provider (has ``method``), else
+    the configuration error naming it."""
+    if provider is not None and not callable(getattr(provider, method, None)):
+        raise invalid(owner, key, provider, f"an OpenTelemetry {_PROVIDED[method]}")
+    return provider

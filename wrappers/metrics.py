@@ -43,12 +43,13 @@ from guardstack.pipeline.contract import (
     StageAdapter,
     adapter_for,
 )
-from guardstack.pipeline.validate import StageName, invalid
+from guardstack.pipeline.validate import StageName
 from guardstack.pipeline.validate import stage as check_stage
 from guardstack.pipeline.values import ToolCall, ToolResult
 from guardstack.wrappers._keyed import register, stage_repr
 from guardstack.wrappers._otel import (
     VERSION,
+    check_provider,
     exception_error_type,
     request_model,
     result_error_type,
@@ -95,11 +96,9 @@ class Metrics:
     def __init__(
         self, meter_provider: MeterProvider | None = None, *, stage: StageName = "dispatch"
     ) -> None:
-        if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
-            raise invalid(
-                "metrics", "meter_provider", meter_provider, "an OpenTelemetry MeterProvider"
-            )
-        self.meter_provider = meter_provider
+        self.meter_provider = check_provider(
+            "metrics", "meter_provider", meter_provider, "get_meter"
+        )
         self.stage = check_stage("metrics", stage)
         self._stage: StageAdapter[Any, Any] = adapter_for(self.stage)
         # What a point records differs by stage (the GenAI tool metrics, or its client

@@ -72,7 +72,7 @@ from guardstack.pipeline.contract import (
     model_error_code,
 )
 from guardstack.pipeline.errors import GuardstackError
-from guardstack.pipeline.validate import boolean, integer, invalid
+from guardstack.pipeline.validate import boolean, integer
 from guardstack.pipeline.values import (
     TOOL_DENIED,
     RaisedException,
@@ -84,6 +84,7 @@ from guardstack.pipeline.values import (
 )
 from guardstack.wrappers._otel import (
     VERSION,
+    check_provider,
     exception_error_type,
     request_model,
     result_error_type,
@@ -302,12 +303,7 @@ class Tracing:
     ) -> None:
         boolean("tracing", "layer_spans", layer_spans)
         boolean("tracing", "span_events", span_events)
-        if logger_provider is not None and not callable(
-            getattr(logger_provider, "get_logger", None)
-        ):
-            raise invalid(
-                "tracing", "logger_provider", logger_provider, "an OpenTelemetry LoggerProvider"
-            )
+        check_provider("tracing", "logger_provider", logger_provider, "get_logger")
         #: Events as span events too (Phoenix reads span events, not log records, today).
         self.span_events = span_events
         self.logger_provider = logger_provider
@@ -319,12 +315,7 @@ class Tracing:
         #: Send tool arguments and results and model messages (opt-in: they may be private).
         self.capture_content = capture_content
         self.max_content_chars = integer("tracing", "max_content_chars", max_content_chars)
-        if tracer_provider is not None and not callable(
-            getattr(tracer_provider, "get_tracer", None)
-        ):
-            raise invalid(
-                "tracing", "tracer_provider", tracer_provider, "an OpenTelemetry TracerProvider"
-            )
+        check_provider("tracing", "tracer_provider", tracer_provider, "get_tracer")
         self.tracer_provider = tracer_provider
         self.layer_spans = layer_spans
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
