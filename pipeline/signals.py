@@ -101,7 +101,8 @@ METRICS: Final[dict[str, MetricSpec]] = {
         "gauge", "{state}", "Circuit breaker state: 0 closed, 1 half-open, 2 open"
     ),
     "guardstack.breaker.transitions": MetricSpec(
-        "counter", "{transition}", "Circuit breaker state changes, by the state entered"
+        "counter", "{transition}",
+        "Circuit breaker state changes, by the state entered (the event names the breaker)"
     ),
     "guardstack.limiter.queue": MetricSpec(
         "gauge", "{call}", "Calls waiting for a concurrency or rate limit"

@@ -136,6 +136,9 @@ class CircuitBreaker:
 
 
 _STATE_VALUE: dict[str, float] = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
+_TO: dict[str, dict[str, AttributeValue]] = {state: {"to": state} for state in _STATE_VALUE}
+#: Breakers whose state the gauge reports, at most.
+_MAX_REPORTED: Final = 10_000
 
 
 def _why(what: str, wait_s: float) -> str:
@@ -182,16 +185,31 @@ class _Breakers:
         shared store, counts its own transition)."""
         name = key[len(self.namespace) + 1 :]
         if self.states.get(name) != "open":
-            self.states[name] = "open"
+            self._remember(name, "open")
+
+    def _remember(self, name: str, state: BreakerState) -> None:
+        """Keep ``name``'s state for the gauge; past ``_MAX_REPORTED`` breakers, closed ones
+        are forgotten first, then the longest-known (a gauge series per tool of 100,000
+        would swamp any backend)."""
+        states = self.states
+        states.pop(name, None)
+        states[name] = state
+        if len(states) > _MAX_REPORTED:
+            for closed in [key for key, known in states.items() if known == "closed"]:
+                del states[closed]
+            while len(states) > _MAX_REPORTED:
+                del states[next(iter(states))]
 
     def _changed(self, key: str, state: BreakerState) -> None:
         name = key[len(self.namespace) + 1 :]
         before = self.states.get(name, "closed")
         if before == state:
             return
-        self.states[name] = state
+        self._remember(name, state)
         signals = self.signals
-        signals.add(BREAKER_TRANSITIONS, 1, {"key": name, "to": state})
+        # by the state entered only: a series per tool would swamp a backend (the event
+        # names the tool)
+        signals.add(BREAKER_TRANSITIONS, 1, _TO[state])
         signals.event(
             "guardstack.breaker.state_change",
             {

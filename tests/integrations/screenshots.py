@@ -75,7 +75,7 @@ def prometheus() -> None:
     try:
         anyio.run(_rounds, provider, 90.0)
         graphs = {
-            "g0.expr": "sum by (key, to) (increase(guardstack_breaker_transitions_total[15s]))",
+            "g0.expr": "sum by (to) (increase(guardstack_breaker_transitions_total[15s]))",
             "g1.expr": "sum by (key) (guardstack_limiter_queue)",
         }
         query = {"g0.tab": "0", "g1.tab": "0", "g0.range_input": "2m", "g1.range_input": "2m",

@@ -145,7 +145,6 @@ async def test_a_real_prometheus_scrapes_the_breaker_the_storm_and_the_queue(
     assert queue["metric"]["key"] == "slow"
     assert float(queue["value"][1]) == 3  # one call runs, three wait
     [opened] = found["opened"]  # the failing tool's breaker, once; flaky's (1 in 2) stays shut
-    assert opened["metric"]["key"] == "search"
     assert float(opened["value"][1]) == 1
     [storm] = found["storm"]
     assert float(storm["value"][1]) == 5 * 2  # five operations, two attempts each

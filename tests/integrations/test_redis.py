@@ -280,9 +280,14 @@ def test_a_breaker_opened_by_one_process_refuses_in_all_and_one_probe_runs(
     results = [e for run in per_process for e in run if e["event"] == "result"]
     refused = [e for e in results if e["code"] == "TOOL_UNAVAILABLE"]
     assert refused, "the open breaker refused nothing"
-    # opened after 3 failures (across processes); every break_s (1 s) exactly one probe runs
+    # opened after 3 failures (across processes); every break_s (1 s) exactly one probe runs.
+    # A call another process had already admitted while the third failure was being
+    # recorded may still start then (under load): the opening burst is what starts
+    # within half a break of the third, at most one more call per other process.
     opened = starts[2]
-    probes = starts[3:]
+    burst = [t for t in starts[3:] if t < opened + 0.5]
+    assert len(burst) <= 2
+    probes = [t for t in starts[3:] if t >= opened + 0.5]
     assert 1 <= len(probes) <= 3  # one per 1 s break in 2.5 s, never one per process
     for earlier, later in itertools.pairwise(probes):
         assert later - earlier >= 0.95  # a half-open breaker let one probe through, not three

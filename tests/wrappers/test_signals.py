@@ -68,7 +68,7 @@ async def test_a_breaker_that_opens_shows_its_state_its_transitions_and_an_event
     for _ in range(5):
         await rig.harness.tools.execute(call("search"))
     assert rig.gauge("guardstack.breaker.state", key="search") == [2.0]  # open
-    assert rig.meters.total("guardstack.breaker.transitions", key="search", to="open") == 1
+    assert rig.meters.total("guardstack.breaker.transitions", to="open") == 1
     [opened] = rig.logs.events("guardstack.breaker.state_change")
     assert dict(opened.attributes or {}) == {
         "guardstack.breaker.key": "search",
@@ -245,3 +245,28 @@ async def test_two_harnesses_on_one_meter_provider_both_report_their_gauges(
     states = {p.attributes["key"]: p.value for p in meters.points("guardstack.breaker.state")}
     assert states == {"one": 2.0, "two": 2.0}
     assert "created already" not in caplog.text  # each instrument made once per meter
+
+
+async def test_a_hundred_thousand_failing_tools_keep_the_breaker_gauge_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import guardstack.wrappers.circuit_breaker as breaker_module
+    from guardstack.pipeline import ToolDefinition
+
+    monkeypatch.setattr(breaker_module, "_MAX_REPORTED", 1_000)  # the same rule, smaller
+    meters = MetricRig()
+    harness = Harness()
+
+    async def down(arguments: Any, call: Any) -> str:
+        raise RuntimeError("down")
+
+    for n in range(100_000):
+        harness.tools.register(ToolDefinition(f"t{n}", down))
+    harness.loop.signals.bind(meters.provider)  # the state metrics alone, no per-call ones
+    harness.plugin(CircuitBreaker(minimum_calls=1, failure_ratio=0.5))
+    for n in range(100_000):
+        await harness.tools.execute(call(f"t{n}"))
+    points = meters.points("guardstack.breaker.state")
+    assert len(points) == 1_000  # the latest thousand, not a series per tool
+    assert {p.attributes["key"] for p in points} == {f"t{n}" for n in range(99_000, 100_000)}
+    assert meters.total("guardstack.breaker.transitions", to="open") == 100_000
