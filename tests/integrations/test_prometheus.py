@@ -141,6 +141,7 @@ async def test_a_real_prometheus_scrapes_the_breaker_the_storm_and_the_queue(
         with anyio.fail_after(10):
             await process.wait()
         server.shutdown()
+        server.server_close()
     [queue] = found["queue"]
     assert queue["metric"]["key"] == "slow"
     assert float(queue["value"][1]) == 3  # one call runs, three wait
