@@ -220,6 +220,15 @@ class UsageLimit:
         store = scope.store_for(self.store)
         namespace = scope.namespace
         signals = scope.signals
+
+        def tenant_of(request: ModelRequest, otherwise: str = "all") -> str:
+            """Whose windows (and spend metric) a call counts in; ``otherwise`` for none
+            (the windows' stored keys say ``all``; the metrics say ``default``, as the
+            loop's token counts do)."""
+            if callable(self.tenant):
+                return str(self.tenant(request))
+            return self.tenant or getattr(request.agent, "tenant", None) or otherwise
+
         seen: weakref.WeakSet[Agent] = weakref.WeakSet()
         tracks_cost = self.usd_per_session is not None
 
@@ -257,10 +266,8 @@ class UsageLimit:
                 and isinstance(reply, ModelReply)
                 and reply.usage is not None
             ):
-                tenant = self.tenant if isinstance(self.tenant, str) else None
-                tenant = tenant or getattr(agent, "tenant", None) or "default"
                 spent_now = self.cost_usd(reply.usage, reply.model, asked_for)
-                signals.add(USAGE_USD, spent_now, {"tenant": tenant})
+                signals.add(USAGE_USD, spent_now, {"tenant": tenant_of(request, "default")})
             if tracks_cost and isinstance(reply, ModelReply) and reply.usage is not None:
                 cost = self.cost_usd(reply.usage, reply.model, asked_for)
                 try:
@@ -315,11 +322,6 @@ class UsageLimit:
         if not windows:
             scope.use(scope.loop.model_call, model_layer, name=PLUGIN)
             return
-
-        def tenant_of(request: ModelRequest) -> str:
-            if callable(self.tenant):
-                return str(self.tenant(request))
-            return self.tenant or getattr(request.agent, "tenant", None) or "all"
 
         async def reserve(
             tenant: str, periods: dict[str, str], estimate: dict[str, float]

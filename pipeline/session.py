@@ -478,14 +478,10 @@ def _message_of(event: Event) -> dict[str, Any] | None:
     kind = type(event)
     build = _BUILDERS.get(kind)
     if build is None:  # first seen: a subclass of a message's event, or no message at all
-        message_types = (UserMessage, SystemMessage, ToolResultEvent, AssistantMessage)
-        build = _BUILDERS[kind] = _generic if issubclass(kind, message_types) else _nothing
+        build = _BUILDERS[kind] = next(
+            (_BUILDERS[base] for base in kind.__mro__ if base in _BUILDERS), _nothing
+        )
     return build(event)
-
-
-def _generic(event: Any) -> dict[str, Any] | None:
-    message = _plain_message_of(event)
-    return None if message is None else read_only(message)
 
 
 def _nothing(event: Any) -> None:
@@ -514,7 +510,21 @@ def _tool_result(event: Any) -> dict[str, Any]:
 def _assistant(event: Any) -> dict[str, Any] | None:
     if not (event.text or event.tool_calls):
         return None
-    return _generic(event)
+    message: dict[str, Any] = {"role": "assistant", "content": event.text or None}
+    if event.reasoning is not None:
+        message["reasoning_content"] = event.reasoning
+    if event.thinking_blocks:
+        message["thinking_blocks"] = [dict(block) for block in event.thinking_blocks]
+    if event.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments_json},
+            }
+            for call in event.tool_calls
+        ]
+    return read_only(message)  # type: ignore[no-any-return]
 
 
 _BUILDERS: dict[type, Callable[[Any], dict[str, Any] | None]] = {
@@ -523,39 +533,6 @@ _BUILDERS: dict[type, Callable[[Any], dict[str, Any] | None]] = {
     ToolResultEvent: _tool_result,
     AssistantMessage: _assistant,
 }
-
-
-def _plain_message_of(event: Event) -> dict[str, Any] | None:
-    if isinstance(event, UserMessage):
-        return {"role": "user", "content": event.text}
-    if isinstance(event, ToolResultEvent):
-        result: dict[str, Any] = {
-            "role": "tool",
-            "tool_call_id": event.call_id,
-            "content": event.result.content,
-        }
-        if event.result.is_error:
-            result["is_error"] = True  # for Anthropic's tool_result; other adapters drop it
-        return result
-    if isinstance(event, AssistantMessage) and (event.text or event.tool_calls):
-        message: dict[str, Any] = {"role": "assistant", "content": event.text or None}
-        if event.reasoning is not None:
-            message["reasoning_content"] = event.reasoning
-        if event.thinking_blocks:
-            message["thinking_blocks"] = [dict(block) for block in event.thinking_blocks]
-        if event.tool_calls:
-            message["tool_calls"] = [
-                {
-                    "id": call.call_id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments_json},
-                }
-                for call in event.tool_calls
-            ]
-        return message
-    if isinstance(event, SystemMessage):
-        return {"role": "system", "content": event.text}
-    return None
 
 
 def _place(messages: list[dict[str, Any]], message: dict[str, Any], order: dict[str, int]) -> None:

@@ -27,6 +27,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, Literal
 
 import attrs
@@ -72,7 +73,11 @@ Attributes = Mapping[str, AttributeValue]
 Sink = Callable[[str, Attributes, str], None]
 Reader = Callable[[], Iterable[tuple[float, Attributes]]]
 
-VERSION = "0.1.0"
+try:
+    #: The instrumentation scope's version: the installed distribution's.
+    VERSION = version("guardstack")
+except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    VERSION = "0+unknown"
 
 #: Seconds a call waited for a limiter: from a hundredth of a millisecond (an
 #: uncontended admission is microseconds) to a minute (a queue that long is an outage).
@@ -158,9 +163,10 @@ class Signals:
         self._sinks: list[Sink] = []
         self._gauges: dict[str, list[Reader]] = {}
         self._provider: Any = None
-        self._bound = False
-        self._instruments: dict[str, Any] = {}
-        #: The meter whose observable gauges report (a rebind silences the old ones).
+        #: Each counter's ``add``, each histogram's ``record``, by name.
+        self._record: dict[str, Callable[[float, Attributes], None]] = {}
+        #: The meter reported through (``None``: not yet bound); a rebind silences the
+        #: old meter's gauges for this harness.
         self._meter: Any = None
 
     # -- events -------------------------------------------------------------------------
@@ -192,18 +198,14 @@ class Signals:
     def bind(self, meter_provider: Any) -> None:
         """Report through ``meter_provider`` from now on (the ``Metrics`` plugin's)."""
         self._provider = meter_provider
-        self._bound = False
         self._bind()
 
     def add(self, name: str, value: float, attributes: Attributes) -> None:
-        if not self._bound:
+        """A point on the counter or histogram ``name``."""
+        if self._meter is None:
             self._bind()
-        instrument = self._instruments[name]
         try:
-            if METRICS[name].kind == "counter":
-                instrument.add(value, attributes)
-            else:
-                instrument.record(value, attributes)
+            self._record[name](value, attributes)
         except Exception:
             logger.warning("guardstack: could not record %s", name, exc_info=True)
 
@@ -211,7 +213,7 @@ class Signals:
         """Report ``read()`` as the gauge ``name`` at every collection, until disposed."""
         if METRICS[name].kind != "gauge":
             raise ValueError(f"{name} is not a gauge")
-        if not self._bound:
+        if self._meter is None:
             self._bind()
         readers = self._gauges.setdefault(name, [])
         readers.append(read)
@@ -231,8 +233,7 @@ class Signals:
         shared = _for_meter(meter)
         shared.signals.add(self)
         self._meter = meter
-        self._instruments = shared.instruments
-        self._bound = True
+        self._record = shared.record
 
     def _observe(self, name: str, meter: Any) -> list[Observation]:
         if meter is not self._meter:
@@ -255,21 +256,22 @@ class _Shared:
 
     def __init__(self, meter: Any) -> None:
         self.signals: weakref.WeakSet[Signals] = weakref.WeakSet()
-        self.instruments: dict[str, Any] = {}
+        #: Each counter's ``add``, each histogram's ``record`` (gauges are observed).
+        self.record: dict[str, Callable[[float, Attributes], None]] = {}
         for name, spec in METRICS.items():
             if spec.kind == "counter":
-                self.instruments[name] = meter.create_counter(
+                self.record[name] = meter.create_counter(
                     name, unit=spec.unit, description=spec.description
-                )
+                ).add
             elif spec.kind == "histogram":
-                self.instruments[name] = meter.create_histogram(
+                self.record[name] = meter.create_histogram(
                     name,
                     unit=spec.unit,
                     description=spec.description,
                     explicit_bucket_boundaries_advisory=list(spec.buckets or ()),
-                )
+                ).record
             else:
-                self.instruments[name] = meter.create_observable_gauge(
+                meter.create_observable_gauge(
                     name,
                     callbacks=[self._observer(name, meter)],
                     unit=spec.unit,

@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sized
 from typing import Any, Final, Literal, Protocol, get_args
 
 import anyio
+from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import (
     MODEL,
@@ -33,7 +34,7 @@ from guardstack.pipeline.contract import (
     adapter_for,
 )
 from guardstack.pipeline.errors import GuardstackWarning
-from guardstack.pipeline.signals import STORE_ERRORS, Signals
+from guardstack.pipeline.signals import LIMITER_WAIT, STORE_ERRORS, Signals
 from guardstack.pipeline.validate import invalid, non_empty_text
 
 __all__ = [
@@ -163,6 +164,35 @@ class StoreFailures:
 
     def reason(self) -> str:
         return f"its {self.store.name} store is not answering"
+
+
+class QueueMetrics:
+    """A limiter's queues as metrics: ``guardstack.limiter.queue`` (the calls waiting per
+    key, read at collection) and ``guardstack.limiter.wait`` (how long each call that
+    queued waited, and whether it got in)."""
+
+    __slots__ = ("cut", "layer", "signals")
+
+    def __init__(self, signals: Signals, namespace: str, layer: str) -> None:
+        self.signals, self.layer = signals, layer
+        self.cut = len(namespace) + 1  # a state key is "{namespace}:{name}"
+
+    def lengths(self, queues: Mapping[str, Sized]) -> list[tuple[float, dict[str, AttributeValue]]]:
+        return [
+            (len(waiting), {"key": key[self.cut :], "guardstack.layer": self.layer})
+            for key, waiting in list(queues.items())
+        ]
+
+    def waited(self, key: str, started: float, admitted: bool) -> None:
+        self.signals.add(
+            LIMITER_WAIT,
+            anyio.current_time() - started,
+            {
+                "key": key[self.cut :],
+                "guardstack.layer": self.layer,
+                "outcome": "admitted" if admitted else "refused",
+            },
+        )
 
 
 class StateKeys:

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import anyio
 
 from guardstack.pipeline.contract import ModelRequest
+from guardstack.pipeline.signals import VERSION as VERSION  # re-exported: one version, read once
 from guardstack.pipeline.validate import invalid
 from guardstack.pipeline.values import ToolResult
-
-try:
-    #: The instrumentation scope's version: the installed distribution's.
-    VERSION = version("guardstack")
-except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-    VERSION = "0+unknown"
 
 #: ``error.type`` for an error result without a code (the semantic conventions' fallback).
 OTHER = "_OTHER"

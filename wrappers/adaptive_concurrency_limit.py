@@ -34,7 +34,14 @@ from opentelemetry.util.types import AttributeValue
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
 from guardstack.pipeline.signals import CONCURRENCY_LIMIT, LIMITER_QUEUE, Signals
 from guardstack.pipeline.validate import StageName, integer, invalid, optional_integer, stage
-from guardstack.wrappers._keyed import StateKeys, StoreFailures, check_key, check_store, register
+from guardstack.wrappers._keyed import (
+    QueueMetrics,
+    StateKeys,
+    StoreFailures,
+    check_key,
+    check_store,
+    register,
+)
 from guardstack.wrappers.concurrency_limit import SlotQueue, _Overloaded, overloaded
 
 __all__ = ["AIMD", "AdaptiveConcurrencyLimit", "ExpAvg", "Gradient2"]
@@ -235,7 +242,7 @@ class _Limits:
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
         self.namespace = namespace
-        self.slots = SlotQueue(store, signals, namespace, PLUGIN)
+        self.slots = SlotQueue(store, QueueMetrics(signals, namespace, PLUGIN))
         self.keys = StateKeys(namespace, config.key, self.stage)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         self.states: dict[str, _State] = {}

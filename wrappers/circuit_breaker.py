@@ -156,8 +156,8 @@ def _why(what: str, wait_s: float) -> str:
 class _Breakers:
     """One application: the layer, on either stage, over breakers kept in a store."""
 
-    __slots__ = ("config", "failures", "keys", "namespace", "shield", "signals", "stage",
-                 "states", "store")  # fmt: skip
+    __slots__ = ("config", "cut", "failures", "keys", "namespace", "shield", "signals",
+                 "stage", "states", "store")  # fmt: skip
 
     def __init__(
         self, config: CircuitBreaker, store: StateStore, namespace: str, signals: Signals
@@ -166,6 +166,7 @@ class _Breakers:
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
         self.namespace = namespace
+        self.cut = len(namespace) + 1  # a state key is "{namespace}:{name}"
         self.keys = StateKeys(namespace, config.key, self.stage)
         self.shield = suspends(store)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
@@ -183,7 +184,7 @@ class _Breakers:
     def _seen_open(self, key: str) -> None:
         """Refused: the breaker is open, whoever opened it (another process, through a
         shared store, counts its own transition)."""
-        name = key[len(self.namespace) + 1 :]
+        name = key[self.cut :]
         if self.states.get(name) != "open":
             self._remember(name, "open")
 
@@ -201,7 +202,7 @@ class _Breakers:
                 del states[next(iter(states))]
 
     def _changed(self, key: str, state: BreakerState) -> None:
-        name = key[len(self.namespace) + 1 :]
+        name = key[self.cut :]
         before = self.states.get(name, "closed")
         if before == state:
             return

@@ -34,9 +34,10 @@ import attrs
 from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
-from guardstack.pipeline.signals import LIMITER_QUEUE, LIMITER_WAIT, Signals
+from guardstack.pipeline.signals import LIMITER_QUEUE, Signals
 from guardstack.pipeline.validate import StageName, integer, optional_integer, stage
 from guardstack.wrappers._keyed import (
+    QueueMetrics,
     StateKeys,
     StoreFailures,
     check_key,
@@ -114,39 +115,17 @@ class SlotQueue:
     again every ``store.poll_s`` seconds (slots freed elsewhere wake no one here).
     """
 
-    __slots__ = ("layer", "namespace", "queues", "shield", "signals", "store")
+    __slots__ = ("metrics", "queues", "shield", "store")
 
-    def __init__(
-        self,
-        store: StateStore,
-        signals: Signals | None = None,
-        namespace: str = "",
-        layer: str = PLUGIN,
-    ) -> None:
+    def __init__(self, store: StateStore, metrics: QueueMetrics) -> None:
         self.store = store
         self.shield = suspends(store)
         self.queues: dict[str, deque[_Waiter]] = {}
-        self.signals, self.namespace, self.layer = signals, namespace, layer
+        self.metrics = metrics
 
     def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
         """``guardstack.limiter.queue``: the calls waiting, per key that has a queue."""
-        cut = len(self.namespace) + 1
-        return [
-            (len(waiting), {"key": key[cut:], "guardstack.layer": self.layer})
-            for key, waiting in list(self.queues.items())
-        ]
-
-    def _waited(self, key: str, started: float, admitted: bool) -> None:
-        if self.signals is not None:
-            self.signals.add(
-                LIMITER_WAIT,
-                anyio.current_time() - started,
-                {
-                    "key": key[len(self.namespace) + 1 :],
-                    "guardstack.layer": self.layer,
-                    "outcome": "admitted" if admitted else "refused",
-                },
-            )
+        return self.metrics.lengths(self.queues)
 
     async def acquire(
         self,
@@ -181,7 +160,7 @@ class SlotQueue:
                 admitted = True
                 return lease
         finally:
-            self._waited(key, started, admitted)
+            self.metrics.waited(key, started, admitted)
             at_head = waiting[0] is waiter
             waiting.remove(waiter)
             if not waiting:
@@ -233,7 +212,7 @@ class _Limits:
     ) -> None:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
-        self.slots = SlotQueue(store, signals, namespace)
+        self.slots = SlotQueue(store, QueueMetrics(signals, namespace, PLUGIN))
         self.keys = StateKeys(namespace, config.key, self.stage)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
 

@@ -33,9 +33,10 @@ import attrs
 from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
-from guardstack.pipeline.signals import LIMITER_QUEUE, LIMITER_WAIT, Signals
+from guardstack.pipeline.signals import LIMITER_QUEUE, Signals
 from guardstack.pipeline.validate import StageName, boolean, integer, stage
 from guardstack.wrappers._keyed import (
+    QueueMetrics,
     StateKeys,
     StoreFailures,
     check_key,
@@ -93,8 +94,7 @@ class RateLimit:
 class _Buckets:
     """One application: the layer, on either stage, and its queues of waiters per key."""
 
-    __slots__ = ("config", "failures", "keys", "namespace", "queues", "signals", "stage",
-                 "store")  # fmt: skip
+    __slots__ = ("config", "failures", "keys", "metrics", "queues", "stage", "store")
 
     def __init__(
         self, config: RateLimit, store: StateStore, namespace: str, signals: Signals
@@ -102,8 +102,7 @@ class _Buckets:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
-        self.namespace = namespace
-        self.signals = signals
+        self.metrics = QueueMetrics(signals, namespace, PLUGIN)
         self.keys = StateKeys(namespace, config.key, self.stage)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         #: Waiters per key, head first; a key is here only while someone waits.
@@ -111,11 +110,7 @@ class _Buckets:
 
     def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
         """``guardstack.limiter.queue``: the calls waiting, per key that has a queue."""
-        cut = len(self.namespace) + 1
-        return [
-            (len(queue), {"key": key[cut:], "guardstack.layer": PLUGIN})
-            for key, queue in list(self.queues.items())
-        ]
+        return self.metrics.lengths(self.queues)
 
     def __repr__(self) -> str:
         return repr(self.config)
@@ -142,15 +137,7 @@ class _Buckets:
                 # wait of 1e-10 s does not move it, and the waiter would spin.
                 await anyio.sleep(max(wait_s, _SHORTEST_WAIT_S))
         finally:
-            self.signals.add(
-                LIMITER_WAIT,
-                anyio.current_time() - started,
-                {
-                    "key": key[len(self.namespace) + 1 :],
-                    "guardstack.layer": PLUGIN,
-                    "outcome": "admitted" if admitted else "refused",
-                },
-            )
+            self.metrics.waited(key, started, admitted)
             at_head = queue[0] is turn
             queue.remove(turn)
             if not queue:

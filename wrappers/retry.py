@@ -58,7 +58,6 @@ from typing import Any, ClassVar, Final
 import anyio
 import anyio.lowlevel
 import attrs
-from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import (
     DISPATCH,
@@ -375,21 +374,16 @@ async def _before_attempt() -> None:
     await anyio.lowlevel.checkpoint_if_cancelled()
 
 
-#: Distinct tool (or model) names whose metric attributes are kept made, at most.
-_MAX_LABELS: Final = 1024
-
-
 class _RetryRun:
     """The mechanism: one application of a ``Retry`` policy, with its own random draws."""
 
-    __slots__ = ("_attributes", "policy", "random", "signals", "stage")
+    __slots__ = ("policy", "random", "signals", "stage")
 
     def __init__(self, policy: Retry, signals: Signals | None = None) -> None:
         self.policy = policy
         self.random = random_for(policy.seed)
         self.stage: StageAdapter[Any, Any] = adapter_for(policy.stage)
         self.signals = signals
-        self._attributes: dict[str, dict[str, AttributeValue]] = {}
 
     def delay_s(self, attempt: int) -> float:
         ceiling = self.policy.ceiling_s(attempt)
@@ -423,12 +417,7 @@ class _RetryRun:
         that worked first time costs nothing here: ``Metrics`` counts the calls), then its
         answer."""
         if attempts > 1 and self.signals is not None:
-            key = self.stage.key(item)
-            attributes = self._attributes.get(key)
-            if attributes is None:
-                attributes = {"key": key, "guardstack.stage": self.stage.name}
-                if len(self._attributes) < _MAX_LABELS:
-                    self._attributes[key] = attributes
+            attributes = {"key": self.stage.key(item), "guardstack.stage": self.stage.name}
             self.signals.add(RETRY_ATTEMPTS, attempts, attributes)
         return delivered
 

@@ -249,19 +249,35 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(
             await anyio.sleep(0.05)
 
 
-async def test_a_streams_usage_counts_against_the_conversations_token_cap(
-    chat_server: ChatServer,
+LATER: Any = [  # the same conversation (same key, same first message), a turn later
+    *ASK,
+    {"role": "assistant", "content": "Long answer."},
+    {"role": "user", "content": "And?"},
+]
+
+
+@pytest.mark.parametrize(
+    ("limit", "then", "stopped_saying"),
+    [
+        ({"tokens_per_session": 100}, LATER, "this session used 110 tokens"),
+        # a calendar window settles what the stream reported, not its reservation (the
+        # stream is relayed inside the model call)
+        (
+            {"tokens_per_day": 115, "estimate_output_tokens": 1},
+            [{"role": "user", "content": "A new conversation"}],
+            "has used 110 tokens this day",
+        ),
+    ],
+    ids=["session-cap", "tenants-day"],
+)
+async def test_a_streams_usage_counts_against_the_next_requests_caps(
+    chat_server: ChatServer, limit: dict[str, Any], then: Any, stopped_saying: str
 ) -> None:
     from guardstack.guards import UsageLimit
 
     harness = Harness()
-    harness.plugin(UsageLimit(tokens_per_session=100))
+    harness.plugin(UsageLimit(**limit))
     chat_server.script = [Answer("Long answer.", usage=(80, 30)), Answer("Never sent.")]
-    later: Any = [
-        *ASK,
-        {"role": "assistant", "content": "Long answer."},
-        {"role": "user", "content": "And?"},
-    ]
     async for served in serve(harness, chat_server):
         async with served.client() as client:
             stream: Any = await client.chat.completions.create(
@@ -269,10 +285,9 @@ async def test_a_streams_usage_counts_against_the_conversations_token_cap(
             )
             async for _ in stream:
                 pass
-            # the same conversation (same key, same first message): 110 tokens spent
-            raw = await client.chat.completions.with_raw_response.create(model="m", messages=later)
+            raw = await client.chat.completions.with_raw_response.create(model="m", messages=then)
     assert raw.headers.get("x-guardstack-stopped") == "usage-limit"
-    assert "this session used 110 tokens" in (raw.parse().choices[0].message.content or "")
+    assert stopped_saying in (raw.parse().choices[0].message.content or "")
     assert len(chat_server.bodies) == 1  # the second request never reached the upstream
 
 
@@ -475,29 +490,6 @@ def test_upstream_options_name_their_upstreams_and_refuse_what_is_ambiguous() ->
         _named(["backup=http://127.0.0.1:9000"], "--upstream", default_required=True)
     with pytest.raises(ConfigError, match="given twice for 'backup'"):
         _named(["backup=http://a", "backup=http://b"], "--upstream", default_required=False)
-
-
-async def test_a_streams_usage_settles_the_tenants_day(chat_server: ChatServer) -> None:
-    """The stream is relayed inside the model call, so a calendar window settles what
-    the stream reported, not the reservation."""
-    from guardstack.guards import UsageLimit
-
-    harness = Harness()
-    harness.plugin(UsageLimit(tokens_per_day=115, estimate_output_tokens=1))
-    chat_server.script = [Answer("Long answer.", usage=(80, 30)), Answer("Never sent.")]
-    async for served in serve(harness, chat_server):
-        async with served.client() as client:
-            stream: Any = await client.chat.completions.create(
-                model="m", messages=ASK, stream=True, stream_options={"include_usage": True}
-            )
-            async for _ in stream:
-                pass
-            raw = await client.chat.completions.with_raw_response.create(
-                model="m", messages=[{"role": "user", "content": "A new conversation"}]
-            )
-    assert raw.headers.get("x-guardstack-stopped") == "usage-limit"
-    assert "has used 110 tokens this day" in (raw.parse().choices[0].message.content or "")
-    assert len(chat_server.bodies) == 1
 
 
 async def test_an_anthropic_streams_usage_counts_cache_tokens_too(messages_server: Any) -> None:

@@ -270,3 +270,28 @@ async def test_a_hundred_thousand_failing_tools_keep_the_breaker_gauge_bounded(
     assert len(points) == 1_000  # the latest thousand, not a series per tool
     assert {p.attributes["key"] for p in points} == {f"t{n}" for n in range(99_000, 100_000)}
     assert meters.total("guardstack.breaker.transitions", to="open") == 100_000
+
+
+async def test_a_listener_or_a_gauge_that_raises_never_changes_the_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    meters = MetricRig()
+    harness = Harness()
+    ScriptedTool("search", [Raise(RuntimeError("down"))] * 3).register(harness.tools)
+    harness.plugin(Metrics(meters.provider))
+    harness.plugin(CircuitBreaker(minimum_calls=2, failure_ratio=0.5))
+
+    def broken_sink(name: str, attributes: Any, severity: str) -> None:
+        raise ValueError("a listener with a bug")
+
+    def broken_gauge() -> Any:
+        raise ValueError("a gauge with a bug")
+
+    harness.loop.signals.listen(broken_sink)
+    harness.loop.signals.gauge("guardstack.limiter.queue", broken_gauge)
+    codes = [(await harness.tools.execute(call("search"))).result.code for _ in range(3)]
+    assert codes == ["TOOL_FAILED", "TOOL_FAILED", "TOOL_UNAVAILABLE"]  # opened, as always
+    states = [p.value for p in meters.points("guardstack.breaker.state")]
+    assert states == [2.0]  # the other gauges still read
+    assert "an event listener failed on guardstack.breaker.state_change" in caplog.text
+    assert "could not read guardstack.limiter.queue" in caplog.text
