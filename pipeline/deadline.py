@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 from opentelemetry import trace  # the API only: a no-op without an SDK
 
+from guardstack.pipeline.clock import now
 from guardstack.pipeline.model import ModelReply, ModelRequest
 from guardstack.pipeline.outcome import DISPATCH, MODEL, StageAdapter
 from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
@@ -41,7 +42,6 @@ logger = logging.getLogger("guardstack")
 #: Span attribute (on the current span, if any) naming how long an uncancellable tool ran.
 OVERRUN_ATTRIBUTE = "guardstack.timeout.overrun_ms"
 _Next = Callable[[ToolCall], Awaitable[ToolResult]]
-T = TypeVar("T")
 
 
 def budget_of(call: ToolCall) -> int | None:
@@ -77,30 +77,6 @@ def timed_dispatch(
     return timed(DISPATCH, call, call_next, ms, code, "timeout")
 
 
-class _Fired:
-    """This deadline fired; the call really ran ``ran_s`` seconds."""
-
-    __slots__ = ("ran_s",)
-
-    def __init__(self, ran_s: float) -> None:
-        self.ran_s = ran_s
-
-
-async def _under_deadline(awaitable: Awaitable[T], ms: int) -> T | _Fired:
-    """``await awaitable`` with a deadline of ``ms``: its result, or ``_Fired`` if *this*
-    deadline fired (whatever the call did then: raised, returned, finished late)."""
-    started = anyio.current_time()
-    with anyio.CancelScope(deadline=started + ms / 1000) as scope:
-        result = await awaitable
-    # Nobody else holds this scope, so a cancel on it is our deadline firing.
-    if not scope.cancel_called:
-        return result
-    # A call that ignored our cancel may also have outlived the caller's: then the
-    # caller's cancellation wins and propagates; it is never turned into a result.
-    await anyio.lowlevel.checkpoint_if_cancelled()
-    return _Fired(anyio.current_time() - started)
-
-
 async def within(
     stage: StageAdapter[Any, Any],
     item: Any,
@@ -112,12 +88,19 @@ async def within(
     """Run ``call_next(item)`` with a deadline of ``ms``; if that deadline fired, time out.
 
     The timeout is the stage's: a ``ToolResult`` with ``code`` on tools, a raised
-    ``ModelError(code)`` on models (the failure a ``Retry`` outside may retry).
+    ``ModelError(code)`` on models (the failure a ``Retry`` outside may retry). One
+    coroutine: the call runs directly in this frame's scope.
     """
-    outcome = await _under_deadline(stage.attempt(call_next, item), ms)
-    if not isinstance(outcome, _Fired):
+    started = now()
+    with anyio.CancelScope(deadline=started + ms / 1000) as scope:
+        outcome = await stage.attempt(call_next, item)
+    # Nobody else holds this scope, so a cancel on it is our deadline firing.
+    if not scope.cancel_called:
         return stage.deliver(outcome)
-    _report_overrun(stage.label(item), ms, outcome.ran_s)
+    # A call that ignored our cancel may also have outlived the caller's: then the
+    # caller's cancellation wins and propagates; it is never turned into a result.
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    _report_overrun(stage.label(item), ms, now() - started)
     return stage.deliver(stage.timed_out(item, ms, code, layer))
 
 

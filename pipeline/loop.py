@@ -53,6 +53,7 @@ from guardstack.pipeline.approval import (
     canonical_arguments,
     decision_kind,
 )
+from guardstack.pipeline.clock import cancel_pending
 from guardstack.pipeline.contract import ModelNext, PromptNext, TurnRun
 from guardstack.pipeline.errors import (
     ApprovalMismatch,
@@ -634,7 +635,8 @@ class Agent:
             finally:
                 if token is not None:
                     CHILD_DECISIONS.reset(token)
-            await anyio.lowlevel.checkpoint_if_cancelled()
+            if cancel_pending():
+                await anyio.lowlevel.checkpoint()
             if outcome.pending is None:
                 self._answer(turn, step, paused.calls, index, outcome)
             outcomes.append(outcome)
@@ -764,7 +766,8 @@ class Agent:
                 self._log_call(turn, step, calls, index)
                 outcome = await execute(self._tool_call(calls.requests[index]))
                 # A tool that ignored the turn's cancel still returns: it was aborted.
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                if cancel_pending():
+                    await anyio.lowlevel.checkpoint()
                 self._answer(turn, step, calls, index, outcome)
                 outcomes.append(outcome)
             return outcomes
@@ -788,7 +791,8 @@ class Agent:
             outcome = await self.loop.tools.execute(call, order=order)
             # A hook that answered without running the phases still frees the next call.
             step_order.release(index)
-            await anyio.lowlevel.checkpoint_if_cancelled()
+            if cancel_pending():
+                await anyio.lowlevel.checkpoint()
             if index:
                 await committed[index - 1].wait()
             log_call(index)

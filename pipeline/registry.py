@@ -38,6 +38,7 @@ from guardstack.pipeline.approval import (
     Pending,
     as_pre_decision,
 )
+from guardstack.pipeline.clock import cancel_pending
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.ledger import TREE_CAPS, RunKey
@@ -292,10 +293,9 @@ class ToolRegistry:
         tool = call.tool
         if tool is None:
             return unknown_tool_result(call.name)
-        # No tool starts once its call is cancelled (or its deadline passed): -inf is a
-        # cancelled scope; a checkpoint delivers the cancellation, which propagates.
-        deadline = anyio.current_effective_deadline()
-        if deadline != math.inf and deadline <= anyio.current_time():
+        # No tool starts once its call is cancelled (or its deadline passed): a
+        # checkpoint delivers the cancellation, which propagates.
+        if cancel_pending():
             await anyio.lowlevel.checkpoint()
         try:
             if tool.is_async:

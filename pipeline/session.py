@@ -43,7 +43,7 @@ import attrs
 from guardstack.pipeline.errors import GuardstackWarning, SessionCorruptError, SessionTailWarning
 from guardstack.pipeline.model import ToolCallRequest, Usage, as_thinking_blocks
 from guardstack.pipeline.onion import Registration
-from guardstack.pipeline.readonly import ReadOnlyDict, read_only
+from guardstack.pipeline.readonly import ReadOnlyDict, ReadOnlyList, read_only
 from guardstack.pipeline.values import MessageSource, ToolError, ToolResult, aborted_result
 
 __all__ = [
@@ -510,21 +510,24 @@ def _tool_result(event: Any) -> dict[str, Any]:
 def _assistant(event: Any) -> dict[str, Any] | None:
     if not (event.text or event.tool_calls):
         return None
+    # Built read-only as it is built (not built, then walked again to freeze it).
     message: dict[str, Any] = {"role": "assistant", "content": event.text or None}
     if event.reasoning is not None:
         message["reasoning_content"] = event.reasoning
     if event.thinking_blocks:
-        message["thinking_blocks"] = [dict(block) for block in event.thinking_blocks]
+        message["thinking_blocks"] = read_only([dict(block) for block in event.thinking_blocks])
     if event.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": call.call_id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments_json},
-            }
-            for call in event.tool_calls
-        ]
-    return read_only(message)  # type: ignore[no-any-return]
+        message["tool_calls"] = ReadOnlyList(
+            [
+                ReadOnlyDict(
+                    id=call.call_id,
+                    type="function",
+                    function=ReadOnlyDict(name=call.name, arguments=call.arguments_json),
+                )
+                for call in event.tool_calls
+            ]
+        )
+    return ReadOnlyDict(message)
 
 
 _BUILDERS: dict[type, Callable[[Any], dict[str, Any] | None]] = {

@@ -1,0 +1,82 @@
+"""The hot path's clock and cancel check answer as anyio's public calls do.
+
+``guardstack.pipeline.clock`` reads the running loop's clock and anyio's asyncio cancel
+scopes directly (anyio's own calls look the backend up on every call); these tests
+hold its answers to the public ``anyio.current_time()`` and
+``anyio.current_effective_deadline()`` over random nestings of scopes — cancelled,
+shielded, with deadlines past and future — on asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+
+import anyio
+import anyio.lowlevel
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from guardstack.pipeline.clock import cancel_pending, now
+
+pytestmark = pytest.mark.anyio
+
+scope_specs = st.lists(
+    st.tuples(
+        st.booleans(),  # shield
+        st.none() | st.floats(-5, 5),  # deadline, relative to now
+        st.booleans(),  # cancel it
+    ),
+    max_size=5,
+)
+
+
+def _public_pending() -> bool:
+    deadline = anyio.current_effective_deadline()
+    return deadline != math.inf and deadline <= anyio.current_time()
+
+
+@given(specs=scope_specs, sleep=st.floats(0, 3))
+async def test_cancel_pending_is_anyios_answer_in_any_nesting_of_scopes(
+    specs: list[tuple[bool, float | None, bool]], sleep: float
+) -> None:
+    with anyio.CancelScope(shield=True):  # what hypothesis cancels here stays here
+        await anyio.sleep(sleep)  # the clock is not at zero
+        assert now() == anyio.current_time()
+        assert cancel_pending() is False
+        with ExitStack() as stack:
+            for shield, deadline, cancel in specs:
+                at = math.inf if deadline is None else anyio.current_time() + deadline
+                scope = stack.enter_context(anyio.CancelScope(shield=shield, deadline=at))
+                if cancel:
+                    scope.cancel()
+                assert cancel_pending() is _public_pending()
+        assert cancel_pending() is False
+
+
+async def test_a_pending_cancel_is_delivered_by_the_next_checkpoint() -> None:
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        assert cancel_pending()
+        await anyio.lowlevel.checkpoint()
+        pytest.fail("the checkpoint delivers the cancel")  # pragma: no cover
+    assert scope.cancelled_caught
+
+
+async def test_inside_a_task_group_child_the_parents_cancel_is_seen() -> None:
+    seen: list[bool] = []
+
+    async def child(scope: anyio.CancelScope) -> None:
+        scope.cancel()
+        seen.append(cancel_pending())
+
+    with anyio.CancelScope() as outer:
+        async with anyio.create_task_group() as group:
+            group.start_soon(child, outer)
+    assert seen == [True]
+
+
+def test_outside_an_event_loop_the_public_calls_answer() -> None:
+    with pytest.raises(Exception, match="event loop"):
+        now()
