@@ -18,6 +18,9 @@ creates its own state, so one guard applied to two harnesses keeps two.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
+import uuid
 import warnings
 import weakref
 from collections import OrderedDict
@@ -30,12 +33,37 @@ from guardstack.pipeline.values import ToolCall
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
 
-__all__ = ["ANONYMOUS", "MAX_CONVERSATIONS", "ConversationState", "Resettable"]
+__all__ = ["ANONYMOUS", "MAX_CONVERSATIONS", "ConversationState", "Resettable", "new_turn_token"]
 
 T = TypeVar("T")
 
 #: How many keyed conversations a guard remembers (least recently used go first).
 MAX_CONVERSATIONS: Final = 10_000
+
+
+class _TurnTokens:
+    """Tokens naming a turn in a store shared across processes: a random prefix per
+    process (drawn again in a forked child, which would otherwise repeat its parent's)
+    and a counter, instead of a uuid per turn."""
+
+    def __init__(self) -> None:
+        self.renew()
+        os.register_at_fork(after_in_child=self.renew)
+
+    def renew(self) -> None:
+        self.prefix = uuid.uuid4().hex
+        self.counter = itertools.count()
+
+    def new(self) -> str:
+        return f"{self.prefix}{next(self.counter):x}"
+
+
+_TURN_TOKENS: Final = _TurnTokens()
+
+
+def new_turn_token() -> str:
+    """A token no other turn, in this process or another, has: a turn's key prefix."""
+    return _TURN_TOKENS.new()
 
 
 class _Anonymous:

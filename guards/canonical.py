@@ -16,10 +16,10 @@ such calls are still tracked deterministically.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
+from json.encoder import encode_basestring as _encode_string
 
 __all__ = ["canonical_json", "utf16_length", "utf16_prefix"]
 
@@ -55,7 +55,7 @@ def utf16_prefix(text: str, units: int) -> str:
 
 
 def _string(text: str) -> str:
-    encoded = json.dumps(text, ensure_ascii=False)
+    encoded = _encode_string(text)  # what json.dumps(text, ensure_ascii=False) calls
     if _SURROGATE.search(encoded):
         encoded = _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", encoded)
     return encoded

@@ -19,14 +19,13 @@ store's ``on_error`` says ``"open"``).
 
 from __future__ import annotations
 
-import uuid
 import weakref
 from typing import TYPE_CHECKING, ClassVar, Final
 
 import anyio
 import attrs
 
-from guardstack.guards.agent_state import ConversationState
+from guardstack.guards.agent_state import ConversationState, new_turn_token
 from guardstack.pipeline.contract import ModelNext, ModelReply, ModelRequest, Scope, StateStore
 from guardstack.pipeline.errors import TurnBlocked
 from guardstack.pipeline.validate import invalid, optional_integer
@@ -86,7 +85,7 @@ class ModelCallLimit:
             agent = request.agent
             turn = turns.of_agent(agent)
             if turn is None:
-                turn = uuid.uuid4().hex
+                turn = new_turn_token()
                 turns.set_agent(agent, turn)
             # a session this process has not seen yet counts the replies its log holds
             initial = 0

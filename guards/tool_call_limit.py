@@ -31,14 +31,13 @@ store that fails denies the call (a cap fails closed, unless the store's
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 import anyio
 import attrs
 
-from guardstack.guards.agent_state import ConversationState, Resettable
+from guardstack.guards.agent_state import ConversationState, Resettable, new_turn_token
 from guardstack.pipeline.contract import UNKNOWN_KEY, PreNext, Scope, StateStore
 from guardstack.pipeline.validate import compile_patterns, integer, invalid
 from guardstack.pipeline.values import TOOL_DENIED, Deny, PreDecision, ToolCall
@@ -185,7 +184,7 @@ class _Cap:
         token = self.turns.get(call)
         fresh = token is None
         if token is None:
-            token = uuid.uuid4().hex
+            token = new_turn_token()
             self.turns.set(call, token)
         return f"{self.namespace}:{token}", fresh
 
@@ -196,20 +195,25 @@ class _Cap:
         agent = call.agent
         if agent is None:
             return {}
-        events = agent.session.events
-        start = len(events)
-        while start > 0 and events[start - 1].type != "turn/start":
-            start -= 1
-        turn: list[Any] = list(events[start:])
-        denied = {
-            e.call_id for e in turn if e.type == "tool/result" and e.result.code == TOOL_DENIED
-        }
+        made: list[Any] = []
+        denied: set[str] = set()
+        for event in reversed(agent.session.events):  # back to the turn's start
+            kind = event.type
+            if kind == "turn/start":
+                break
+            if kind == "tool/call":
+                if event.call_id != call.call_id:
+                    made.append(event)
+            elif kind == "tool/result" and event.result.code == TOOL_DENIED:
+                denied.add(event.call_id)
         counts: dict[str, int] = {}
-        for event in turn:
-            if event.type != "tool/call" or event.call_id in denied | {call.call_id}:
+        for event in reversed(made):
+            if event.call_id in denied:
                 continue
-            made = ToolCall(event.name, {}, event.call_id, tool=agent.loop.tools.get(event.name))
-            for counter in ("total", *(name for name, _ in self.config.budgets(made))):
+            made_call = ToolCall(
+                event.name, {}, event.call_id, tool=agent.loop.tools.get(event.name)
+            )
+            for counter in ("total", *(name for name, _ in self.config.budgets(made_call))):
                 counts[counter] = counts.get(counter, 0) + 1
         return counts
 

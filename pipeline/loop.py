@@ -61,8 +61,16 @@ from guardstack.pipeline.errors import (
     TurnBlocked,
     TurnInProgressError,
 )
+from guardstack.pipeline.frozen import quick_init
 from guardstack.pipeline.ledger import Ledger, merge_remaining
-from guardstack.pipeline.model import Model, ModelReply, ModelRequest, ToolCallRequest, Usage
+from guardstack.pipeline.model import (
+    NO_USAGE,
+    Model,
+    ModelReply,
+    ModelRequest,
+    ToolCallRequest,
+    Usage,
+)
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.registry import Phase
 from guardstack.pipeline.session import (
@@ -102,6 +110,7 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "AgentLoop", "TurnResult", "TurnRun"]
 
 
+@quick_init
 @attrs.frozen
 class TurnResult:
     """How a turn ended: its reason, the model's last text, the error if any, and its usage.
@@ -114,7 +123,7 @@ class TurnResult:
     text: str = ""
     error: str | None = None
     steps: int = 0
-    usage: Usage = attrs.Factory(Usage)
+    usage: Usage = NO_USAGE
     #: The calls waiting for a person's decision (reason ``approval``), in model order.
     pending: tuple[PendingApproval, ...] = ()
 
@@ -130,16 +139,20 @@ async def _complete(request: ModelRequest) -> ModelReply:
 
 
 def _checked(reply: object) -> ModelReply:
-    """The reply, if the loop can log it; a ``TypeError`` naming what is wrong if not."""
-    if not isinstance(reply, ModelReply):
+    """The reply, if the loop can log it; a ``TypeError`` naming what is wrong if not.
+
+    Each check asks the exact type first: the usual reply passes without an
+    ``isinstance`` call or a generator."""
+    if type(reply) is not ModelReply and not isinstance(reply, ModelReply):
         raise TypeError(f"the model returned {reply!r}, not a ModelReply")
-    if not isinstance(reply.text, str):
-        raise TypeError(f"the model's reply text is {type(reply.text).__name__}, not str")
-    if reply.usage is not None and not isinstance(reply.usage, Usage):
-        raise TypeError(f"the model's reply usage is {reply.usage!r}, not a Usage")
-    for name in ("reasoning", "model"):
-        value = getattr(reply, name)
-        if value is not None and not isinstance(value, str):
+    text = reply.text
+    if type(text) is not str and not isinstance(text, str):
+        raise TypeError(f"the model's reply text is {type(text).__name__}, not str")
+    usage = reply.usage
+    if usage is not None and type(usage) is not Usage and not isinstance(usage, Usage):
+        raise TypeError(f"the model's reply usage is {usage!r}, not a Usage")
+    for name, value in (("reasoning", reply.reasoning), ("model", reply.model)):
+        if value is not None and type(value) is not str and not isinstance(value, str):
             raise TypeError(f"the model's reply {name} is {type(value).__name__}, not str")
     if reply.thinking_blocks:
         if not all(isinstance(block, Mapping) for block in reply.thinking_blocks):
@@ -148,8 +161,9 @@ def _checked(reply: object) -> ModelReply:
             json.dumps([dict(block) for block in reply.thinking_blocks], allow_nan=False)
         except (TypeError, ValueError, RecursionError) as error:
             raise TypeError(f"the model's reply thinking_blocks are not JSON: {error}") from None
-    if not all(isinstance(request, ToolCallRequest) for request in reply.tool_calls):
-        raise TypeError("the model's reply tool_calls are not all ToolCallRequest")
+    for request in reply.tool_calls:
+        if type(request) is not ToolCallRequest and not isinstance(request, ToolCallRequest):
+            raise TypeError("the model's reply tool_calls are not all ToolCallRequest")
     return reply
 
 
@@ -159,6 +173,8 @@ def _with_unique_ids(
     """The reply's calls, each with an id of its own: a missing or repeated id (two calls
     a provider sent under one id would get two results for it, and the next request
     would be refused) is replaced by ``call_<turn>_<step>_<index>``."""
+    if len(requests) == 1 and requests[0].call_id:
+        return requests  # one call with an id: nothing can repeat it
     seen: set[str] = set()
     unique = []
     for index, request in enumerate(requests):
@@ -335,7 +351,7 @@ class Agent:
         #: Tokens every model reply of this session used (rebuilt from the log on resume).
         self.usage = session.usage()
         #: Tokens the current (or last) turn's model replies used.
-        self.turn_usage = Usage()
+        self.turn_usage = NO_USAGE
         #: Model calls the current (or last) turn made.
         self.turn_model_calls = 0
         #: The current (or last) turn's step.
@@ -421,7 +437,7 @@ class Agent:
     async def _turn_body(self, text: str) -> TurnResult:
         self._reject_pending("a new prompt came before anyone decided on it")
         self._turn += 1
-        self.turn_usage, self.turn_model_calls, self.step = Usage(), 0, 0
+        self.turn_usage, self.turn_model_calls, self.step = NO_USAGE, 0, 0
         turn = self._turn
         self.session.append(TurnStart(turn))
         self.session.append(UserMessage(text, USER_SOURCE))
@@ -508,8 +524,13 @@ class Agent:
         """After a step's calls: pause for approval, or log the contexts (after every
         result, in model order) and end the step; a result if the turn ends here."""
         log = self.session.append
-        waiting = tuple(o.pending for o in outcomes if o.pending is not None)
-        ended = next((o for o in outcomes if o.ends_turn), None)
+        waiting: list[Any] = []
+        ended = None
+        for outcome in outcomes:  # a loop, not two generators: this runs every step
+            if outcome.pending is not None:
+                waiting.append(outcome.pending)
+            if outcome.ends_turn and ended is None:
+                ended = outcome
         if waiting and ended is None:
             # the step's contexts wait for its last result, so the request the model
             # gets after the decisions is the one it would have got without the pause
@@ -522,7 +543,9 @@ class Agent:
             why = f"{count} tool call{'s' if count > 1 else ''} wait for a person's decision"
             return self._result("approval", self._last_text(), why, step, pending)
         if waiting:
-            self._reject_waiting(turn, step, waiting, "the turn ended before anyone decided on it")
+            self._reject_waiting(
+                turn, step, tuple(waiting), "the turn ended before anyone decided on it"
+            )
         for outcome in outcomes:
             for context in outcome.contexts:
                 log(UserMessage(context.text, context.source))

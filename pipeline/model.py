@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 import attrs
 
+from guardstack.pipeline.frozen import copy_with, quick_init
+
 if TYPE_CHECKING:
     from guardstack.pipeline.loop import Agent
 
@@ -90,12 +92,19 @@ def model_error_code(error: BaseException) -> str:
     return error.code if isinstance(error, ModelError) else MODEL_FAILED
 
 
+#: ``json.dumps(…, ensure_ascii=False, allow_nan=False)`` without a new encoder per call.
+_ARGUMENTS_JSON: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+
+
 def _count(value: object) -> int:
+    if type(value) is int and value >= 0:
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"a token count must be a whole number >= 0, got {value!r}")
     return value
 
 
+@quick_init
 @attrs.frozen
 class Usage:
     """Tokens one model call (or a sum of them) used; ``+`` adds two.
@@ -130,6 +139,10 @@ class Usage:
     def to_dict(self) -> dict[str, int]:
         """The non-zero counts (the log's form)."""
         return {key: value for key, value in attrs.asdict(self).items() if value}
+
+
+#: No tokens: what a turn starts from (values are frozen, so one serves every turn).
+NO_USAGE: Final = Usage()
 
 
 def _text(value: object) -> str:
@@ -172,7 +185,7 @@ def arguments_text(arguments: Mapping[str, Any] | str) -> str:
     if isinstance(arguments, str):
         return arguments
     try:
-        return json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+        return _ARGUMENTS_JSON(arguments)
     except (TypeError, ValueError, RecursionError):
         return json.dumps(_json_safe(arguments, 0), ensure_ascii=False)
 
@@ -195,6 +208,7 @@ def _json_safe(value: object, depth: int) -> object:
     return f"<unserialisable {type(value).__name__}>"
 
 
+@quick_init
 @attrs.frozen
 class ToolCallRequest:
     """One tool call a model asked for.
@@ -223,8 +237,7 @@ class ToolCallRequest:
 
     def with_call_id(self, call_id: str) -> ToolCallRequest:
         """The same request under another id, raw text kept."""
-        given = self.raw_arguments if self.raw_arguments is not None else self.arguments
-        return ToolCallRequest(self.name, given, call_id)
+        return copy_with(self, call_id=_text(call_id))  # nothing parsed or written again
 
     @property
     def arguments_json(self) -> str:
@@ -241,6 +254,7 @@ def as_thinking_blocks(blocks: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str
     return tuple(blocks)
 
 
+@quick_init
 @attrs.frozen
 class ModelReply:
     """A model's answer: text, and the tool calls it wants run (in its order).
@@ -264,6 +278,7 @@ class ModelReply:
     )
 
 
+@quick_init
 @attrs.frozen(eq=False)
 class ModelRequest:
     """One model call on its way through the ``model_call`` stage.

@@ -73,6 +73,7 @@ logger = logging.getLogger("guardstack")
 _MAX_ARGUMENT_DEPTH = 64
 #: Python refuses to print an int with more than 4,300 digits; JSON cannot hold it then.
 _MAX_INT_BITS = 14_000
+_INT_LIMIT = 2**63  # integers the flat-arguments check passes without asking
 
 Phase: TypeAlias = Literal["pre_execute", "dispatch", "post_execute"]
 
@@ -92,8 +93,17 @@ class PhaseOrder(Protocol):
 
 def _check_arguments(arguments: object) -> ToolResult | None:
     """An ``INVALID_ARGUMENTS`` result for arguments that are not a JSON object."""
-    if type(arguments) is dict and _json_problem(arguments, 0) is None:
-        return None  # the usual case, without the ABC isinstance
+    if type(arguments) is dict:  # the usual case, without the ABC isinstance
+        for key, value in arguments.items():
+            if type(key) is not str:
+                break
+            kind = type(value)
+            if kind not in _SCALARS and (kind is not int or not -_INT_LIMIT < value < _INT_LIMIT):
+                break
+        else:
+            return None  # flat text, numbers, booleans and nulls: no call needed to see it
+        if _json_problem(arguments, 0) is None:
+            return None
     problem = _json_object_problem(arguments)
     return None if problem is None else invalid_arguments_result(problem)
 
@@ -221,7 +231,7 @@ def _under_ancestors(
 
 
 def _checked(result: object) -> ToolResult:
-    if type(result) is not ToolResult and not isinstance(result, ToolResult):
+    if not isinstance(result, ToolResult):
         raise TypeError(f"dispatch returned {_short_repr(result)}; expected a ToolResult")
     return result
 
@@ -412,7 +422,9 @@ class ToolRegistry:
             if order is not None:
                 await order.enter("dispatch")
             try:
-                result = _checked(await self.dispatch._chain(call))
+                result = await self.dispatch._chain(call)
+                if type(result) is not ToolResult:
+                    result = _checked(result)
             except Exception as error:
                 decided = self._final_failure(self.dispatch, error)
             else:
@@ -521,7 +533,9 @@ class ToolRegistry:
             call, decided = decided, None
         if decided is None:
             try:
-                result = _checked(await self.dispatch._chain(call))
+                result = await self.dispatch._chain(call)
+                if type(result) is not ToolResult:
+                    result = _checked(result)
             except Exception as error:
                 decided = self._final_failure(self.dispatch, error)
             else:

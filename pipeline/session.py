@@ -41,7 +41,8 @@ from typing import IO, Any, ClassVar, Literal, TypeAlias, overload
 import attrs
 
 from guardstack.pipeline.errors import GuardstackWarning, SessionCorruptError, SessionTailWarning
-from guardstack.pipeline.model import ToolCallRequest, Usage, as_thinking_blocks
+from guardstack.pipeline.frozen import quick_init
+from guardstack.pipeline.model import NO_USAGE, ToolCallRequest, Usage, as_thinking_blocks
 from guardstack.pipeline.onion import Registration
 from guardstack.pipeline.readonly import ReadOnlyDict, ReadOnlyList, read_only
 from guardstack.pipeline.values import MessageSource, ToolError, ToolResult, aborted_result
@@ -76,6 +77,7 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 logger = logging.getLogger("guardstack")
 
 
+@quick_init
 @attrs.frozen
 class SystemMessage:
     """The system prompt: logged once, as the session's first event."""
@@ -84,6 +86,7 @@ class SystemMessage:
     text: str
 
 
+@quick_init
 @attrs.frozen
 class TurnStart:
     """A person's turn begins (``turn`` counts from 1 over the session)."""
@@ -92,6 +95,7 @@ class TurnStart:
     turn: int
 
 
+@quick_init
 @attrs.frozen
 class TurnEnd:
     """A turn ended, and why; ``error`` names what failed for ``error`` and ``blocked``."""
@@ -102,6 +106,7 @@ class TurnEnd:
     error: str | None = None
 
 
+@quick_init
 @attrs.frozen
 class StepStart:
     """One model request (and the tool calls it asks for) begins."""
@@ -111,6 +116,7 @@ class StepStart:
     step: int
 
 
+@quick_init
 @attrs.frozen
 class StepEnd:
     """A step's results and contexts are all logged."""
@@ -120,6 +126,7 @@ class StepEnd:
     step: int
 
 
+@quick_init
 @attrs.frozen
 class UserMessage:
     """A user message: a person's prompt, or a context a plugin injected."""
@@ -129,6 +136,7 @@ class UserMessage:
     source: MessageSource
 
 
+@quick_init
 @attrs.frozen
 class AssistantMessage:
     """What the model answered: its text and the tool calls it asked for, in its order.
@@ -150,6 +158,7 @@ class AssistantMessage:
     )
 
 
+@quick_init
 @attrs.frozen
 class ToolCallEvent:
     """A call the loop is about to run; ``arguments_json`` is the model's text."""
@@ -169,6 +178,7 @@ class ToolCallEvent:
         )
 
 
+@quick_init
 @attrs.frozen
 class ToolResultEvent:
     """The one result of a logged ``tool/call``, as the model reads it."""
@@ -183,6 +193,7 @@ class ToolResultEvent:
     child_session: str | None = None
 
 
+@quick_init
 @attrs.frozen
 class ApprovalRequest:
     """A call that waits for a person's decision (a durable pause): what they are shown.
@@ -200,6 +211,7 @@ class ApprovalRequest:
     asked_by: str = "approval"
 
 
+@quick_init
 @attrs.frozen
 class ApprovalDecision:
     """A person's (or a policy's) decision on a call: ``approve``, ``reject`` or ``edit``
@@ -216,6 +228,7 @@ class ApprovalDecision:
     waited_s: float | None = None
 
 
+@quick_init
 @attrs.frozen
 class ContextDeferred:
     """A context message held back while a step waits for approval: it is logged as a
@@ -476,12 +489,16 @@ def _message_of(event: Event) -> dict[str, Any] | None:
     model (or a layer) handed the request cannot change what the log says was sent.
     Built for the event's type directly (one dict lookup, no second walk to freeze it)."""
     kind = type(event)
-    build = _BUILDERS.get(kind)
-    if build is None:  # first seen: a subclass of a message's event, or no message at all
-        build = _BUILDERS[kind] = next(
-            (_BUILDERS[base] for base in kind.__mro__ if base in _BUILDERS), _nothing
-        )
-    return build(event)
+    return (_BUILDERS.get(kind) or _builder_of(kind))(event)
+
+
+def _builder_of(kind: type) -> Callable[[Any], dict[str, Any] | None]:
+    """The builder for a type first seen: its nearest base's (a subclass of a message's
+    event), or none (``_nothing``); remembered."""
+    build = _BUILDERS[kind] = next(
+        (_BUILDERS[base] for base in kind.__mro__ if base in _BUILDERS), _nothing
+    )
+    return build
 
 
 def _nothing(event: Any) -> None:
@@ -583,6 +600,9 @@ class _EventView(Sequence[Event]):
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self._events)
+
+    def __reversed__(self) -> Iterator[Event]:
+        return reversed(self._events)
 
     def __repr__(self) -> str:
         return f"<{len(self._events)} session events>"
@@ -704,9 +724,11 @@ class Session:
     def append(self, event: Event) -> None:
         """Add ``event`` at the end (the log is never rewritten) and tell the subscribers."""
         self._events.append(event)
-        message = _message_of(event)
-        if message is not None:
-            _place(self._messages, message, self._asked)
+        build = _BUILDERS.get(type(event)) or _builder_of(type(event))
+        if build is not _nothing:  # most events are no message: no call for them
+            message = build(event)
+            if message is not None:
+                _place(self._messages, message, self._asked)
         if self._subscribers:
             self._notify(event)
 
@@ -768,7 +790,7 @@ class Session:
     def usage(self) -> Usage:
         """The tokens every logged model reply used, summed, with the children's (a
         child's usage is rolled up into its parent's, as its turn counted it)."""
-        total = Usage()
+        total = NO_USAGE
         for event in self._events:
             if isinstance(event, AssistantMessage) and event.usage is not None:
                 total += event.usage

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 import attrs
 
 from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.frozen import quick_init
 from guardstack.pipeline.validate import invalid
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ class MessageSource:
 USER_SOURCE: Final = MessageSource("user")
 
 
+@quick_init
 @attrs.frozen
 class ContextMessage:
     """Text a layer adds to the model's context, as a user message after the step."""
@@ -122,6 +124,7 @@ class ContextMessage:
     source: MessageSource
 
 
+@quick_init
 @attrs.frozen
 class ToolError:
     """The structured part of an error result: what went wrong, and its class and code."""
@@ -154,9 +157,14 @@ def render_value(value: object) -> str:
     """
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    return _VALUE_JSON(value)
 
 
+#: ``json.dumps(…, ensure_ascii=False, allow_nan=False)`` without a new encoder per call.
+_VALUE_JSON: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+
+
+@quick_init
 @attrs.frozen
 class ToolResult:
     """What a tool call produced, as the model will read it (``content``)."""
@@ -430,6 +438,7 @@ class ToolDefinition:
         }
 
 
+@quick_init
 @attrs.frozen(eq=False)
 class ToolCall:
     """One request to run a tool.
@@ -473,6 +482,7 @@ def _contexts(contexts: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:
     return tuple(contexts)
 
 
+@quick_init
 @attrs.frozen
 class Allow:
     """Pre-execute decision: run the call (with ``arguments`` instead of the model's,
@@ -481,6 +491,7 @@ class Allow:
     arguments: Mapping[str, Any] | None = None
 
 
+@quick_init
 @attrs.frozen
 class Deny:
     """Pre-execute decision: do not run the call; the model reads ``Error: <reason>``.
@@ -494,6 +505,7 @@ class Deny:
     code: str = attrs.field(default=TOOL_DENIED, kw_only=True)
 
 
+@quick_init
 @attrs.frozen
 class Ask:
     """Pre-execute decision: run the call only if a person approves it (the original
@@ -505,6 +517,7 @@ class Ask:
     reason: str | None = None
 
 
+@quick_init
 @attrs.frozen
 class Accept:
     """Post-execute decision: keep the result, or replace its value (``value`` not None)."""
@@ -513,6 +526,7 @@ class Accept:
     additional_contexts: tuple[ContextMessage, ...] = attrs.field(default=(), converter=_contexts)
 
 
+@quick_init
 @attrs.frozen
 class Block:
     """Post-execute decision: replace the result by an error whose content is ``feedback``."""
@@ -526,6 +540,7 @@ PreDecision: TypeAlias = Allow | Deny | Ask
 PostDecision: TypeAlias = Accept | Block
 
 
+@quick_init
 @attrs.frozen
 class ToolOutcome:
     """What ``registry.execute`` returns: the final result and the contexts to inject."""

@@ -1,0 +1,112 @@
+"""Cheaper construction for the frozen attrs values made on every call.
+
+A frozen attrs class sets each field in ``__init__`` through ``object.__setattr__``
+(found by name, bound per instance): for a seven-field ``ToolCall`` that is most of
+what building one costs, and an agent step builds a dozen such values.
+``quick_init`` gives a frozen, slotted attrs class an ``__init__`` with the same
+signature and the same result that stores each field through its slot descriptor
+directly instead. Everything else is attrs' own: ``attrs.evolve``, ``attrs.fields``,
+equality, hashing, repr, pickling and the refusal to change a field after it is set.
+
+It accepts only what it reproduces exactly — constant and ``Factory`` defaults,
+plain converters, keyword-only fields, ``__attrs_post_init__`` — and refuses a class
+with validators, a pre-init hook or a field that is not a slot, at import.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any, TypeVar
+
+import attrs
+
+__all__ = ["copy_with", "quick_init"]
+
+T = TypeVar("T")
+
+#: Per class: each field's name and its slot's setter (for ``copy_with``).
+_SETTERS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def copy_with(value: T, **changes: Any) -> T:
+    """``value`` with ``changes``, made without running ``__init__``: no converter and no
+    ``__attrs_post_init__`` runs, so each change must already be in its field's final
+    form. For copies whose ``__init__`` would redo work (parse and re-serialise
+    arguments) that the change cannot affect."""
+    cls = type(value)
+    setters = _SETTERS.get(cls)
+    if setters is None:
+        setters = _SETTERS[cls] = tuple(
+            (field.name, inspect.getattr_static(cls, field.name).__set__)
+            for field in attrs.fields(cls)
+        )
+    copy = object.__new__(cls)
+    for name, set_slot in setters:
+        set_slot(copy, changes[name] if name in changes else getattr(value, name))
+    return copy
+
+
+def quick_init(cls: type[T]) -> type[T]:
+    """``cls`` with an ``__init__`` that stores fields through their slot descriptors."""
+    if not attrs.has(cls) or "__slots__" not in cls.__dict__:
+        raise TypeError(f"quick_init: {cls.__name__} is not a slotted attrs class")
+    if hasattr(cls, "__attrs_pre_init__"):
+        raise TypeError(f"quick_init: {cls.__name__} has __attrs_pre_init__")
+    namespace: dict[str, Any] = {"NOTHING": attrs.NOTHING}
+    positional: list[str] = []
+    keywords: list[str] = []
+    body: list[str] = []
+    for index, field in enumerate(attrs.fields(cls)):
+        if field.validator is not None:
+            raise TypeError(f"quick_init: {cls.__name__}.{field.name} has a validator")
+        slot = inspect.getattr_static(cls, field.name)
+        if type(slot) is not types.MemberDescriptorType:
+            raise TypeError(f"quick_init: {cls.__name__}.{field.name} is not a slot")
+        namespace[f"set_{index}"] = slot.__set__
+        default = field.default
+        if not field.init:
+            if default is attrs.NOTHING:
+                continue  # set by __attrs_post_init__
+            value = _default_expression(cls, field, index, namespace)
+        else:
+            value = field.alias
+            if default is attrs.NOTHING:
+                parameter = value
+            elif isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+                parameter = f"{value}=NOTHING"
+                factory = _default_expression(cls, field, index, namespace)
+                body.append(f"    if {value} is NOTHING:\n        {value} = {factory}")
+            else:
+                namespace[f"default_{index}"] = default
+                parameter = f"{value}=default_{index}"
+            (keywords if field.kw_only else positional).append(parameter)
+        converter = field.converter
+        if converter is not None:
+            if isinstance(converter, attrs.Converter):
+                raise TypeError(f"quick_init: {cls.__name__}.{field.name} has an attrs.Converter")
+            namespace[f"convert_{index}"] = converter
+            value = f"convert_{index}({value})"
+        body.append(f"    set_{index}(self, {value})")
+    if hasattr(cls, "__attrs_post_init__"):
+        body.append("    self.__attrs_post_init__()")
+    parameters = ", ".join(["self", *positional, *(["*", *keywords] if keywords else [])])
+    source = f"def __init__({parameters}):\n" + ("\n".join(body) or "    pass") + "\n"
+    exec(compile(source, f"<quick_init {cls.__qualname__}>", "exec"), namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    init.__annotations__ = dict(cls.__init__.__annotations__)
+    cls.__init__ = init  # type: ignore[misc]
+    return cls
+
+
+def _default_expression(cls: type, field: Any, index: int, namespace: dict[str, Any]) -> str:
+    default = field.default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        if default.takes_self:
+            raise TypeError(f"quick_init: {cls.__name__}.{field.name}'s factory takes self")
+        namespace[f"factory_{index}"] = default.factory
+        return f"factory_{index}()"
+    namespace[f"default_{index}"] = default
+    return f"default_{index}"
