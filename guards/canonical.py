@@ -30,9 +30,42 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def canonical_json(value: object) -> str:
     """``JSON.stringify(deepKeySort(value))`` as the original computes it."""
+    if type(value) is dict:
+        flat = _flat_object(value)
+        if flat is not None:
+            return flat
     parts: list[str] = []
     _write(value, parts, set(), 0)
     return "".join(parts)
+
+
+#: Integers the flat-object path writes with ``str`` (JavaScript prints them alike).
+_PLAIN_INT = 2**53
+
+
+def _flat_object(mapping: dict[object, object]) -> str | None:
+    """The usual arguments — one object of ASCII keys (none integer-like) holding text,
+    integers, booleans and nulls — written in one pass; ``None`` for anything else,
+    which the general writer then takes. ASCII keys sort by UTF-16 code units as
+    Python sorts them."""
+    items: list[tuple[str, str]] = []
+    for key, item in mapping.items():
+        if type(key) is not str or not key.isascii() or key.isdigit():
+            return None
+        kind = type(item)
+        if kind is str:
+            text = _string(item)  # type: ignore[arg-type]
+        elif item is None:
+            text = "null"
+        elif kind is bool:
+            text = "true" if item else "false"
+        elif kind is int and -_PLAIN_INT < item < _PLAIN_INT:  # type: ignore[operator]
+            text = str(item)
+        else:
+            return None
+        items.append((key, text))
+    items.sort()
+    return "{" + ",".join([f"{_encode_string(key)}:{text}" for key, text in items]) + "}"
 
 
 def utf16_length(text: str) -> int:

@@ -17,6 +17,7 @@ holds both answers equal over nested, shielded, cancelled and expired scopes.
 from __future__ import annotations
 
 import math
+import sys
 from asyncio import current_task
 from asyncio.events import _get_running_loop
 from typing import Any
@@ -44,6 +45,13 @@ def _asyncio_task_states() -> Any:
 
 _STATES = _asyncio_task_states()
 
+if sys.version_info < (3, 12):  # current_task is a Python function here; its table is not
+    from asyncio.tasks import _current_tasks
+
+    _task_of = _current_tasks.get
+else:
+    _task_of = current_task
+
 
 def now() -> float:
     """``anyio.current_time()``: the running event loop's clock."""
@@ -56,7 +64,7 @@ def cancel_pending() -> bool:
     the cancellation waits for its next checkpoint: ``await anyio.lowlevel.checkpoint()``
     then delivers it. A shielded scope hides what is outside it, as it does in anyio."""
     loop = _get_running_loop()
-    task = current_task(loop) if loop is not None and _STATES is not None else None
+    task = _task_of(loop) if loop is not None and _STATES is not None else None
     if task is None:  # not an asyncio task: trio, or trio as an asyncio guest
         deadline = anyio.current_effective_deadline()
         return deadline != math.inf and deadline <= anyio.current_time()

@@ -17,13 +17,27 @@ from __future__ import annotations
 
 import inspect
 import types
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
 
-__all__ = ["copy_with", "quick_init"]
+__all__ = ["copy_with", "passes", "quick_init"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def passes(kind: type) -> Callable[[F], F]:
+    """Mark a converter that returns a value of exactly ``kind`` unchanged: ``quick_init``
+    then tests the type inline and calls the converter only for anything else."""
+
+    def mark(converter: F) -> F:
+        converter.__quick_init_passes__ = kind  # type: ignore[attr-defined]
+        return converter
+
+    return mark
+
 
 #: Per class: each field's name and its slot's setter (for ``copy_with``).
 _SETTERS: dict[type, tuple[tuple[str, Any], ...]] = {}
@@ -86,7 +100,12 @@ def quick_init(cls: type[T]) -> type[T]:
             if isinstance(converter, attrs.Converter):
                 raise TypeError(f"quick_init: {cls.__name__}.{field.name} has an attrs.Converter")
             namespace[f"convert_{index}"] = converter
-            value = f"convert_{index}({value})"
+            kind = getattr(converter, "__quick_init_passes__", None)
+            if kind is None:
+                value = f"convert_{index}({value})"
+            else:
+                namespace[f"kind_{index}"] = kind
+                value = f"({value} if type({value}) is kind_{index} else convert_{index}({value}))"
         body.append(f"    set_{index}(self, {value})")
     if hasattr(cls, "__attrs_post_init__"):
         body.append("    self.__attrs_post_init__()")

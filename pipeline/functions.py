@@ -471,13 +471,12 @@ def _invoker(
     is_async: bool,
 ) -> Callable[..., Any]:
     def arguments_for(arguments: Mapping[str, Any], call: ToolCall) -> dict[str, object]:
-        named = {key: value for key, value in arguments.items() if key in properties}
-        extra = {key: value for key, value in arguments.items() if key not in properties}
-        if extra and not open_ended:
-            named = dict(arguments)  # let the check name the unknown one
-        converted = _check_object(named, properties, required, "")
-        if open_ended:
-            converted.update(extra)
+        if open_ended:  # the keys it does not declare go to its **kwargs as they are
+            named = {key: value for key, value in arguments.items() if key in properties}
+            converted = _check_object(named, properties, required, "")
+            converted.update((key, value) for key, value in arguments.items() if key not in named)
+        else:  # an unknown key is named by the check
+            converted = _check_object(arguments, properties, required, "")
         if call_parameter is not None:
             converted[call_parameter] = call
         return converted

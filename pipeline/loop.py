@@ -320,6 +320,7 @@ def _start_with_system(session: Session, system: str | None) -> None:
         )
 
 
+@quick_init
 @attrs.define(eq=False)
 class _StepCalls:
     """Which of a step's calls were logged (started) and answered: what a cancel must fill."""
@@ -886,8 +887,8 @@ class _Paused:
 def _paused_of(session: Session) -> _Paused | None:
     """The turn of ``session`` that ended waiting for decisions, read from its log."""
     events = session.events
-    last = events[-1] if events else None
-    if not isinstance(last, TurnEnd) or last.reason != "approval":
+    last = next(reversed(events), None)
+    if not isinstance(last, TurnEnd) or last.reason != "approval":  # the usual: nothing paused
         return None
     start = max(i for i, e in enumerate(events) if isinstance(e, TurnStart))
     turn = events[start:]

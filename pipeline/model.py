@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 import attrs
 
-from guardstack.pipeline.frozen import copy_with, quick_init
+from guardstack.pipeline.frozen import copy_with, passes, quick_init
 
 if TYPE_CHECKING:
     from guardstack.pipeline.loop import Agent
@@ -145,6 +145,7 @@ class Usage:
 NO_USAGE: Final = Usage()
 
 
+@passes(str)
 def _text(value: object) -> str:
     """A name or id as text whatever a provider sent (``None`` is empty: the loop gives the
     call an id, the registry answers an empty name ``UNKNOWN_TOOL``), so the log loads."""
@@ -245,10 +246,12 @@ class ToolCallRequest:
         return self._json
 
 
+@passes(tuple)
 def _requests(requests: Iterable[ToolCallRequest]) -> tuple[ToolCallRequest, ...]:
     return tuple(requests)
 
 
+@passes(tuple)
 def as_thinking_blocks(blocks: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
     """A reply's thinking blocks as a tuple (the converter of the fields that hold them)."""
     return tuple(blocks)

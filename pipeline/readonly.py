@@ -71,6 +71,9 @@ class ReadOnlyList(list[Any]):
 
 def read_only(value: Any) -> Any:
     """``value`` with every dict and list in it made read-only (other values as they are)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value  # the usual leaves, without an isinstance
     if isinstance(value, dict):
         return ReadOnlyDict({key: read_only(item) for key, item in value.items()})
     if isinstance(value, list | tuple):

@@ -566,7 +566,8 @@ def _place(messages: list[dict[str, Any]], message: dict[str, Any], order: dict[
         calls = message.get("tool_calls")
         order.clear()
         if calls:
-            order.update((call["id"], index) for index, call in enumerate(calls))
+            for index, call in enumerate(calls):
+                order[call["id"]] = index
     elif role == "tool" and messages and messages[-1]["role"] == "tool":
         mine = order.get(message["tool_call_id"], -1)
         if order.get(messages[-1]["tool_call_id"], -1) > mine:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import inspect
 import json
 import traceback
+import types
+import weakref
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import attrs
 
 from guardstack.pipeline.errors import ConfigError
-from guardstack.pipeline.frozen import quick_init
+from guardstack.pipeline.frozen import passes, quick_init
 from guardstack.pipeline.validate import invalid
 
 if TYPE_CHECKING:
@@ -326,8 +328,16 @@ def _is_async_callable(function: object) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
+#: Plain functions whose signature was found to take ``(arguments, call)``: asking
+#: ``inspect.signature`` costs more than building the rest of a registry.
+_TAKES_TWO: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+
+
 def _check_takes_two(name: str, execute: Callable[..., Any]) -> None:
     """``execute`` must accept ``(arguments, call)``: say so now, not to the model later."""
+    plain = type(execute) is types.FunctionType
+    if plain and execute in _TAKES_TWO:
+        return
     try:
         signature = inspect.signature(execute)
     except (TypeError, ValueError):  # a builtin or an object with no signature: trust it
@@ -342,6 +352,8 @@ def _check_takes_two(name: str, execute: Callable[..., Any]) -> None:
             key="execute",
             value=execute,
         ) from None
+    if plain:
+        _TAKES_TWO.add(execute)
 
 
 def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -478,6 +490,7 @@ class ToolCall:
         )
 
 
+@passes(tuple)
 def _contexts(contexts: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:
     return tuple(contexts)
 

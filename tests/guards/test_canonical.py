@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guardstack.guards import canonical_json
-from guardstack.guards.canonical import js_number, utf16_length, utf16_prefix
+from guardstack.guards.canonical import _write, js_number, utf16_length, utf16_prefix
 
 
 @pytest.mark.parametrize(
@@ -91,3 +91,16 @@ def test_key_order_never_changes_the_canonical_form(value: dict[str, Any], seed:
     keys = list(value)
     seed.shuffle(keys)
     assert canonical_json({key: value[key] for key in keys}) == canonical_json(value)
+
+
+flat_keys = st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=4) | st.text(max_size=3)
+flat_values = st.none() | st.booleans() | st.integers() | st.text() | st.floats()
+
+
+@given(value=st.dictionaries(flat_keys | st.integers(0, 20).map(str), flat_values, max_size=6))
+def test_a_flat_object_is_written_as_the_general_writer_writes_it(value: dict[str, Any]) -> None:
+    """The fast path for flat arguments (ASCII keys; text, integers, booleans, nulls) and
+    the general writer agree, including on what the fast path hands over to it."""
+    parts: list[str] = []
+    _write(value, parts, set(), 0)
+    assert canonical_json(value) == "".join(parts)
