@@ -22,9 +22,9 @@ import anyio
 import anyio.lowlevel
 from opentelemetry import trace  # the API only: a no-op without an SDK
 
-from guardstack.pipeline.clock import now
 from guardstack.pipeline.model import ModelReply, ModelRequest
 from guardstack.pipeline.outcome import DISPATCH, MODEL, StageAdapter
+from guardstack.pipeline.runtime import cancel_scope, now
 from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 
 __all__ = [
@@ -73,8 +73,14 @@ def timed(
 def timed_dispatch(
     call: ToolCall, call_next: _Next, ms: int | None, code: str
 ) -> Awaitable[ToolResult]:
-    """``timed`` on the dispatch stage (``ms=None``: the tool's declared budget)."""
-    return timed(DISPATCH, call, call_next, ms, code, "timeout")
+    """``timed`` on the dispatch stage (``ms=None``: the tool's declared budget), with the
+    budget read here: this runs on every tool call."""
+    if ms is None:
+        tool = call.tool
+        ms = tool.timeout_ms if tool is not None else None
+        if ms is None:
+            return call_next(call)
+    return within(DISPATCH, call, call_next, ms, code, "timeout")
 
 
 async def within(
@@ -92,7 +98,7 @@ async def within(
     coroutine: the call runs directly in this frame's scope.
     """
     started = now()
-    with anyio.CancelScope(deadline=started + ms / 1000) as scope:
+    with cancel_scope(started + ms / 1000) as scope:
         outcome = await stage.attempt(call_next, item)
     # Nobody else holds this scope, so a cancel on it is our deadline firing.
     if not scope.cancel_called:

@@ -53,7 +53,6 @@ from guardstack.pipeline.approval import (
     canonical_arguments,
     decision_kind,
 )
-from guardstack.pipeline.clock import cancel_pending
 from guardstack.pipeline.contract import ModelNext, PromptNext, TurnRun
 from guardstack.pipeline.errors import (
     ApprovalMismatch,
@@ -73,6 +72,7 @@ from guardstack.pipeline.model import (
 )
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.registry import Phase
+from guardstack.pipeline.runtime import cancel_pending, cancel_scope
 from guardstack.pipeline.session import (
     ApprovalDecision,
     ApprovalRequest,
@@ -419,7 +419,7 @@ class Agent:
         """Run one turn for a person's ``text``."""
         if self._scope is not None:
             raise TurnInProgressError(f"agent {self.session_id!r} is already running a turn")
-        with anyio.CancelScope() as scope:
+        with cancel_scope() as scope:
             self._scope = scope
             try:
                 run: TurnRun = self._run_turn

@@ -38,12 +38,12 @@ from guardstack.pipeline.approval import (
     Pending,
     as_pre_decision,
 )
-from guardstack.pipeline.clock import cancel_pending
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.ledger import TREE_CAPS, RunKey
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
+from guardstack.pipeline.runtime import cancel_pending
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     TOOL_DENIED,

@@ -401,6 +401,8 @@ class _RetryRun:
         while True:
             outcome = await stage.attempt(call_next, stage.with_attempt(item, attempt))
             if attempt >= policy.attempts or not policy.should_retry(outcome, stage):
+                if attempt == 1:
+                    return stage.deliver(outcome)  # worked (or failed for good) at once
                 return self._done(item, attempt, stage.deliver(outcome))
             if attempt == 1 and not policy.may_retry(item, stage):
                 return self._done(item, attempt, stage.deliver(outcome))

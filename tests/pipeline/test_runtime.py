@@ -1,6 +1,6 @@
-"""The hot path's clock and cancel check answer as anyio's public calls do.
+"""The hot path's clock, cancel check and cancel scopes answer as anyio's public calls do.
 
-``guardstack.pipeline.clock`` reads the running loop's clock and anyio's asyncio cancel
+``guardstack.pipeline.runtime`` reads the running loop's clock and anyio's asyncio cancel
 scopes directly (anyio's own calls look the backend up on every call); these tests
 hold its answers to the public ``anyio.current_time()`` and
 ``anyio.current_effective_deadline()`` over random nestings of scopes — cancelled,
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guardstack.pipeline.clock import cancel_pending, now
+from guardstack.pipeline.runtime import cancel_pending, cancel_scope, now
 
 pytestmark = pytest.mark.anyio
 
@@ -80,3 +80,26 @@ async def test_inside_a_task_group_child_the_parents_cancel_is_seen() -> None:
 def test_outside_an_event_loop_the_public_calls_answer() -> None:
     with pytest.raises(Exception, match="event loop"):
         now()
+
+
+@given(deadline=st.none() | st.floats(-5, 5), cancel=st.booleans())
+async def test_a_scope_from_cancel_scope_is_the_scope_anyio_makes(
+    deadline: float | None, cancel: bool
+) -> None:
+    """The same class as ``anyio.CancelScope()`` gives on this backend, the same deadline,
+    and it cancels (and is caught) the same way."""
+
+    def at() -> float:
+        return math.inf if deadline is None else anyio.current_time() + deadline
+
+    assert type(cancel_scope(at())) is type(anyio.CancelScope())
+    outcomes = []
+    for make in (cancel_scope, lambda when: anyio.CancelScope(deadline=when)):
+        when = at()
+        with make(when) as scope:
+            assert scope.deadline == when
+            if cancel:
+                scope.cancel()
+            await anyio.sleep(1)
+        outcomes.append((scope.cancel_called, scope.cancelled_caught))
+    assert outcomes[0] == outcomes[1]

@@ -1,0 +1,98 @@
+"""anyio's clock, cancel check and cancel scopes on the hot path, asked of the loop directly.
+
+``anyio.current_time()``, ``anyio.current_effective_deadline()`` and
+``anyio.CancelScope()`` find the running backend on every call (sniffio, then a
+table) before they ask it, and on asyncio each step looks the running loop up again
+(on Python 3.11 every lookup is a ``getpid`` system call); a new ``CancelScope`` is
+also initialised twice. Every guarded call makes a scope and asks the clock and the
+cancel state, so on asyncio — where nearly every user runs — this module asks the
+running loop once: its clock, the current task's cancel scopes read the way anyio's
+asyncio backend reads them in its own ``checkpoint_if_cancelled``, and the backend's
+own ``CancelScope`` class, which is what ``anyio.CancelScope()`` returns there.
+Anywhere else (trio, or trio code running as an asyncio guest, where the current
+task is no asyncio task) the public anyio calls answer.
+
+Reading anyio's asyncio internals is checked once, at import, and anything
+unexpected falls back to the public calls for good; tests hold every answer equal
+to the public one over random nestings of cancelled, shielded and expiring scopes,
+on asyncio and trio. (STYLE's "only anyio for time and cancellation" still holds:
+these are anyio's own scopes and clock, found without the lookup.)
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from asyncio import current_task
+from asyncio.events import _get_running_loop
+from typing import Any
+from weakref import ref
+
+import anyio
+
+__all__ = ["cancel_pending", "cancel_scope", "now"]
+
+
+def _asyncio_backend() -> tuple[Any, Any]:
+    """anyio's asyncio task table (task -> state) and its ``CancelScope`` class, if they
+    still look the way they are used here; else ``(None, None)``."""
+    try:
+        from anyio._backends import _asyncio as backend
+
+        scope = backend.CancelScope(deadline=math.inf)
+        for attribute in ("_cancel_called", "_deadline", "_shield", "_parent_scope"):
+            getattr(scope, attribute)
+        states = backend._task_states.data
+        states.get  # noqa: B018 - a dict underneath the WeakKeyDictionary
+        if not isinstance(scope, anyio.CancelScope):
+            raise TypeError  # noqa: TRY301
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - an anyio that changed
+        return None, None
+    return states, backend.CancelScope
+
+
+_STATES, _SCOPE = _asyncio_backend()
+
+if sys.version_info < (3, 12):  # current_task is a Python function here; its table is not
+    from asyncio.tasks import _current_tasks
+
+    _task_of = _current_tasks.get
+else:
+    _task_of = current_task
+
+
+def now() -> float:
+    """``anyio.current_time()``: the running event loop's clock."""
+    loop = _get_running_loop()
+    return loop.time() if loop is not None else anyio.current_time()
+
+
+def cancel_scope(deadline: float = math.inf) -> anyio.CancelScope:
+    """``anyio.CancelScope(deadline=deadline)``: on asyncio, its backend's class directly."""
+    loop = _get_running_loop()
+    if loop is not None and _SCOPE is not None and _task_of(loop) is not None:
+        return _SCOPE(deadline=deadline)  # type: ignore[no-any-return]
+    return anyio.CancelScope(deadline=deadline)
+
+
+def cancel_pending() -> bool:
+    """Whether the current task is cancelled, or an enclosing deadline has passed, and
+    the cancellation waits for its next checkpoint: ``await anyio.lowlevel.checkpoint()``
+    then delivers it. A shielded scope hides what is outside it, as it does in anyio."""
+    loop = _get_running_loop()
+    task = _task_of(loop) if loop is not None and _STATES is not None else None
+    if task is None:  # not an asyncio task: trio, or trio as an asyncio guest
+        deadline = anyio.current_effective_deadline()
+        return deadline != math.inf and deadline <= anyio.current_time()
+    state = _STATES.get(ref(task))
+    scope = state.cancel_scope if state is not None else None
+    while scope is not None:
+        if scope._cancel_called:
+            return True
+        deadline = scope._deadline
+        if deadline != math.inf and deadline <= loop.time():  # type: ignore[union-attr]
+            return True
+        if scope._shield:
+            return False
+        scope = scope._parent_scope
+    return False
