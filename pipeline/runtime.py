@@ -22,9 +22,11 @@ these are anyio's own scopes and clock, found without the lookup.)
 from __future__ import annotations
 
 import math
+import os
 import sys
-from asyncio import current_task
+from asyncio import BaseEventLoop, current_task
 from asyncio.events import _get_running_loop
+from threading import get_ident
 from typing import Any
 from weakref import ref
 
@@ -61,15 +63,41 @@ else:
     _task_of = current_task
 
 
+#: The asyncio loop last found running. It still runs in this thread while its
+#: ``_thread_id`` is this thread's (asyncio runs one loop per thread at a time): the
+#: check asks no system call, where ``asyncio.get_running_loop()`` asks ``getpid``
+#: on Python 3.11. Forgotten in a forked child.
+_last_loop: Any = None
+
+
+def _running_loop() -> Any:
+    """The running asyncio loop, or ``None`` (trio, or no loop)."""
+    global _last_loop
+    loop = _last_loop
+    if loop is not None and loop._thread_id == get_ident():
+        return loop
+    loop = _get_running_loop()
+    _last_loop = loop if isinstance(loop, BaseEventLoop) else None  # uvloop: not cached
+    return loop
+
+
+def _forget_loop() -> None:
+    global _last_loop
+    _last_loop = None
+
+
+os.register_at_fork(after_in_child=_forget_loop)
+
+
 def now() -> float:
     """``anyio.current_time()``: the running event loop's clock."""
-    loop = _get_running_loop()
+    loop = _running_loop()
     return loop.time() if loop is not None else anyio.current_time()
 
 
 def cancel_scope(deadline: float = math.inf) -> anyio.CancelScope:
     """``anyio.CancelScope(deadline=deadline)``: on asyncio, its backend's class directly."""
-    loop = _get_running_loop()
+    loop = _running_loop()
     if loop is not None and _SCOPE is not None and _task_of(loop) is not None:
         return _SCOPE(deadline=deadline)  # type: ignore[no-any-return]
     return anyio.CancelScope(deadline=deadline)
@@ -79,7 +107,7 @@ def cancel_pending() -> bool:
     """Whether the current task is cancelled, or an enclosing deadline has passed, and
     the cancellation waits for its next checkpoint: ``await anyio.lowlevel.checkpoint()``
     then delivers it. A shielded scope hides what is outside it, as it does in anyio."""
-    loop = _get_running_loop()
+    loop = _running_loop()
     task = _task_of(loop) if loop is not None and _STATES is not None else None
     if task is None:  # not an asyncio task: trio, or trio as an asyncio guest
         deadline = anyio.current_effective_deadline()

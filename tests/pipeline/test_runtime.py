@@ -9,11 +9,13 @@ shielded, with deadlines past and future — on asyncio and trio.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from contextlib import ExitStack
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -103,3 +105,30 @@ async def test_a_scope_from_cancel_scope_is_the_scope_anyio_makes(
             await anyio.sleep(1)
         outcomes.append((scope.cancel_called, scope.cancelled_caught))
     assert outcomes[0] == outcomes[1]
+
+
+class _FixedClockLoop(asyncio.SelectorEventLoop):
+    def time(self) -> float:
+        return 12_345.0
+
+
+def _in_another_loop() -> tuple[float, float, bool]:
+    async def inside() -> tuple[float, float, bool]:
+        with cancel_scope() as scope:
+            scope.cancel()
+            return now(), asyncio.get_running_loop().time(), cancel_pending()
+
+    loop = _FixedClockLoop()
+    try:
+        return loop.run_until_complete(inside())
+    finally:
+        loop.close()
+
+
+async def test_a_loop_running_in_another_thread_is_that_threads_own() -> None:
+    """The loop found last is remembered per thread it runs in: another thread running
+    its own loop reads its own clock, and this one still reads its own after."""
+    before = now()
+    ours, theirs, pending = await anyio.to_thread.run_sync(_in_another_loop)
+    assert (ours, theirs, pending) == (12_345.0, 12_345.0, True)
+    assert now() == anyio.current_time() == before
