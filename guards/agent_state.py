@@ -150,6 +150,22 @@ class ConversationState(Generic[T]):
         self._agents.pop(agent, None)
         return await call_next(agent, text)
 
+    def start_on_prompt(
+        self, fresh: Callable[[], T]
+    ) -> Callable[[Agent, str, Callable[[Agent, str], Awaitable[str]]], Awaitable[str]]:
+        """A ``prompt_submit`` layer giving each new person's prompt the state ``fresh()``
+        (where ``reset_on_prompt`` leaves none): the turn's first call then finds its
+        state made, and only a turn this process did not start (resumed elsewhere)
+        finds none."""
+
+        async def start(
+            agent: Agent, text: str, call_next: Callable[[Agent, str], Awaitable[str]]
+        ) -> str:
+            self._agents[agent] = fresh()
+            return await call_next(agent, text)
+
+        return start
+
 
 class Resettable:
     """What a per-conversation guard keeps to offer ``reset(conversation)``.

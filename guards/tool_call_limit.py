@@ -117,6 +117,8 @@ class ToolCallLimit:
 
     def budgets(self, call: ToolCall) -> list[tuple[str, int]]:
         """The per-tool budgets a call counts against: ``(counter name, limit)`` each."""
+        if self.per_tool is None:
+            return []
         if isinstance(self.per_tool, int):
             return [(f"tool:{call.name if call.tool is not None else UNKNOWN_KEY}", self.per_tool)]
         return [
@@ -158,8 +160,9 @@ class ToolCallLimit:
         scope.adopt(scope.loop.ledger.count_tool_calls(cap.pre_execute))
         if self.per_turn is not None:
             scope.adopt(scope.loop.ledger.report_remaining(cap.remaining))
-        # a new turn starts with fresh counts
-        scope.use(scope.loop.prompt_submit, turns.reset_on_prompt, name=self.name)
+        # a new turn starts with fresh counts (its token made now: its first call need not
+        # read the log for calls a resumed turn made before)
+        scope.use(scope.loop.prompt_submit, turns.start_on_prompt(new_turn_token), name=self.name)
 
 
 class _Cap:
