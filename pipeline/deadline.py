@@ -24,7 +24,7 @@ from opentelemetry import trace  # the API only: a no-op without an SDK
 
 from guardstack.pipeline.model import ModelReply, ModelRequest
 from guardstack.pipeline.outcome import DISPATCH, MODEL, StageAdapter
-from guardstack.pipeline.runtime import cancel_scope, now
+from guardstack.pipeline.runtime import now, scope_after
 from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 
 __all__ = [
@@ -97,8 +97,8 @@ async def within(
     ``ModelError(code)`` on models (the failure a ``Retry`` outside may retry). One
     coroutine: the call runs directly in this frame's scope.
     """
-    started = now()
-    with cancel_scope(started + ms / 1000) as scope:
+    scope, started = scope_after(ms / 1000)
+    with scope:
         outcome = await stage.attempt(call_next, item)
     # Nobody else holds this scope, so a cancel on it is our deadline firing.
     if not scope.cancel_called:

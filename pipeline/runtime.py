@@ -32,7 +32,7 @@ from weakref import ref
 
 import anyio
 
-__all__ = ["cancel_pending", "cancel_scope", "now"]
+__all__ = ["cancel_pending", "cancel_scope", "now", "scope_after"]
 
 
 def _asyncio_backend() -> tuple[Any, Any]:
@@ -101,6 +101,17 @@ def cancel_scope(deadline: float = math.inf) -> anyio.CancelScope:
     if loop is not None and _SCOPE is not None and _task_of(loop) is not None:
         return _SCOPE(deadline=deadline)  # type: ignore[no-any-return]
     return anyio.CancelScope(deadline=deadline)
+
+
+def scope_after(seconds: float) -> tuple[anyio.CancelScope, float]:
+    """A cancel scope whose deadline is ``seconds`` from now, and now: ``cancel_scope(
+    now() + seconds)`` with the loop looked up once."""
+    loop = _running_loop()
+    if loop is not None and _SCOPE is not None and _task_of(loop) is not None:
+        started: float = loop.time()
+        return _SCOPE(deadline=started + seconds), started
+    started = anyio.current_time()
+    return anyio.CancelScope(deadline=started + seconds), started
 
 
 def cancel_pending() -> bool:

@@ -400,7 +400,11 @@ class _RetryRun:
         attempt = 1
         while True:
             outcome = await stage.attempt(call_next, stage.with_attempt(item, attempt))
-            if attempt >= policy.attempts or not policy.should_retry(outcome, stage):
+            if (
+                attempt >= policy.attempts
+                or not stage.failed(outcome)  # the usual: it worked (``should_retry`` asks too)
+                or not policy.should_retry(outcome, stage)
+            ):
                 if attempt == 1:
                     return stage.deliver(outcome)  # worked (or failed for good) at once
                 return self._done(item, attempt, stage.deliver(outcome))

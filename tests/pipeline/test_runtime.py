@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guardstack.pipeline.runtime import cancel_pending, cancel_scope, now
+from guardstack.pipeline.runtime import cancel_pending, cancel_scope, now, scope_after
 
 pytestmark = pytest.mark.anyio
 
@@ -132,3 +132,15 @@ async def test_a_loop_running_in_another_thread_is_that_threads_own() -> None:
     ours, theirs, pending = await anyio.to_thread.run_sync(_in_another_loop)
     assert (ours, theirs, pending) == (12_345.0, 12_345.0, True)
     assert now() == anyio.current_time() == before
+
+
+async def test_scope_after_starts_its_deadline_now() -> None:
+    await anyio.sleep(2)
+    scope, started = scope_after(1.5)
+    assert started == anyio.current_time()
+    assert scope.deadline == started + 1.5
+    assert type(scope) is type(anyio.CancelScope())
+    with scope:
+        await anyio.sleep(5)
+    assert scope.cancelled_caught
+    assert anyio.current_time() == started + 1.5
