@@ -23,6 +23,7 @@ import os
 import uuid
 import warnings
 import weakref
+from weakref import ref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Final, Generic, TypeVar
@@ -108,8 +109,8 @@ class ConversationState(Generic[T]):
 
     def get(self, call: ToolCall) -> T | None:
         """The state of the call's conversation, or ``None`` before its first call."""
-        if call.agent is not None:
-            return self._agents.get(call.agent)
+        if call.agent is not None:  # the weak map's own lookup, without its method call
+            return self._agents.data.get(ref(call.agent))
         key = self.conversation(call)
         state = self._keyed.get(key)
         if state is not None:
@@ -129,7 +130,7 @@ class ConversationState(Generic[T]):
 
     def of_agent(self, agent: Agent) -> T | None:
         """The state of an agent's conversation (for layers on the loop's own stages)."""
-        return self._agents.get(agent)
+        return self._agents.data.get(ref(agent))
 
     def set_agent(self, agent: Agent, state: T) -> None:
         self._agents[agent] = state

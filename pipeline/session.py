@@ -707,6 +707,7 @@ class Session:
     def __init__(self, session_id: str, events: Sequence[Event] = ()) -> None:
         self.session_id = session_id
         self._events: list[Event] = []
+        self._view = _EventView(self._events)  # read-only, and always the same list
         self._messages: list[dict[str, Any]] = []
         #: The last assistant message's call ids, in the order it asked for them.
         self._asked: dict[str, int] = {}
@@ -720,7 +721,7 @@ class Session:
 
     @property
     def events(self) -> Sequence[Event]:
-        return _EventView(self._events)
+        return self._view
 
     def append(self, event: Event) -> None:
         """Add ``event`` at the end (the log is never rewritten) and tell the subscribers."""
