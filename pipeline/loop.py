@@ -173,8 +173,8 @@ def _with_unique_ids(
     """The reply's calls, each with an id of its own: a missing or repeated id (two calls
     a provider sent under one id would get two results for it, and the next request
     would be refused) is replaced by ``call_<turn>_<step>_<index>``."""
-    if len(requests) == 1 and requests[0].call_id:
-        return requests  # one call with an id: nothing can repeat it
+    if not requests or (len(requests) == 1 and requests[0].call_id):
+        return requests  # none, or one with an id: nothing can repeat it
     seen: set[str] = set()
     unique = []
     for index, request in enumerate(requests):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
@@ -230,6 +231,17 @@ def _under_ancestors(
     return through(0)
 
 
+#: Each definition's read-only schema, made once however many registries hold it.
+_SCHEMAS: weakref.WeakKeyDictionary[ToolDefinition, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _schema_of(definition: ToolDefinition) -> dict[str, Any]:
+    schema = _SCHEMAS.get(definition)
+    if schema is None:
+        schema = _SCHEMAS[definition] = read_only(definition.schema())
+    return schema
+
+
 def _checked(result: object) -> ToolResult:
     if not isinstance(result, ToolResult):
         raise TypeError(f"dispatch returned {_short_repr(result)}; expected a ToolResult")
@@ -288,7 +300,7 @@ class ToolRegistry:
         fresh, the schema dicts are shared and read-only (``dict(schema)`` to change one).
         """
         if self._schemas is None:
-            self._schemas = [read_only(definition.schema()) for definition in self._tools.values()]
+            self._schemas = [_schema_of(definition) for definition in self._tools.values()]
         return list(self._schemas)
 
     def _thread_limiter(self, tool: str) -> anyio.CapacityLimiter:
