@@ -23,10 +23,10 @@ import os
 import uuid
 import warnings
 import weakref
-from weakref import ref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Final, Generic, TypeVar
+from weakref import ref
 
 from guardstack.pipeline.errors import GuardstackWarning
 from guardstack.pipeline.values import ToolCall
@@ -83,6 +83,8 @@ class ConversationState(Generic[T]):
         self.owner = owner
         self.max_conversations = max_conversations
         self._agents: weakref.WeakKeyDictionary[Agent, T] = weakref.WeakKeyDictionary()
+        #: The weak map's own dict (weak reference -> state), read without its methods.
+        self._by_reference: dict[ref[Agent], T] = vars(self._agents)["data"]
         self._keyed: OrderedDict[Hashable, T] = OrderedDict()
         self._warned = False
 
@@ -110,7 +112,7 @@ class ConversationState(Generic[T]):
     def get(self, call: ToolCall) -> T | None:
         """The state of the call's conversation, or ``None`` before its first call."""
         if call.agent is not None:  # the weak map's own lookup, without its method call
-            return self._agents.data.get(ref(call.agent))
+            return self._by_reference.get(ref(call.agent))
         key = self.conversation(call)
         state = self._keyed.get(key)
         if state is not None:
@@ -130,7 +132,7 @@ class ConversationState(Generic[T]):
 
     def of_agent(self, agent: Agent) -> T | None:
         """The state of an agent's conversation (for layers on the loop's own stages)."""
-        return self._agents.data.get(ref(agent))
+        return self._by_reference.get(ref(agent))
 
     def set_agent(self, agent: Agent, state: T) -> None:
         self._agents[agent] = state

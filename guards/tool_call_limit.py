@@ -200,6 +200,7 @@ class _Cap:
             return {}
         made: list[Any] = []
         denied: set[str] = set()
+        event: Any
         for event in reversed(agent.session.events):  # back to the turn's start
             kind = event.type
             if kind == "turn/start":

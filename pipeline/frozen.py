@@ -25,18 +25,14 @@ import attrs
 __all__ = ["copy_with", "passes", "quick_init"]
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
 
 
-def passes(kind: type) -> Callable[[F], F]:
-    """Mark a converter that returns a value of exactly ``kind`` unchanged: ``quick_init``
-    then tests the type inline and calls the converter only for anything else."""
-
-    def mark(converter: F) -> F:
+def passes(kind: type, *converters: Callable[..., Any]) -> None:
+    """Mark converters that return a value of exactly ``kind`` unchanged: ``quick_init``
+    then tests the type inline and calls the converter only for anything else. (A call,
+    not a decorator: mypy's attrs plugin accepts only plain functions as converters.)"""
+    for converter in converters:
         converter.__quick_init_passes__ = kind  # type: ignore[attr-defined]
-        return converter
-
-    return mark
 
 
 #: Per class: each field's name and its slot's setter (for ``copy_with``).
@@ -48,14 +44,14 @@ def copy_with(value: T, **changes: Any) -> T:
     ``__attrs_post_init__`` runs, so each change must already be in its field's final
     form. For copies whose ``__init__`` would redo work (parse and re-serialise
     arguments) that the change cannot affect."""
-    cls = type(value)
+    cls: Any = type(value)
     setters = _SETTERS.get(cls)
     if setters is None:
         setters = _SETTERS[cls] = tuple(
             (field.name, inspect.getattr_static(cls, field.name).__set__)
             for field in attrs.fields(cls)
         )
-    copy = object.__new__(cls)
+    copy: T = object.__new__(cls)
     for name, set_slot in setters:
         set_slot(copy, changes[name] if name in changes else getattr(value, name))
     return copy
@@ -63,7 +59,8 @@ def copy_with(value: T, **changes: Any) -> T:
 
 def quick_init(cls: type[T]) -> type[T]:
     """``cls`` with an ``__init__`` that stores fields through their slot descriptors."""
-    if not attrs.has(cls) or "__slots__" not in cls.__dict__:
+    values: Any = cls  # attrs' types know no attrs class by its TypeVar
+    if not attrs.has(values) or "__slots__" not in cls.__dict__:
         raise TypeError(f"quick_init: {cls.__name__} is not a slotted attrs class")
     if hasattr(cls, "__attrs_pre_init__"):
         raise TypeError(f"quick_init: {cls.__name__} has __attrs_pre_init__")
@@ -71,7 +68,7 @@ def quick_init(cls: type[T]) -> type[T]:
     positional: list[str] = []
     keywords: list[str] = []
     body: list[str] = []
-    for index, field in enumerate(attrs.fields(cls)):
+    for index, field in enumerate(attrs.fields(values)):
         if field.validator is not None:
             raise TypeError(f"quick_init: {cls.__name__}.{field.name} has a validator")
         slot = inspect.getattr_static(cls, field.name)
@@ -116,7 +113,7 @@ def quick_init(cls: type[T]) -> type[T]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__
     init.__annotations__ = dict(cls.__init__.__annotations__)
-    cls.__init__ = init  # type: ignore[misc]
+    setattr(values, "__init__", init)  # noqa: B010 - a class's method, replaced on purpose
     return cls
 
 

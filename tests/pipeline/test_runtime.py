@@ -114,9 +114,11 @@ class _FixedClockLoop(asyncio.SelectorEventLoop):
 
 def _in_another_loop() -> tuple[float, float, bool]:
     async def inside() -> tuple[float, float, bool]:
+        seen: list[tuple[float, float, bool]] = []
         with cancel_scope() as scope:
             scope.cancel()
-            return now(), asyncio.get_running_loop().time(), cancel_pending()
+            seen.append((now(), asyncio.get_running_loop().time(), cancel_pending()))
+        return seen[0]
 
     loop = _FixedClockLoop()
     try:
