@@ -454,17 +454,20 @@ class Agent:
         try:
             if paused is not None:
                 outcomes = await self._resume_calls(turn, step, paused)
-                ended = self._end_step(turn, step, paused.call_ids, outcomes)
+                ended = self._end_step(turn, step, paused.requests, outcomes)
                 if ended is not None:
                     return ended
-            while step < self.loop.max_steps:
+            loop = self.loop
+            while step < loop.max_steps:
                 step += 1
                 self.step = step
                 step_calls = None
                 log(StepStart(turn, step))
                 request = ModelRequest(self, self.session.messages(), self.loop.tools.schemas())
                 try:
-                    reply = _checked(await self.loop._call_model(request))
+                    # the model stage itself when nothing instruments it: a frame fewer
+                    call_model = loop._call_model if loop._model_hooks else loop.model_call._chain
+                    reply = _checked(await call_model(request))
                 except TurnBlocked as blocked:
                     log(StepEnd(turn, step))
                     log(TurnEnd(turn, "blocked", message_of(blocked)))
@@ -497,7 +500,7 @@ class Agent:
                     return self._result("completed", last_text, None, step)
                 step_calls = _StepCalls(requests)
                 outcomes = await self._run_calls(turn, step, step_calls)
-                ended = self._end_step(turn, step, [r.call_id for r in requests], outcomes)
+                ended = self._end_step(turn, step, requests, outcomes)
                 if ended is not None:
                     return ended
             log(TurnEnd(turn, "max-steps"))
@@ -520,7 +523,11 @@ class Agent:
             raise
 
     def _end_step(
-        self, turn: int, step: int, call_ids: Sequence[str], outcomes: Sequence[ToolOutcome]
+        self,
+        turn: int,
+        step: int,
+        requests: Sequence[ToolCallRequest],
+        outcomes: Sequence[ToolOutcome],
     ) -> TurnResult | None:
         """After a step's calls: pause for approval, or log the contexts (after every
         result, in model order) and end the step; a result if the turn ends here."""
@@ -535,7 +542,8 @@ class Agent:
         if waiting and ended is None:
             # the step's contexts wait for its last result, so the request the model
             # gets after the decisions is the one it would have got without the pause
-            for call_id, outcome in zip(call_ids, outcomes, strict=True):
+            for request, outcome in zip(requests, outcomes, strict=True):
+                call_id = request.call_id
                 for context in outcome.contexts:
                     log(ContextDeferred(turn, step, call_id, context.text, context.source))
             log(TurnEnd(turn, "approval", "waiting for a person's decision"))
@@ -860,10 +868,6 @@ class _Paused:
     logged: set[str] = attrs.Factory(set)
     #: Decisions for a child agent's calls, by the parent's call that started it.
     routed: dict[str, dict[str, Decision]] = attrs.Factory(dict)
-
-    @property
-    def call_ids(self) -> list[str]:
-        return [request.call_id for request in self.requests]
 
     def pending_of(self, asked: ApprovalRequest) -> PendingApproval:
         return PendingApproval(
