@@ -347,10 +347,14 @@ class Agent:
         self.turn_deadline: float | None = None
         #: The budget behind ``turn_deadline``, in milliseconds (for the log's text).
         self.turn_deadline_ms: int | None = None
-        session.close_open_turn()  # a resumed mid-turn snapshot: answer what it left open
-        self._turn = sum(isinstance(event, TurnStart) for event in session.events)
+        events = session.events
+        # A new session holds its system prompt at most: nothing to repair or count.
+        new = not events or (len(events) == 1 and isinstance(events[0], SystemMessage))
+        if not new:
+            session.close_open_turn()  # a resumed mid-turn snapshot: answer what it left open
+        self._turn = 0 if new else sum(isinstance(event, TurnStart) for event in events)
         #: Tokens every model reply of this session used (rebuilt from the log on resume).
-        self.usage = session.usage()
+        self.usage = NO_USAGE if new and not session.children else session.usage()
         #: Tokens the current (or last) turn's model replies used.
         self.turn_usage = NO_USAGE
         #: Model calls the current (or last) turn made.
@@ -432,7 +436,9 @@ class Agent:
 
     @staticmethod
     async def _run_turn(agent: Agent, text: str) -> TurnResult:
-        text = await agent.loop.prompt_submit(agent, text)
+        submit = agent.loop.prompt_submit
+        if submit.layered:  # an empty stage hands the text on: skipped
+            text = await submit(agent, text)
         return await agent._turn_body(text)
 
     async def _turn_body(self, text: str) -> TurnResult:
@@ -793,14 +799,26 @@ class Agent:
         execute = self.loop.tools.execute
         count = len(calls.requests)
         if self.loop.max_parallel_tool_calls == 1 or count == 1:
+            # One call at a time: ``_log_call``, ``_tool_call`` and ``_answer`` written
+            # out, as this runs for every call of every step.
+            log, tools = self.session.append, self.loop.tools
             outcomes = []
-            for index in range(count):
-                self._log_call(turn, step, calls, index)
-                outcome = await execute(self._tool_call(calls.requests[index]))
+            for index, request in enumerate(calls.requests):
+                call_id = request.call_id
+                log(ToolCallEvent.of(turn, step, request))
+                calls.called.add(index)  # from here on it counts as started
+                tool = tools.get(request.name)  # resolved here: the registry need not
+                outcome = await execute(
+                    ToolCall(request.name, request.arguments, call_id, self, tool)
+                )
                 # A tool that ignored the turn's cancel still returns: it was aborted.
                 if cancel_pending():
                     await anyio.lowlevel.checkpoint()
-                self._answer(turn, step, calls, index, outcome)
+                if outcome.pending is None and not self._child_of_call:  # the usual: a result
+                    log(ToolResultEvent(turn, step, call_id, outcome.result))
+                    calls.answered.add(index)
+                else:
+                    self._answer(turn, step, calls, index, outcome)
                 outcomes.append(outcome)
             return outcomes
         return await self._run_calls_overlapping(turn, step, calls)
