@@ -210,7 +210,8 @@ class AgentLoop:
         self.model_call: Pipeline[ModelNext] = Pipeline(_complete, stage="model")
         self._turn_hooks: list[Callable[[TurnRun], TurnRun]] = []
         self._model_hooks: list[Callable[[ModelNext], ModelNext]] = []
-        self._call_model: ModelNext = self._through_stage
+        # the stage's own bound ``__call__``, not one of the loop's: no reference cycle
+        self._call_model: ModelNext = self.model_call.__call__
         self._create_hooks: list[Callable[[Agent], None]] = []
         #: What a tree of agents counts at this loop's agents (``AgentTool``'s children).
         self.ledger = Ledger()
@@ -230,9 +231,6 @@ class AgentLoop:
         signals.add(
             USAGE_TOKENS, usage.output_tokens, {"tenant": tenant, "gen_ai.token.type": "output"}
         )
-
-    def _through_stage(self, request: ModelRequest) -> Awaitable[ModelReply]:
-        return self.model_call._chain(request)
 
     def instrument_turn(self, hook: Callable[[TurnRun], TurnRun]) -> Registration:
         """Wrap every whole turn (``async (agent, text) -> TurnResult``) with ``hook``.
@@ -255,7 +253,7 @@ class AgentLoop:
         return Registration(remove)
 
     def _compose_model_call(self) -> None:
-        call: ModelNext = self._through_stage
+        call: ModelNext = self.model_call.__call__
         for hook in reversed(self._model_hooks):
             call = hook(call)
         self._call_model = call

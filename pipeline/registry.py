@@ -248,69 +248,29 @@ def _checked(result: object) -> ToolResult:
     return result
 
 
-class ToolRegistry:
-    """Tools by name, and the three stages every call goes through."""
+class _ToolRunner:
+    """The innermost dispatch step, and the thread limiters of plain-function tools.
 
-    def __init__(self, *, thread_limit: int = 40) -> None:
-        self._tools: dict[str, ToolDefinition] = {}
-        self._schemas: list[dict[str, Any]] | None = None
-        #: How many calls of one plain-function tool may run in threads at once. Each
-        #: tool has its own limiter, not anyio's process-wide one: 40 hung calls of one
-        #: sync tool cannot starve another tool of threads (and eat its budget).
-        self.thread_limit = integer("ToolRegistry", "thread_limit", thread_limit)
+    Apart from the registry, so the dispatch stage's terminal (this object's bound
+    ``run``) holds no reference back to the registry: a registry is freed when its
+    last user lets go, without waiting for the cyclic garbage collector.
+    """
+
+    __slots__ = ("_limiters", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         #: One per anyio backend and tool name (bounded by the tools registered).
         self._limiters: dict[tuple[str, str], anyio.CapacityLimiter] = {}
-        self.pre_execute: Pipeline[PreNext] = Pipeline(_allow, stage="pre_execute")
-        self.dispatch: Pipeline[DispatchNext] = Pipeline(self._run_tool, stage="dispatch")
-        self.post_execute: Pipeline[PostNext] = Pipeline(_accept, stage="post_execute")
-        self._operation_hooks: list[Callable[[Execute], Execute]] = []
-        self._operation: Execute = self._run
-        #: Resolves an ``Ask`` no layer resolved (``guards.Approval`` sets it).
-        self.approvals: ApprovalService | None = None
-
-    # -- tools -------------------------------------------------------------------------
-
-    def register(self, definition: ToolDefinition) -> Registration:
-        """Add a tool; a duplicate name raises ``DuplicateToolError``."""
-        if not isinstance(definition, ToolDefinition):
-            raise TypeError(f"register() takes a ToolDefinition, got {definition!r}")
-        if definition.name in self._tools:
-            raise DuplicateToolError(f"tool {definition.name!r} is already registered")
-        self._tools[definition.name] = definition
-        self._schemas = None
-
-        def remove() -> None:
-            if self._tools.get(definition.name) is definition:
-                del self._tools[definition.name]
-                self._schemas = None
-
-        return Registration(remove)
-
-    def get(self, name: str) -> ToolDefinition | None:
-        """The tool registered under ``name``, or ``None``."""
-        return self._tools.get(name)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._tools
-
-    def schemas(self) -> list[dict[str, Any]]:
-        """OpenAI function-tool schemas for every registered tool, in registration order.
-
-        Built once per change of the tool set (the loop asks every step); the list is
-        fresh, the schema dicts are shared and read-only (``dict(schema)`` to change one).
-        """
-        if self._schemas is None:
-            self._schemas = [_schema_of(definition) for definition in self._tools.values()]
-        return list(self._schemas)
 
     def _thread_limiter(self, tool: str) -> anyio.CapacityLimiter:
         key = (anyio.lowlevel.current_token().backend_class.__name__, tool)
         limiter = self._limiters.get(key)
         if limiter is None:
-            limiter = self._limiters[key] = anyio.CapacityLimiter(self.thread_limit)
+            limiter = self._limiters[key] = anyio.CapacityLimiter(self.limit)
         return limiter
 
-    async def _run_tool(self, call: ToolCall) -> ToolResult:
+    async def run(self, call: ToolCall) -> ToolResult:
         """The innermost dispatch step: run the tool, normalise whatever happens into a result."""
         tool = call.tool
         if tool is None:
@@ -349,6 +309,74 @@ class ToolRegistry:
                 error, prefix=f"tool {tool.name!r} returned a value that is not JSON-serialisable: "
             )
 
+
+
+class ToolRegistry:
+    """Tools by name, and the three stages every call goes through."""
+
+    def __init__(self, *, thread_limit: int = 40) -> None:
+        self._tools: dict[str, ToolDefinition] = {}
+        self._schemas: list[dict[str, Any]] | None = None
+        #: How many calls of one plain-function tool may run in threads at once. Each
+        #: tool has its own limiter, not anyio's process-wide one: 40 hung calls of one
+        #: sync tool cannot starve another tool of threads (and eat its budget).
+        self._runner = _ToolRunner(integer("ToolRegistry", "thread_limit", thread_limit))
+        self.pre_execute: Pipeline[PreNext] = Pipeline(_allow, stage="pre_execute")
+        self.dispatch: Pipeline[DispatchNext] = Pipeline(self._runner.run, stage="dispatch")
+        self.post_execute: Pipeline[PostNext] = Pipeline(_accept, stage="post_execute")
+        self._operation_hooks: list[Callable[[Execute], Execute]] = []
+        #: The whole ``execute`` wrapped by its hooks (``None`` without hooks: ``_run`` is
+        #: called directly, and the registry holds no bound method of its own).
+        self._operation: Execute | None = None
+        #: Resolves an ``Ask`` no layer resolved (``guards.Approval`` sets it).
+        self.approvals: ApprovalService | None = None
+
+    @property
+    def thread_limit(self) -> int:
+        """How many calls of one plain-function tool may run in threads at once (per
+        tool, not anyio's process-wide limiter: 40 hung calls of one sync tool cannot
+        starve another tool of threads and eat its budget)."""
+        return self._runner.limit
+
+    @thread_limit.setter
+    def thread_limit(self, limit: int) -> None:
+        self._runner.limit = integer("ToolRegistry", "thread_limit", limit)
+
+    # -- tools -------------------------------------------------------------------------
+
+    def register(self, definition: ToolDefinition) -> Registration:
+        """Add a tool; a duplicate name raises ``DuplicateToolError``."""
+        if not isinstance(definition, ToolDefinition):
+            raise TypeError(f"register() takes a ToolDefinition, got {definition!r}")
+        if definition.name in self._tools:
+            raise DuplicateToolError(f"tool {definition.name!r} is already registered")
+        self._tools[definition.name] = definition
+        self._schemas = None
+
+        def remove() -> None:
+            if self._tools.get(definition.name) is definition:
+                del self._tools[definition.name]
+                self._schemas = None
+
+        return Registration(remove)
+
+    def get(self, name: str) -> ToolDefinition | None:
+        """The tool registered under ``name``, or ``None``."""
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function-tool schemas for every registered tool, in registration order.
+
+        Built once per change of the tool set (the loop asks every step); the list is
+        fresh, the schema dicts are shared and read-only (``dict(schema)`` to change one).
+        """
+        if self._schemas is None:
+            self._schemas = [_schema_of(definition) for definition in self._tools.values()]
+        return list(self._schemas)
+
     # -- instrumentation ---------------------------------------------------------------
 
     def instrument(self, hook: Callable[[Execute], Execute]) -> Registration:
@@ -358,7 +386,7 @@ class ToolRegistry:
 
         def remove() -> None:
             self._operation_hooks.remove(hook)
-            self._operation = self._wrapped(self._run)
+            self._operation = self._wrapped(self._run) if self._operation_hooks else None
 
         return Registration(remove)
 
@@ -394,7 +422,8 @@ class ToolRegistry:
         """
         if tool is None:
             if order is None:
-                return self._operation(call)
+                operation = self._operation
+                return self._run(call) if operation is None else operation(call)
         elif call.tool is not tool:
             call = call.resolved(tool)  # instrumentation sees the definition that runs
         if not self._operation_hooks:

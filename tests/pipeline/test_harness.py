@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from guardstack.guards import RepeatToolReminder, ToolCallTimeoutPolicy
-from guardstack.pipeline import ConfigError, Harness, Scope
+from guardstack.pipeline import AgentLoop, ConfigError, Harness, Scope, ToolDefinition, ToolRegistry
 from guardstack.pipeline.harness import resolve_plugin
 from guardstack.pipeline.testing import RecordingLayer, ScriptedTool
 from guardstack.wrappers import Retry, Timeout
@@ -287,3 +288,23 @@ def test_long_values_are_cut_in_messages() -> None:
     with pytest.raises(ConfigError) as raised:
         Harness().load([{"id": "x", "name": "retry", "config": {"attempts": "y" * 100_000}}])
     assert len(str(raised.value)) < 400
+
+
+async def _answer(arguments: Any, call: Any) -> str:
+    return "ok"
+
+
+def test_a_harness_its_registry_and_loop_leave_no_cyclic_garbage() -> None:
+    """Built and dropped, they are freed at once by reference counting: none of them
+    holds a bound method of its own (a cycle the garbage collector must find)."""
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            harness = Harness()
+            harness.tools.register(ToolDefinition("t", _answer, timeout_ms=100))
+            AgentLoop(ToolRegistry(), None)
+            del harness
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
