@@ -310,7 +310,6 @@ class _ToolRunner:
             )
 
 
-
 class ToolRegistry:
     """Tools by name, and the three stages every call goes through."""
 
