@@ -49,7 +49,8 @@ class _TurnTokens:
 
     def __init__(self) -> None:
         self.renew()
-        os.register_at_fork(after_in_child=self.renew)
+        if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+            os.register_at_fork(after_in_child=self.renew)
 
     def renew(self) -> None:
         self.prefix = uuid.uuid4().hex

@@ -85,7 +85,8 @@ def _forget_loop() -> None:
     _last_loop = None
 
 
-os.register_at_fork(after_in_child=_forget_loop)
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_forget_loop)
 
 
 def now() -> float:
