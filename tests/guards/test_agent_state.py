@@ -31,5 +31,6 @@ def test_a_forked_child_draws_tokens_of_its_own() -> None:
     os.close(read)
     os.waitpid(child, 0)
     in_parent = new_turn_token()
-    assert in_child and in_child[:32] != in_parent[:32]
+    assert in_child
+    assert in_child[:32] != in_parent[:32]  # another process prefix
     assert in_child != in_parent
