@@ -73,11 +73,10 @@ def timed(
 def timed_dispatch(
     call: ToolCall, call_next: _Next, ms: int | None, code: str
 ) -> Awaitable[ToolResult]:
-    """``timed`` on the dispatch stage (``ms=None``: the tool's declared budget), with the
-    budget read here: this runs on every tool call."""
+    """``timed`` on the dispatch stage (``ms=None``: the tool's declared budget), without
+    the stage adapter's indirection: this runs on every tool call."""
     if ms is None:
-        tool = call.tool
-        ms = tool.timeout_ms if tool is not None else None
+        ms = budget_of(call)
         if ms is None:
             return call_next(call)
     return within(DISPATCH, call, call_next, ms, code, "timeout")

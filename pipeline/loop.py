@@ -72,7 +72,7 @@ from guardstack.pipeline.model import (
 )
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.registry import Phase
-from guardstack.pipeline.runtime import cancel_pending, cancel_scope
+from guardstack.pipeline.runtime import cancel_pending, cancel_scope, deliver_pending
 from guardstack.pipeline.session import (
     ApprovalDecision,
     ApprovalRequest,
@@ -467,7 +467,7 @@ class Agent:
                 self.step = step
                 step_calls = None
                 log(StepStart(turn, step))
-                request = ModelRequest(self, self.session.messages(), self.loop.tools.schemas())
+                request = ModelRequest(self, self.session.messages(), loop.tools.schemas())
                 try:
                     # the model stage itself when nothing instruments it: a frame fewer
                     call_model = loop._call_model if loop._model_hooks else loop.model_call._chain
@@ -672,7 +672,7 @@ class Agent:
                 if token is not None:
                     CHILD_DECISIONS.reset(token)
             if cancel_pending():
-                await anyio.lowlevel.checkpoint()
+                await deliver_pending()
             if outcome.pending is None:
                 self._answer(turn, step, paused.calls, index, outcome)
             outcomes.append(outcome)
@@ -805,13 +805,14 @@ class Agent:
                 call_id = request.call_id
                 log(ToolCallEvent.of(turn, step, request))
                 calls.called.add(index)  # from here on it counts as started
-                tool = tools.get(request.name)  # resolved here: the registry need not
-                outcome = await execute(
-                    ToolCall(request.name, request.arguments, call_id, self, tool)
+                # resolved here, so the registry need not rebuild the call to set ``tool``
+                call = ToolCall(
+                    request.name, request.arguments, call_id, self, tools.get(request.name)
                 )
+                outcome = await execute(call)
                 # A tool that ignored the turn's cancel still returns: it was aborted.
                 if cancel_pending():
-                    await anyio.lowlevel.checkpoint()
+                    await deliver_pending()
                 if outcome.pending is None and not self._child_of_call:  # the usual: a result
                     log(ToolResultEvent(turn, step, call_id, outcome.result))
                     calls.answered.add(index)
@@ -840,7 +841,7 @@ class Agent:
             # A hook that answered without running the phases still frees the next call.
             step_order.release(index)
             if cancel_pending():
-                await anyio.lowlevel.checkpoint()
+                await deliver_pending()
             if index:
                 await committed[index - 1].wait()
             log_call(index)

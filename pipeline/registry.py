@@ -44,7 +44,7 @@ from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.ledger import TREE_CAPS, RunKey
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
-from guardstack.pipeline.runtime import cancel_pending
+from guardstack.pipeline.runtime import cancel_pending, deliver_pending
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     TOOL_DENIED,
@@ -275,10 +275,10 @@ class _ToolRunner:
         tool = call.tool
         if tool is None:
             return unknown_tool_result(call.name)
-        # No tool starts once its call is cancelled (or its deadline passed): a
-        # checkpoint delivers the cancellation, which propagates.
+        # No tool starts once its call is cancelled (or its deadline passed): the
+        # cancellation is delivered here, and propagates.
         if cancel_pending():
-            await anyio.lowlevel.checkpoint()
+            await deliver_pending()
         try:
             if tool.is_async:
                 value = await tool.execute(call.arguments, call)  # type: ignore[arg-type,misc]
@@ -316,9 +316,6 @@ class ToolRegistry:
     def __init__(self, *, thread_limit: int = 40) -> None:
         self._tools: dict[str, ToolDefinition] = {}
         self._schemas: list[dict[str, Any]] | None = None
-        #: How many calls of one plain-function tool may run in threads at once. Each
-        #: tool has its own limiter, not anyio's process-wide one: 40 hung calls of one
-        #: sync tool cannot starve another tool of threads (and eat its budget).
         self._runner = _ToolRunner(integer("ToolRegistry", "thread_limit", thread_limit))
         self.pre_execute: Pipeline[PreNext] = Pipeline(_allow, stage="pre_execute")
         self.dispatch: Pipeline[DispatchNext] = Pipeline(self._runner.run, stage="dispatch")

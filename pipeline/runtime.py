@@ -31,8 +31,9 @@ from typing import Any
 from weakref import ref
 
 import anyio
+import anyio.lowlevel
 
-__all__ = ["cancel_pending", "cancel_scope", "now", "scope_after"]
+__all__ = ["cancel_pending", "cancel_scope", "deliver_pending", "now", "scope_after"]
 
 
 def _asyncio_backend() -> tuple[Any, Any]:
@@ -95,23 +96,30 @@ def now() -> float:
     return loop.time() if loop is not None else anyio.current_time()
 
 
+def _asyncio_task_loop() -> Any:
+    """The running loop when the current task is an asyncio task whose scopes can be made
+    here (``None``: trio, a guest, or an anyio this module does not know)."""
+    loop = _running_loop()
+    if loop is None or _SCOPE is None or _task_of(loop) is None:
+        return None
+    return loop
+
+
 def cancel_scope(deadline: float = math.inf) -> anyio.CancelScope:
     """``anyio.CancelScope(deadline=deadline)``: on asyncio, its backend's class directly."""
-    loop = _running_loop()
-    if loop is not None and _SCOPE is not None and _task_of(loop) is not None:
-        return _SCOPE(deadline=deadline)  # type: ignore[no-any-return]
-    return anyio.CancelScope(deadline=deadline)
+    made = anyio.CancelScope if _asyncio_task_loop() is None else _SCOPE
+    return made(deadline=deadline)
 
 
 def scope_after(seconds: float) -> tuple[anyio.CancelScope, float]:
     """A cancel scope whose deadline is ``seconds`` from now, and now: ``cancel_scope(
     now() + seconds)`` with the loop looked up once."""
-    loop = _running_loop()
-    if loop is not None and _SCOPE is not None and _task_of(loop) is not None:
-        started: float = loop.time()
-        return _SCOPE(deadline=started + seconds), started
-    started = anyio.current_time()
-    return anyio.CancelScope(deadline=started + seconds), started
+    loop = _asyncio_task_loop()
+    if loop is None:
+        started = anyio.current_time()
+        return anyio.CancelScope(deadline=started + seconds), started
+    started = loop.time()
+    return _SCOPE(deadline=started + seconds), started
 
 
 def cancel_pending() -> bool:
@@ -135,3 +143,18 @@ def cancel_pending() -> bool:
             return False
         scope = scope._parent_scope
     return False
+
+
+async def deliver_pending() -> None:
+    """Let a pending cancel (``cancel_pending``) arrive before going on; return if none.
+
+    One checkpoint delivers a cancelled scope's cancel. A deadline that passed while
+    the task ran is different on asyncio: its timer is queued behind the task's own
+    wake-up, so the first checkpoint resumes the task before the timer has cancelled
+    anything, and the second delivers it. (Three at most: a scope whose timer never
+    fires lets the caller go on rather than spin.)
+    """
+    for _ in range(3):
+        if not cancel_pending():
+            return
+        await anyio.lowlevel.checkpoint()

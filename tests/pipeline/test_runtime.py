@@ -20,7 +20,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guardstack.pipeline.runtime import cancel_pending, cancel_scope, now, scope_after
+from guardstack.pipeline.runtime import (
+    cancel_pending,
+    cancel_scope,
+    deliver_pending,
+    now,
+    scope_after,
+)
+from tests.virtual_time import jump_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -146,3 +153,26 @@ async def test_scope_after_starts_its_deadline_now() -> None:
         await anyio.sleep(5)
     assert scope.cancelled_caught
     assert anyio.current_time() == started + 1.5
+
+
+async def test_a_deadline_that_passed_while_the_task_ran_is_pending() -> None:
+    """Before the event loop has run the deadline's timer, anyio's asyncio scopes do not
+    say they are cancelled: only the deadline, against the clock, tells (the corner a
+    busy tool leaves)."""
+    with anyio.CancelScope(deadline=anyio.current_time() + 1) as scope:
+        assert cancel_pending() is False
+        jump_clock(2)
+        assert cancel_pending() is True
+        assert cancel_pending() is _public_pending()
+        with anyio.CancelScope(shield=True):  # noqa: ASYNC100 - no checkpoint wanted
+            assert cancel_pending() is False  # a shield hides it
+        await deliver_pending()  # the timer runs; the cancel arrives
+        pytest.fail("deliver_pending delivers the deadline's cancel")  # pragma: no cover
+    assert scope.cancelled_caught
+
+
+async def test_deliver_pending_returns_at_once_with_nothing_pending() -> None:
+    with anyio.CancelScope(deadline=anyio.current_time() + 1):
+        before = anyio.current_time()
+        await deliver_pending()
+        assert anyio.current_time() == before

@@ -38,6 +38,7 @@ from guardstack.wrappers import (
     Retry,
 )
 from tests.helpers import call
+from tests.virtual_time import jump_clock
 
 
 async def ok(arguments: Any, call: Any) -> str:
@@ -286,6 +287,25 @@ async def test_a_call_whose_caller_is_cancelled_never_runs_its_tool(with_retry: 
     with anyio.CancelScope() as scope:
         scope.cancel()
         await built.tools.execute(call("t"))
+    assert tool.calls == []
+
+
+@pytest.mark.parametrize("with_retry", [False, True])
+async def test_a_call_whose_deadline_passed_while_its_caller_ran_never_runs_its_tool(
+    with_retry: bool,
+) -> None:
+    """The caller's deadline passed while it was busy, so its timer has not fired yet:
+    the cancel still arrives before the tool starts (on asyncio it takes the timer a
+    second checkpoint to run)."""
+    tool = ScriptedTool("t", [Reply("ran")])
+    built = Harness()
+    tool.register(built.tools)
+    if with_retry:
+        built.plugin(Retry(attempts=3))
+    with anyio.CancelScope(deadline=anyio.current_time() + 1) as scope:
+        jump_clock(2)
+        await built.tools.execute(call("t"))
+    assert scope.cancelled_caught
     assert tool.calls == []
 
 
