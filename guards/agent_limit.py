@@ -12,10 +12,10 @@ A runaway workflow that spawns subagents in a loop is stopped here:
 
 A refused child never raises into the parent: its tool call answers ``AGENT_STOPPED``
 naming the limit, which the parent's model reads. The tree's counts belong to the
-agents that own it (the ledger seam), so a child harness needs no ``AgentLimit`` of
+agents that own it (the tree seam), so a child harness needs no ``AgentLimit`` of
 its own; if it has one, both apply. Disposing the plugin lifts the caps.
 
-Where it belongs: a ``loop.on_create`` hook and the ledger's child policy, not an
+Where it belongs: a ``loop.on_create`` hook and the tree seam's child policy, not an
 onion layer; it has no order.
 """
 
@@ -72,7 +72,7 @@ class AgentLimit:
             policy.take_agent(repr(agent.session_id))
 
         scope.adopt(scope.loop.on_create(on_create))
-        scope.adopt(scope.loop.ledger.govern_children(policy))
+        scope.adopt(scope.loop.tree.govern_children(policy))
 
 
 class _Policy:

@@ -80,9 +80,18 @@ ANONYMOUS: Final = _Anonymous()
 class ConversationState(Generic[T]):
     """A guard application's state, one value per conversation."""
 
-    def __init__(self, owner: str, max_conversations: int = MAX_CONVERSATIONS) -> None:
+    def __init__(
+        self,
+        owner: str,
+        max_conversations: int = MAX_CONVERSATIONS,
+        *,
+        on_forget: Callable[[T], None] | None = None,
+    ) -> None:
         self.owner = owner
         self.max_conversations = max_conversations
+        #: Told of each keyed conversation's state when it is forgotten (the least
+        #: recently used past the bound, or reset): what it kept elsewhere can go too.
+        self.on_forget = on_forget
         self._agents: weakref.WeakKeyDictionary[Agent, T] = weakref.WeakKeyDictionary()
         #: The weak map's own dict (weak reference -> state), read without its methods.
         self._by_reference: dict[ref[Agent], T] = vars(self._agents)["data"]
@@ -129,7 +138,9 @@ class ConversationState(Generic[T]):
         self._keyed[key] = state
         self._keyed.move_to_end(key)
         while len(self._keyed) > self.max_conversations:
-            self._keyed.popitem(last=False)
+            _, forgotten = self._keyed.popitem(last=False)
+            if self.on_forget is not None:
+                self.on_forget(forgotten)
 
     def of_agent(self, agent: Agent) -> T | None:
         """The state of an agent's conversation (for layers on the loop's own stages)."""
@@ -142,7 +153,9 @@ class ConversationState(Generic[T]):
         """Forget a conversation's state (an agent, a key, or ``None`` for the anonymous one)."""
         key = ANONYMOUS if conversation is None else conversation
         if isinstance(key, Hashable) and key in self._keyed:
-            del self._keyed[key]
+            forgotten = self._keyed.pop(key)
+            if self.on_forget is not None:
+                self.on_forget(forgotten)
             return
         with contextlib.suppress(TypeError):  # not weak-referenceable: never an agent
             self._agents.pop(key, None)  # type: ignore[call-overload]

@@ -2,19 +2,25 @@
 
 Agents spend most of their money on model calls. ``per_turn`` caps the model calls
 an agent makes in one turn, ``per_session`` those over its whole session (a resumed
-session counts the replies already in its log). The check runs before each model
-request: the call that would go over is not sent, and the turn ends with reason
-``blocked`` and ``TurnResult.error`` naming the limit. The replies before it (and
-their tool calls) are all logged, so the log stays whole.
+session counts the replies already in its log). Each call is reserved in the ledger
+before it is sent: the call that would go over is not sent, and the turn ends with
+reason ``blocked`` and ``TurnResult.error`` naming the limit. Calls running at once —
+parallel child agents, several processes on one session — are reserved one by one,
+so together they never pass the limit. The replies before the refusal (and their tool
+calls) are all logged, so the log stays whole.
 
 Where it belongs: a ``model_call`` layer, and its position decides what it counts.
 Outside a model-stage ``Retry`` it counts operations (a call retried three times is
-one); inside it, attempts (each provider request). Calls it refused are not counted.
+one); inside it, attempts (each provider request). Calls refused before they reached
+the provider — by it, by another layer, or by the provider's own 429 or 400 — are
+given back; calls that may have reached it (a timeout, a cancelled caller, a 5xx)
+count.
 
-The counts are kept in the harness's ``StateStore`` (or ``store=``): a session's
-count under its session id, so agents in several processes sharing a store share a
-session's limit. A store that fails ends the turn (a cap fails closed, unless the
-store's ``on_error`` says ``"open"``).
+The counts are kept in the harness's store (or ``store=``), through its ``Ledger``: a
+session's count under its session id, for the session's lifetime and never less than
+its log holds (so a store that lost it goes on from the log), a turn's until the turn
+ends. A store that fails ends the turn (a cap fails closed, unless the store's
+``on_error`` says ``"open"``).
 """
 
 from __future__ import annotations
@@ -22,16 +28,15 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, ClassVar, Final
 
-import anyio
 import attrs
 
-from guardstack.guards.agent_state import ConversationState, new_turn_token
+from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store, never_reached
 from guardstack.pipeline.contract import ModelNext, ModelReply, ModelRequest, Scope, StateStore
 from guardstack.pipeline.errors import TurnBlocked
 from guardstack.pipeline.validate import invalid, optional_integer
 
 if TYPE_CHECKING:
-    from guardstack.pipeline.contract import Agent
+    from guardstack.pipeline.contract import Agent, Window
 
 __all__ = ["ModelCallLimit"]
 
@@ -54,7 +59,9 @@ class ModelCallLimit:
         default=None, validator=optional_integer(PLUGIN, "per_session")
     )
     #: Where the counts live (``None``: the harness's store).
-    store: StateStore | None = attrs.field(default=None, kw_only=True, repr=False)
+    store: StateStore | None = attrs.field(
+        default=None, kw_only=True, repr=False, validator=check_ledger_store(PLUGIN)
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.per_turn is None and self.per_session is None:
@@ -66,77 +73,85 @@ class ModelCallLimit:
             )
 
     def apply(self, scope: Scope) -> None:
-        """Register the counting model-call layer and the per-turn reset, with fresh counts."""
-        store = scope.store_for(self.store)
-        namespace = scope.namespace
-        turns: ConversationState[str] = ConversationState(PLUGIN)
-        seen: weakref.WeakSet[Agent] = weakref.WeakSet()
+        """Register the counting model-call layer; its turn windows close as turns end."""
+        accounts = Accounts(scope, self.store)
+        #: The least each agent's session has made: its log's replies when first seen,
+        #: plus every call this process counted since.
+        made: weakref.WeakKeyDictionary[Agent, int] = weakref.WeakKeyDictionary()
 
-        async def count(key: str, limit: int | None, initial: int, what: str) -> str:
-            added, used = await store.add(key, 1, limit=limit, initial=initial)
-            if not added:
-                raise TurnBlocked(
-                    f"{PLUGIN}: this {what} made {int(used)} model calls and the limit is "
-                    f"{limit} per {what}"
+        def windows(agent: Agent) -> list[Window]:
+            found = []
+            if self.per_turn is not None:
+                token = accounts.turn_of(agent)
+                floor = agent.turn_model_calls
+                found.append(accounts.turn_window(token, "calls", "calls", self.per_turn, floor))
+            if self.per_session is not None:
+                logged = made.get(agent)
+                if logged is None:
+                    logged = made[agent] = logged_replies(agent)
+                found.append(
+                    accounts.session_window(
+                        agent.session_id, "calls", "calls", self.per_session, logged
+                    )
                 )
-            return key
+            return found
 
         async def model_layer(request: ModelRequest, call_next: ModelNext) -> ModelReply:
             agent = request.agent
-            turn = turns.of_agent(agent)
-            if turn is None:
-                turn = new_turn_token()
-                turns.set_agent(agent, turn)
-            # a session this process has not seen yet counts the replies its log holds
-            initial = 0
-            if agent not in seen:
-                seen.add(agent)
-                initial = logged_replies(agent)
-            counted: list[str] = []
+            wanted = windows(agent)
+            op_id = accounts.operation()
             try:
-                counted.append(await count(f"{namespace}:{turn}:turn", self.per_turn, 0, "turn"))
-                counted.append(
-                    await count(
-                        f"{namespace}:session:{agent.session_id}",
-                        self.per_session,
-                        initial,
-                        "session",
-                    )
-                )
-            except TurnBlocked:
-                await give_back(counted)
-                raise
-            except Exception as error:
-                await give_back(counted)
-                if store.on_error != "open":
+                reservation = await accounts.reserve(op_id, _ONE, wanted)
+            except StoreDown as down:
+                if not accounts.fails_open:
                     raise TurnBlocked(
-                        f"{PLUGIN}: its {store.name} store is not answering "
-                        f"({type(error).__name__}); no model call is made without it"
-                    ) from error
-            return await call_next(request)
-
-        async def give_back(keys: list[str]) -> None:
-            with anyio.CancelScope(shield=True):
-                for key in keys:
-                    try:
-                        await store.add(key, -1)
-                    except Exception:
-                        continue
+                        f"{PLUGIN}: its {accounts.ledger.name} store is not answering "
+                        f"({type(down.error).__name__}); no model call is made without it"
+                    ) from down.error
+                return await call_next(request)
+            if not reservation.granted:
+                refused = reservation.window
+                turn = self.per_turn is not None and refused is not None
+                what = "turn" if turn and refused and refused.key == wanted[0].key else "session"
+                limit = self.per_turn if what == "turn" else self.per_session
+                raise TurnBlocked(
+                    f"{PLUGIN}: this {what} made {int(reservation.used)} model calls and the "
+                    f"limit is {limit} per {what}"
+                )
+            try:
+                reply = await call_next(request)
+            except BaseException as error:
+                if never_reached(error):
+                    await accounts.release(op_id)
+                else:
+                    await accounts.settle(op_id, _ONE)
+                    _counted(made, agent)
+                raise
+            await accounts.settle(op_id, _ONE)
+            _counted(made, agent)
+            return reply
 
         async def remaining(agent: Agent) -> dict[str, float]:
             left: list[float] = []
-            turn = turns.of_agent(agent)
             try:
-                if self.per_turn is not None:
-                    used = 0.0 if turn is None else await store.read(f"{namespace}:{turn}:turn")
-                    left.append(self.per_turn - used)
-                if self.per_session is not None:
-                    used = await store.read(f"{namespace}:session:{agent.session_id}")
-                    left.append(self.per_session - max(used, logged_replies(agent)))
+                for window in windows(agent):
+                    assert window.limit is not None
+                    left.append(window.limit - await accounts.balance(window))
             except Exception:
                 return {}
             return {"model_calls": max(0.0, min(left))}
 
         scope.use(scope.loop.model_call, model_layer, name=PLUGIN)
-        scope.use(scope.loop.prompt_submit, turns.reset_on_prompt, name=PLUGIN)
-        scope.adopt(scope.loop.ledger.report_remaining(remaining))
+        accounts.close_turns(
+            scope, lambda token: [accounts.turn_window(token, "calls", "calls", None).key]
+        )
+        scope.adopt(scope.loop.tree.report_remaining(remaining))
+
+
+#: One model call, in the ledger's units.
+_ONE: Final = {"calls": 1.0}
+
+
+def _counted(made: weakref.WeakKeyDictionary[Agent, int], agent: Agent) -> None:
+    if agent in made:
+        made[agent] += 1

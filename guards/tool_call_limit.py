@@ -22,14 +22,17 @@ reset by each new person's prompt. A call outside the agent loop counts in its
 turn. With parallel tool calls, pre-execute runs in the model's order, so the
 count is exact.
 
-The counts are kept in the harness's ``StateStore`` (or ``store=``), each call
-reserved atomically before it runs and given back if a layer inside denies it; a
-store that fails denies the call (a cap fails closed, unless the store's
-``on_error`` says ``"open"``).
+The counts are kept in the harness's store (or ``store=``), through its ``Ledger``: each
+call is reserved in every counter it counts against, all or none, before it runs,
+and given back if a layer inside denies it; a turn's counters go when the turn ends
+(a day after their last use for a conversation outside the agent loop). A store that
+fails denies the call (a cap fails closed, unless the store's ``on_error`` says
+``"open"``), and a reservation whose answer was lost is released, never kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
@@ -37,13 +40,21 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 import anyio
 import attrs
 
+from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
 from guardstack.guards.agent_state import ConversationState, Resettable, new_turn_token
-from guardstack.pipeline.contract import UNKNOWN_KEY, PreNext, Scope, StateStore
+from guardstack.pipeline.contract import (
+    UNKNOWN_KEY,
+    PreNext,
+    Scope,
+    StateStore,
+    TurnRun,
+    Window,
+)
 from guardstack.pipeline.validate import compile_patterns, integer, invalid
 from guardstack.pipeline.values import TOOL_DENIED, Deny, PreDecision, ToolCall
 
 if TYPE_CHECKING:
-    from guardstack.pipeline.contract import Agent
+    from guardstack.pipeline.contract import Agent, TurnResult
 
 __all__ = ["ToolCallLimit"]
 
@@ -74,11 +85,6 @@ def _check_on_exceeded(_: object, __: object, value: object) -> None:
         raise invalid(PLUGIN, "on_exceeded", value, "'deny' or 'end_turn'")
 
 
-def _check_store(_: object, __: object, value: StateStore | None) -> None:
-    if value is not None and not isinstance(value, StateStore):
-        raise invalid(PLUGIN, "store", value, "a StateStore (MemoryStore, RedisStore) or None")
-
-
 @attrs.frozen
 class ToolCallLimit:
     """At most ``per_turn`` calls, and ``per_tool`` calls of one tool, per agent per turn."""
@@ -92,7 +98,7 @@ class ToolCallLimit:
     )
     #: Where the counts live (``None``: the harness's store).
     store: StateStore | None = attrs.field(
-        default=None, validator=_check_store, kw_only=True, repr=False
+        default=None, validator=check_ledger_store(PLUGIN), kw_only=True, repr=False
     )
     _resets: Resettable = attrs.field(init=False, repr=False, eq=False, factory=Resettable)
     _patterns: tuple[tuple[str, re.Pattern[str], int], ...] = attrs.field(
@@ -154,42 +160,71 @@ class ToolCallLimit:
     def apply(self, scope: Scope) -> None:
         """Register the counting pre-execute layer and the per-turn reset, with fresh counts."""
         turns: ConversationState[str] = self._resets.track(ConversationState(PLUGIN))
-        cap = _Cap(self, turns, scope.store_for(self.store), scope.namespace)
+        cap = _Cap(self, turns, Accounts(scope, self.store))
+        turns.on_forget = cap.forget
         scope.use(scope.tools.pre_execute, cap.pre_execute, name=self.name)
         # a child agent's calls (AgentTool) count here too, as this agent's
-        scope.adopt(scope.loop.ledger.count_tool_calls(cap.pre_execute))
+        scope.adopt(scope.loop.tree.count_tool_calls(cap.pre_execute))
         if self.per_turn is not None:
-            scope.adopt(scope.loop.ledger.report_remaining(cap.remaining))
+            scope.adopt(scope.loop.tree.report_remaining(cap.remaining))
         # a new turn starts with fresh counts (its token made now: its first call need not
         # read the log for calls a resumed turn made before)
         scope.use(scope.loop.prompt_submit, turns.start_on_prompt(new_turn_token), name=self.name)
+        cap.close_on_turn_end(scope)
 
 
 class _Cap:
-    """One application's counters in a store, and the pre-execute layer that enforces them."""
+    """One application's counters in a ledger, and the pre-execute layer that enforces them."""
 
-    __slots__ = ("config", "namespace", "store", "turns")
+    __slots__ = ("accounts", "config", "forgotten", "open_turns", "turns")
 
     def __init__(
-        self,
-        config: ToolCallLimit,
-        turns: ConversationState[str],
-        store: StateStore,
-        namespace: str,
+        self, config: ToolCallLimit, turns: ConversationState[str], accounts: Accounts
     ) -> None:
         self.config = config
         self.turns = turns  # each conversation's current turn: a fresh token per turn
-        self.store = store
-        self.namespace = namespace
+        self.accounts = accounts
+        #: A turn's token -> the keys of the windows it used (closed at its end).
+        self.open_turns: dict[str, set[str]] = {}
+        #: Keys of turns whose conversation was forgotten: closed at the next call.
+        self.forgotten: list[str] = []
+
+    def forget(self, token: str) -> None:
+        """A conversation outside the loop was forgotten (or reset): its turn is over."""
+        self.forgotten.extend(self.open_turns.pop(token, ()))
+
+    def close_on_turn_end(self, scope: Scope) -> None:
+        """When an agent's turn ends (not a pause for approval), its windows go."""
+        open_turns, turns, ledger = self.open_turns, self.turns, self.accounts.ledger
+
+        def hook(run: TurnRun) -> TurnRun:
+            async def turn(agent: Agent, text: str) -> TurnResult:
+                result: TurnResult | None = None
+                try:
+                    result = await run(agent, text)
+                    return result
+                finally:
+                    token = turns.of_agent(agent)
+                    keys = open_turns.pop(token, None) if token is not None else None
+                    if keys and result is not None and result.reason == "approval":
+                        open_turns[token] = keys  # type: ignore[index]  # it goes on later
+                    elif keys:
+                        # shielded; a failure leaves them to expire a day after their last use
+                        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                            await ledger.close(sorted(keys))
+
+            return turn
+
+        scope.adopt(scope.loop.instrument_turn(hook))
 
     def _turn(self, call: ToolCall) -> tuple[str, bool]:
-        """The key prefix of the call's turn, and whether this process just met it."""
+        """The token of the call's turn, and whether this process just met it."""
         token = self.turns.get(call)
         fresh = token is None
         if token is None:
             token = new_turn_token()
             self.turns.set(call, token)
-        return f"{self.namespace}:{token}", fresh
+        return token, fresh
 
     def _logged(self, call: ToolCall) -> dict[str, int]:
         """What the agent's current turn already spent, by counter, from its log: a turn
@@ -221,43 +256,58 @@ class _Cap:
                 counts[counter] = counts.get(counter, 0) + 1
         return counts
 
+    def windows(
+        self, token: str, wanted: list[tuple[str, int | None]], floors: dict[str, int]
+    ) -> list[Window]:
+        return [
+            self.accounts.turn_window(token, counter, "calls", limit, floors.get(counter, 0))
+            for counter, limit in wanted
+        ]
+
     async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
         config = self.config
-        turn, fresh = self._turn(call)
+        token, fresh = self._turn(call)
         wanted: list[tuple[str, int | None]] = (
             [("total", config.per_turn)] if config.per_turn is not None else []
         )
         wanted.extend(config.budgets(call))
         if not wanted:  # nothing caps this call: no store round trip for it
             return await call_next(call)
-        seeded = self._logged(call) if fresh else {}
-        taken: list[str] = []
+        windows = self.windows(token, wanted, self._logged(call) if fresh else {})
+        self.open_turns.setdefault(token, set()).update(window.key for window in windows)
+        accounts = self.accounts
+        if self.forgotten:
+            keys, self.forgotten = self.forgotten, []
+            with contextlib.suppress(Exception):  # else they expire a day after their last use
+                await accounts.ledger.close(keys)
+        op_id = accounts.operation()
         try:
-            for counter, spent in seeded.items():
-                await self.store.add(f"{turn}:{counter}", 0, initial=spent)
-            for counter, limit in wanted:
-                key = f"{turn}:{counter}"
-                added, used = await self.store.add(key, 1, limit=limit)
-                if not added:
-                    await self._give_back(taken)
-                    assert limit is not None
-                    return self._deny(config.reason(counter, used, limit))
-                taken.append(key)
-        except Exception as error:
-            await self._give_back(taken)
-            if self.store.on_error != "open":
+            reservation = await accounts.reserve(op_id, _ONE_CALL, windows)
+        except StoreDown as down:
+            if not accounts.fails_open:
                 return self._deny(
-                    f"tool call limit: its {self.store.name} store is not answering "
-                    f"({type(error).__name__}), so no more tool calls are allowed for now."
+                    f"tool call limit: its {accounts.ledger.name} store is not answering "
+                    f"({type(down.error).__name__}), so no more tool calls are allowed for now."
                 )
             return await call_next(call)
+        if not reservation.granted:
+            refused = reservation.window
+            counter, limit = next(
+                (counter, limit)
+                for (counter, limit), window in zip(wanted, windows, strict=True)
+                if refused is not None and window.key == refused.key
+            )
+            assert limit is not None
+            return self._deny(config.reason(counter, reservation.used, limit))
         try:
             decision = await call_next(call)
         except BaseException:
-            await self._give_back(taken)  # the call never ran
+            await accounts.release(op_id)  # the call never ran
             raise
         if isinstance(decision, Deny):
-            await self._give_back(taken)  # denied calls do not use up the budget
+            await accounts.release(op_id)  # denied calls do not use up the budget
+        else:
+            await accounts.settle(op_id, _ONE_CALL)
         return decision
 
     async def remaining(self, agent: Agent) -> dict[str, float]:
@@ -268,7 +318,11 @@ class _Cap:
             return {}
         try:
             used = (
-                0.0 if token is None else await self.store.read(f"{self.namespace}:{token}:total")
+                0.0
+                if token is None
+                else await self.accounts.balance(
+                    self.accounts.turn_window(token, "total", "calls", limit)
+                )
             )
         except Exception:
             return {}
@@ -277,10 +331,6 @@ class _Cap:
     def _deny(self, reason: str) -> Deny:
         return Deny(reason, end_turn=self.config.on_exceeded == "end_turn")
 
-    async def _give_back(self, keys: list[str]) -> None:
-        with anyio.CancelScope(shield=True):
-            for key in keys:
-                try:
-                    await self.store.add(key, -1)
-                except Exception:
-                    continue
+
+#: One tool call, in the ledger's units.
+_ONE_CALL: Final = {"calls": 1.0}

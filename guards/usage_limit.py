@@ -1,4 +1,4 @@
-"""Usage limit: hard caps on tokens per turn and per session, and on dollars per session.
+"""Usage limit: hard caps on tokens and dollars per turn, per session and per calendar window.
 
 ``tokens_per_turn`` and ``tokens_per_session`` cap input plus output tokens (as the
 replies' ``usage`` reports them; a resumed session counts what its log holds);
@@ -9,23 +9,36 @@ cache reads and of a million cache writes (``[3, 15, 0.3, 3.75]`` for a Claude
 model). Without them, cache reads are priced as input (a discount only makes the
 real bill lower) and cache writes at twice the input price (Anthropic's highest
 cache-write rate), so a cap never lets the bill run past it for want of a price.
+``usd_per_day``, ``usd_per_month`` and ``tokens_per_day`` are calendar (UTC) windows
+of a *tenant*, shared by every agent and process using the store.
 
-The check runs before each model request, on what the replies so far used: once
-a limit is reached the request is not sent and the turn ends with reason
-``blocked``, ``TurnResult.error`` naming the limit and the amount. A reply can
-overshoot a limit by its own size; the next request is the one refused.
+**Every call is reserved before it is sent.** Its estimate — its input (a token per
+four characters of the request) plus its output limit (the answering model's
+``max_tokens``, else ``estimate_output_tokens``), priced at that model's price, or at
+the highest price in ``prices`` when the request names no model it knows — is added to
+every window that applies, all or none. A call whose reservation would pass a limit
+is not sent: the turn ends with reason ``blocked``, ``TurnResult.error`` naming the
+limit and the amount. After the call the reservation is settled at what the reply
+reports (priced at the reply's model). So calls running at once — parallel child
+agents, several processes on one session or tenant — together pass a limit by at most
+the error of their estimates: nothing, when each estimate is at least its call's real
+cost. A reply without usage, a timeout or a cancelled call is charged its reservation;
+a call the provider refused outright (429, 400) or another layer refused is given back.
 
-A cost limit never guesses a price: the reply's model name (else the name the
-agent's model was asked for) must be in ``prices``, or the first reply raises
-``ConfigError`` naming the model and the prices it knows (the turn ends ``error``).
+A cost limit never guesses a price: a reply naming a model that is not in ``prices``
+raises ``ConfigError`` naming the model and the prices it knows (the turn ends
+``error``; the call stays charged its reservation).
 
-Where it belongs: a ``model_call`` layer. It reads what the loop tallied, so it
-counts the same wherever it sits; inside a model-stage ``Retry`` its refusal is
-never retried.
+Where it belongs: a ``model_call`` layer. Outside a model-stage ``Retry`` it reserves
+for the whole operation at once (the estimate of one attempt: give the model a
+``max_tokens`` that covers them, or put it inside); inside it, each attempt; its
+refusal is never retried.
 
-The session's spend is kept in the harness's ``StateStore`` (or ``store=``) under
-its session id; a store that fails ends the turn (a spend cap fails closed, unless
-the store's ``on_error`` says ``"open"``).
+What it counts lives in the harness's store (or ``store=``), through its ``Ledger``:
+a session's for the session's lifetime and never less than its log holds, a turn's
+until the turn ends, a calendar window's until the window ends. A store that fails
+ends the turn (a spend cap fails closed, unless the store's ``on_error`` says
+``"open"``).
 """
 
 from __future__ import annotations
@@ -38,16 +51,20 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-import anyio
 import attrs
 
+from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store, never_reached
 from guardstack.pipeline.contract import (
     ModelNext,
     ModelReply,
     ModelRequest,
+    Reservation,
     Scope,
     StateStore,
     Usage,
+    Window,
+    key_parts,
+    store_key,
 )
 from guardstack.pipeline.errors import ConfigError, GuardstackWarning, TurnBlocked
 from guardstack.pipeline.signals import USAGE_USD
@@ -82,10 +99,22 @@ def _check_warn_at(_: Any, __: Any, value: Any) -> None:
         raise invalid(PLUGIN, "warn_at", value, "a fraction between 0 and 1")
 
 
-def _windows(now: float) -> dict[str, str]:
-    """The calendar (UTC) window each limit counts in at ``now``."""
+#: A calendar window's entry outlives its end by this much (clocks a little apart).
+_GRACE_S: Final = 3_600.0
+
+
+def _calendar(now: float) -> dict[str, tuple[str, float]]:
+    """The calendar (UTC) window each limit counts in at ``now``: its name, and the
+    seconds until it ends (its entry's lifetime)."""
     moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
-    return {"day": moment.strftime("%Y-%m-%d"), "month": moment.strftime("%Y-%m")}
+    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    month = day.replace(day=1)
+    next_day = day + datetime.timedelta(days=1)
+    next_month = (month + datetime.timedelta(days=32)).replace(day=1)
+    return {
+        "day": (moment.strftime("%Y-%m-%d"), next_day.timestamp() - now + _GRACE_S),
+        "month": (moment.strftime("%Y-%m"), next_month.timestamp() - now + _GRACE_S),
+    }
 
 
 def _prices(value: object) -> dict[str, Price] | None:
@@ -109,7 +138,7 @@ def _prices(value: object) -> dict[str, Price] | None:
 
 @attrs.frozen
 class UsageLimit:
-    """Caps on tokens per turn and per session, and on dollars per session."""
+    """Caps on tokens and dollars per turn, per session and per calendar window."""
 
     name: ClassVar[str] = PLUGIN
 
@@ -140,7 +169,9 @@ class UsageLimit:
         default=1_000, kw_only=True, validator=optional_integer(PLUGIN, "estimate_output_tokens")
     )
     #: Where the spend is kept (``None``: the harness's store).
-    store: StateStore | None = attrs.field(default=None, kw_only=True, repr=False)
+    store: StateStore | None = attrs.field(
+        default=None, kw_only=True, repr=False, validator=check_ledger_store(PLUGIN)
+    )
 
     def __attrs_post_init__(self) -> None:
         limits = (
@@ -159,8 +190,7 @@ class UsageLimit:
                 "set (or `tokens_per_session`, `usd_per_session`, `usd_per_day`, "
                 "`usd_per_month`, `tokens_per_day`); with none it caps nothing",
             )
-        dollars = (self.usd_per_session, self.usd_per_day, self.usd_per_month)
-        if any(limit is not None for limit in dollars) and self.prices is None:
+        if self.prices_needed and self.prices is None:
             raise invalid(
                 PLUGIN,
                 "prices",
@@ -168,13 +198,24 @@ class UsageLimit:
                 f"given with a dollar limit (model name -> {PRICE_FORM})",
             )
 
+    @property
+    def prices_needed(self) -> bool:
+        """Whether a dollar limit is set (and so ``prices`` must be)."""
+        return any(
+            limit is not None
+            for limit in (self.usd_per_session, self.usd_per_day, self.usd_per_month)
+        )
+
     def price(self, model: str | None, fallback: str | None) -> Price:
         """The prices for a reply's model (else the requested one): input, output, cache
-        reads, cache writes per million tokens; never a guess."""
+        reads, cache writes per million tokens. Neither named: the highest price known
+        (a bound, not a guess); a model named but not priced: ``ConfigError``."""
         prices = self.prices or {}
         for name in (model, fallback):
             if name is not None and name in prices:
                 return prices[name]
+        if model is None and fallback is None and prices:
+            return self.highest_price()
         known = ", ".join(sorted(prices)) or "none"
         raise ConfigError(
             f"{PLUGIN}: no price for model {model or fallback!r} (known: {known}); a cost "
@@ -184,247 +225,272 @@ class UsageLimit:
             value=model or fallback,
         )
 
+    def highest_price(self) -> Price:
+        """Each of the four prices at its highest across ``prices``: what a call whose
+        model is not known yet reserves at, so the bound holds whichever it is."""
+        table = list((self.prices or {}).values()) or [(0.0, 0.0, 0.0, 0.0)]
+        return tuple(max(price[i] for price in table) for i in range(4))  # type: ignore[return-value]
+
     def cost_usd(self, usage: Usage, model: str | None, fallback: str | None) -> float:
         """What ``usage`` cost at the model's price."""
-        per_input, per_output, per_read, per_write = self.price(model, fallback)
-        plain = max(0, usage.input_tokens - usage.cached_input_tokens - usage.cache_write_tokens)
-        return (
-            plain * per_input
-            + usage.cached_input_tokens * per_read
-            + usage.cache_write_tokens * per_write
-            + usage.output_tokens * per_output
-        ) / 1_000_000
+        return _cost(usage, self.price(model, fallback))
 
-    def check(self, agent: Agent, spent_usd: float) -> None:
-        """Raise ``TurnBlocked`` if the agent has reached a limit."""
-        turn_tokens = agent.turn_usage.total_tokens
-        session_tokens = agent.usage.total_tokens
-        if self.tokens_per_turn is not None and turn_tokens >= self.tokens_per_turn:
-            raise TurnBlocked(
-                f"{PLUGIN}: this turn used {turn_tokens} tokens and the limit is "
-                f"{self.tokens_per_turn} per turn"
+    def estimate(self, request: ModelRequest, asked_for: str | None) -> dict[str, float]:
+        """What a call reserves before it is made: its input (a token per four characters
+        of the request, the stated rule) and its output (the answering model's
+        ``max_tokens``, else ``estimate_output_tokens``), in tokens and, at the model's
+        price (the highest known when it names none that is priced), in dollars."""
+        characters = sum(len(str(message.get("content") or "")) for message in request.messages)
+        input_tokens = characters // 4 + 1
+        stated = getattr(_answering(request), "max_tokens", None)
+        output = (
+            stated
+            if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0
+            else self.estimate_output_tokens
+        )
+        usd = 0.0
+        if self.prices is not None and self.prices_needed:
+            prices = self.prices
+            price = (
+                prices[asked_for]
+                if asked_for is not None and asked_for in prices
+                else self.highest_price()
             )
-        if self.tokens_per_session is not None and session_tokens >= self.tokens_per_session:
-            raise TurnBlocked(
-                f"{PLUGIN}: this session used {session_tokens} tokens and the limit is "
-                f"{self.tokens_per_session} per session"
-            )
-        if self.usd_per_session is not None and spent_usd >= self.usd_per_session:
-            raise TurnBlocked(
-                f"{PLUGIN}: this session cost ${spent_usd:.4f} and the limit is "
-                f"${self.usd_per_session:.4f} per session"
-            )
+            usd = _cost(Usage(input_tokens, output), price)
+        return {"usd": usd, "tokens": float(input_tokens + output)}
 
     def apply(self, scope: Scope) -> None:
-        """Register the checking model-call layer, with fresh per-session spend counters."""
-        store = scope.store_for(self.store)
-        namespace = scope.namespace
-        signals = scope.signals
+        """Register the reserving model-call layer; its turn windows close as turns end."""
+        _Limits(self, scope).register(scope)
 
-        def tenant_of(request: ModelRequest, otherwise: str = "all") -> str:
-            """Whose windows (and spend metric) a call counts in; ``otherwise`` for none
-            (the windows' stored keys say ``all``; the metrics say ``default``, as the
-            loop's token counts do)."""
-            if callable(self.tenant):
-                return str(self.tenant(request))
-            return self.tenant or getattr(request.agent, "tenant", None) or otherwise
 
-        seen: weakref.WeakSet[Agent] = weakref.WeakSet()
-        tracks_cost = self.usd_per_session is not None
+def _cost(usage: Usage, price: Price) -> float:
+    per_input, per_output, per_read, per_write = price
+    plain = max(0, usage.input_tokens - usage.cached_input_tokens - usage.cache_write_tokens)
+    return (
+        plain * per_input
+        + usage.cached_input_tokens * per_read
+        + usage.cache_write_tokens * per_write
+        + usage.output_tokens * per_output
+    ) / 1_000_000
 
-        def logged_cost(agent: Agent, fallback: str | None) -> float:
-            total = 0.0
-            for event in agent.session.events:
-                usage = getattr(event, "usage", None)
-                if event.type == "assistant/message" and usage is not None:
-                    total += self.cost_usd(usage, getattr(event, "model", None), fallback)
-            return total
 
-        async def spent(agent: Agent, key: str, asked_for: str | None) -> float:
-            if agent in seen:
-                return await store.read(key)
-            seen.add(agent)  # a session this process has not seen: what its log cost
-            _, total = await store.add(key, 0.0, initial=logged_cost(agent, asked_for))
-            return total
+def _answering(request: ModelRequest) -> object:
+    """The model that answers a request (a child's own, for a call charged to its parent)."""
+    return request.model if request.model is not None else request.agent.model
 
-        async def model_layer(request: ModelRequest, call_next: ModelNext) -> ModelReply:
-            agent = request.agent
-            asked_for = _model_name(agent)
-            key = f"{namespace}:usd:{agent.session_id}"
-            so_far = 0.0
-            if tracks_cost:
-                try:
-                    so_far = await spent(agent, key, asked_for)
-                except ConfigError:
-                    raise
-                except Exception as error:
-                    _fail_closed(store, error)
-            self.check(agent, so_far)
-            reply = await call_next(request)
-            if (
-                self.prices is not None
-                and isinstance(reply, ModelReply)
-                and reply.usage is not None
-            ):
-                spent_now = self.cost_usd(reply.usage, reply.model, asked_for)
-                signals.add(USAGE_USD, spent_now, {"tenant": tenant_of(request, "default")})
-            if tracks_cost and isinstance(reply, ModelReply) and reply.usage is not None:
-                cost = self.cost_usd(reply.usage, reply.model, asked_for)
-                try:
-                    await store.add(key, cost)
-                except Exception:
-                    # The reply is paid for and kept; the next check asks the store again
-                    # (and fails closed if it still cannot answer).
-                    logger.warning(
-                        "%s: the %s store did not record a reply's cost ($%.6f)",
-                        PLUGIN,
-                        store.name,
-                        cost,
-                        exc_info=True,
-                    )
-            return reply
 
-        windows = [
+def _model_name(model: object) -> str | None:
+    name = getattr(model, "model", None)
+    return name if isinstance(name, str) and name else None
+
+
+class _Limits:
+    """One application: its accounts, the windows of each call, the layer."""
+
+    def __init__(self, config: UsageLimit, scope: Scope) -> None:
+        self.config = config
+        self.accounts = Accounts(scope, config.store)
+        self.signals = scope.signals
+        self.wall_clock: Callable[[], float] = getattr(
+            self.accounts.ledger, "wall_clock", time.time
+        )
+        #: The least each agent's session has cost: its log's replies when first seen,
+        #: plus what this process settled since (the session window's floor).
+        self.costs: weakref.WeakKeyDictionary[Agent, float] = weakref.WeakKeyDictionary()
+        self.calendar = [
             (kind, period, limit)
             for kind, period, limit in (
-                ("usd", "day", self.usd_per_day),
-                ("usd", "month", self.usd_per_month),
-                ("tokens", "day", self.tokens_per_day),
+                ("usd", "day", config.usd_per_day),
+                ("usd", "month", config.usd_per_month),
+                ("tokens", "day", config.tokens_per_day),
             )
             if limit is not None
         ]
 
-        async def remaining(agent: Agent) -> dict[str, float]:
-            """What is left of every limit that applies (for ``BudgetNotice``)."""
-            tokens: list[float] = []
-            usd: list[float] = []
-            if self.tokens_per_turn is not None:
-                tokens.append(self.tokens_per_turn - agent.turn_usage.total_tokens)
-            if self.tokens_per_session is not None:
-                tokens.append(self.tokens_per_session - agent.usage.total_tokens)
-            try:
-                if self.usd_per_session is not None:
-                    key = f"{namespace}:usd:{agent.session_id}"
-                    usd.append(self.usd_per_session - await spent(agent, key, _model_name(agent)))
-                if windows and not callable(self.tenant):
-                    periods = _windows(getattr(store, "wall_clock", time.time)())
-                    for kind, period, limit in windows:
-                        key = (
-                            f"{namespace}:{self.tenant or 'all'}:{kind}:{period}:{periods[period]}"
-                        )
-                        (usd if kind == "usd" else tokens).append(limit - await store.read(key))
-            except Exception:
-                logger.debug("%s: could not read what is left", PLUGIN, exc_info=True)
-            left = {"tokens": min(tokens, default=None), "usd": min(usd, default=None)}
-            return {key: max(0.0, value) for key, value in left.items() if value is not None}
+    def register(self, scope: Scope) -> None:
+        scope.use(scope.loop.model_call, self.layer, name=PLUGIN)
+        self.accounts.close_turns(
+            scope, lambda token: [self.accounts.turn_window(token, "tokens", "tokens", None).key]
+        )
+        scope.adopt(scope.loop.tree.report_remaining(self.remaining))
 
-        scope.adopt(scope.loop.ledger.report_remaining(remaining))
-        if not windows:
-            scope.use(scope.loop.model_call, model_layer, name=PLUGIN)
+    def tenant_of(self, request: ModelRequest | None, agent: Agent, otherwise: str) -> str:
+        """Whose windows (and spend metric) a call counts in."""
+        tenant = self.config.tenant
+        if callable(tenant):
+            return str(tenant(request)) if request is not None else otherwise
+        return tenant or getattr(agent, "tenant", None) or otherwise
+
+    def logged_cost(self, agent: Agent) -> float:
+        cost = self.costs.get(agent)
+        if cost is None:
+            cost = 0.0
+            for event in agent.session.events:
+                usage = getattr(event, "usage", None)
+                if event.type == "assistant/message" and usage is not None:
+                    model = getattr(event, "model", None)
+                    cost += self.config.cost_usd(usage, model, _model_name(agent.model))
+            self.costs[agent] = cost
+        return cost
+
+    def windows(self, agent: Agent, request: ModelRequest | None) -> list[Window]:
+        config, accounts = self.config, self.accounts
+        found = []
+        if config.tokens_per_turn is not None:
+            found.append(
+                accounts.turn_window(
+                    accounts.turn_of(agent),
+                    "tokens",
+                    "tokens",
+                    config.tokens_per_turn,
+                    agent.turn_usage.total_tokens,
+                )
+            )
+        session = agent.session_id
+        if config.tokens_per_session is not None:
+            found.append(
+                accounts.session_window(
+                    session, "tokens", "tokens", config.tokens_per_session, agent.usage.total_tokens
+                )
+            )
+        if config.usd_per_session is not None:
+            found.append(
+                accounts.session_window(
+                    session, "usd", "usd", config.usd_per_session, self.logged_cost(agent)
+                )
+            )
+        if self.calendar and (request is not None or not callable(config.tenant)):
+            tenant = self.tenant_of(request, agent, "all")
+            periods = _calendar(self.wall_clock())
+            for kind, period, limit in self.calendar:
+                name, ttl_s = periods[period]
+                found.append(
+                    accounts.tenant_window(tenant, kind, f"{period}:{name}", kind, limit, ttl_s)
+                )
+        return found
+
+    def refusal(self, reservation: Reservation, estimate: dict[str, float]) -> str:
+        window = reservation.window
+        assert window is not None
+        assert window.limit is not None
+        used, limit = reservation.used, window.limit
+        parts = key_parts(window.key)
+        dollars = window.unit == "usd"
+        amount = f"${used:.4f}" if dollars else f"{used:g} tokens"
+        bound = f"${limit:.4f}" if dollars else f"{limit:g} tokens"
+        if parts[1] == "tenant":
+            period = parts[4].split(":")[0]
+            reason = (
+                f"{PLUGIN}: tenant {parts[2]!r} has used {amount} this {period} and the "
+                f"limit is {bound} per {period}"
+            )
+        elif parts[1] == "turn":
+            reason = f"{PLUGIN}: this turn used {used:g} tokens and the limit is {limit:g} per turn"
+        elif dollars:
+            reason = (
+                f"{PLUGIN}: this session cost ${used:.4f} and the limit is ${limit:.4f} per session"
+            )
+        else:
+            reason = (
+                f"{PLUGIN}: this session used {used:g} tokens and the limit is "
+                f"{limit:g} per session"
+            )
+        if used < limit:
+            wanted = estimate[window.unit]
+            reserved = f"${wanted:.4f}" if dollars else f"{wanted:g} tokens"
+            reason += f" (this call's reservation of {reserved} would pass it)"
+        return reason
+
+    async def layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
+        config, accounts = self.config, self.accounts
+        agent = request.agent
+        asked_for = _model_name(_answering(request))
+        estimate = config.estimate(request, asked_for)
+        windows = self.windows(agent, request)
+        op_id = accounts.operation()
+        try:
+            reservation = await accounts.reserve(op_id, estimate, windows)
+        except StoreDown as down:
+            if not accounts.fails_open:
+                raise TurnBlocked(
+                    f"{PLUGIN}: its {accounts.ledger.name} store is not answering "
+                    f"({type(down.error).__name__}); no model call is made without it"
+                ) from down.error
+            logger.warning("%s: the store is down; a call goes through uncounted", PLUGIN)
+            return await call_next(request)
+        if not reservation.granted:
+            raise TurnBlocked(self.refusal(reservation, estimate))
+        try:
+            reply = await call_next(request)
+        except BaseException as error:
+            if never_reached(error):
+                await accounts.release(op_id)
+            else:
+                await accounts.settle(op_id, {})  # it may have been billed: its reservation
+            raise
+        await self.settle(op_id, request, reply, asked_for, windows)
+        return reply
+
+    async def settle(
+        self,
+        op_id: str,
+        request: ModelRequest,
+        reply: ModelReply,
+        asked_for: str | None,
+        windows: list[Window],
+    ) -> None:
+        config, accounts, agent = self.config, self.accounts, request.agent
+        usage = reply.usage if isinstance(reply, ModelReply) else None
+        if usage is None:  # unknown usage: charged its reservation
+            await accounts.settle(op_id, {})
             return
+        actual = {"tokens": float(usage.total_tokens)}
+        try:
+            if config.prices is not None:
+                cost = config.cost_usd(usage, reply.model, asked_for)
+                actual["usd"] = cost
+                tenant = self.tenant_of(request, agent, "default")
+                self.signals.add(USAGE_USD, cost, {"tenant": tenant})
+                if agent in self.costs:
+                    self.costs[agent] += cost
+        finally:
+            await accounts.settle(op_id, actual)  # a price missing: dollars stay reserved
+        if config.warn_at is not None:
+            await self.warn(windows, request)
 
-        async def reserve(
-            tenant: str, periods: dict[str, str], estimate: dict[str, float]
-        ) -> tuple[list[tuple[str, float]], str | None]:
-            """Reserve ``estimate`` in every window (all or none): the reservations, or
-            the refusal naming the window that is full."""
-            reserved: list[tuple[str, float]] = []
+    async def warn(self, windows: list[Window], request: ModelRequest) -> None:
+        warn_at = self.config.warn_at
+        assert warn_at is not None
+        for window in windows:
+            parts = key_parts(window.key)
+            if parts[1] != "tenant" or window.limit is None:
+                continue
             try:
-                for kind, period, limit in windows:
-                    key = f"{namespace}:{tenant}:{kind}:{period}:{periods[period]}"
-                    added, total = await store.add(key, estimate[kind], limit=limit)
-                    if not added:
-                        await _give_back(store, reserved)
-                        unit = f"${total:.4f}" if kind == "usd" else f"{total:g} tokens"
-                        bound = f"${limit:.4f}" if kind == "usd" else f"{limit:g} tokens"
-                        return [], (
-                            f"{PLUGIN}: tenant {tenant!r} has used {unit} this {period} and "
-                            f"the limit is {bound} per {period} (this call's reservation "
-                            "would pass it)"
-                        )
-                    reserved.append((key, estimate[kind]))
-            except BaseException:
-                await _give_back(store, reserved)
-                raise
-            return reserved, None
-
-        async def windowed(request: ModelRequest, call_next: ModelNext) -> ModelReply:
-            """Reserve against every window, run the call, settle what it really cost."""
-            tenant = tenant_of(request)
-            asked_for = _model_name(request.agent)
-            now = getattr(store, "wall_clock", time.time)()
-            periods = _windows(now)
-            estimate = self.estimate(request, asked_for)
-            try:
-                reserved, refusal = await reserve(tenant, periods, estimate)
-            except ConfigError:
-                raise
-            except Exception as error:
-                _fail_closed(store, error)
-                return await model_layer(request, call_next)
-            if refusal is not None:
-                raise TurnBlocked(refusal)
-            try:
-                reply = await model_layer(request, call_next)
-            except BaseException:
-                await _give_back(store, reserved)
-                raise
-            usage = reply.usage if isinstance(reply, ModelReply) else None
-            priced = usage is not None and (self.usd_per_day or self.usd_per_month)
-            actual = {
-                "usd": self.cost_usd(usage, reply.model, asked_for) if priced and usage else 0.0,
-                "tokens": float(usage.total_tokens) if usage else 0.0,
-            }
-            for (key, amount), (kind, period, limit) in zip(reserved, windows, strict=True):
-                try:
-                    _, total = await store.add(key, actual[kind] - amount)
-                    if self.warn_at is not None and total >= self.warn_at * limit:
-                        first, _ = await store.add(f"{key}:warned", 1, limit=1)
-                        if first:
-                            warnings.warn(
-                                f"{PLUGIN}: tenant {tenant!r} has used {total:g} of its "
-                                f"{limit:g} {kind} this {period} ({self.warn_at:.0%} warning)",
-                                GuardstackWarning,
-                                stacklevel=2,
-                            )
-                except Exception:
-                    logger.warning("%s: could not settle a reservation", PLUGIN, exc_info=True)
-            return reply
-
-        scope.use(scope.loop.model_call, windowed, name=PLUGIN)
-
-    def estimate(self, request: ModelRequest, asked_for: str | None) -> dict[str, float]:
-        """What a call reserves before it is made: its input (a token per four characters
-        of the request, the stated rule) and its output (the model's ``max_tokens``, else
-        ``estimate_output_tokens``), in tokens and, at the model's price, in dollars."""
-        characters = sum(len(str(message.get("content") or "")) for message in request.messages)
-        input_tokens = characters // 4 + 1
-        stated = getattr(request.agent.model, "max_tokens", None)
-        output = stated if isinstance(stated, int) and stated > 0 else self.estimate_output_tokens
-        usd = 0.0
-        if self.prices is not None and (self.usd_per_day or self.usd_per_month):
-            usd = self.cost_usd(Usage(input_tokens, output), None, asked_for)
-        return {"usd": usd, "tokens": float(input_tokens + output)}
-
-
-def _fail_closed(store: StateStore, error: Exception) -> None:
-    """A spend cap's answer to a failing store: end the turn, unless the store says open."""
-    if store.on_error != "open":
-        raise TurnBlocked(
-            f"{PLUGIN}: its {store.name} store is not answering "
-            f"({type(error).__name__}); no model call is made without it"
-        ) from error
-
-
-async def _give_back(store: StateStore, reserved: list[tuple[str, float]]) -> None:
-    with anyio.CancelScope(shield=True):
-        for key, amount in reserved:
-            try:
-                await store.add(key, -amount)
+                total = await self.accounts.balance(window)
+                if total < warn_at * window.limit:
+                    continue
+                ledger = self.accounts.ledger
+                first, _ = await ledger.add(store_key(*parts, "warned"), 1, limit=1)
             except Exception:
-                logger.warning("%s: could not give a reservation back", PLUGIN, exc_info=True)
+                logger.debug("%s: could not read a window for its warning", PLUGIN, exc_info=True)
+                continue
+            if first:
+                period = parts[4].split(":")[0]
+                warnings.warn(
+                    f"{PLUGIN}: tenant {parts[2]!r} has used {total:g} of its "
+                    f"{window.limit:g} {window.unit} this {period} ({warn_at:.0%} warning)",
+                    GuardstackWarning,
+                    stacklevel=2,
+                )
 
-
-def _model_name(agent: Agent) -> str | None:
-    name = getattr(agent.model, "model", None)
-    return name if isinstance(name, str) else None
+    async def remaining(self, agent: Agent) -> dict[str, float]:
+        """What is left of every limit that applies (for ``BudgetNotice``)."""
+        left: dict[str, list[float]] = {"tokens": [], "usd": []}
+        try:
+            for window in self.windows(agent, None):
+                assert window.limit is not None
+                left[window.unit].append(window.limit - await self.accounts.balance(window))
+        except Exception:
+            logger.debug("%s: could not read what is left", PLUGIN, exc_info=True)
+        return {unit: max(0.0, min(amounts)) for unit, amounts in left.items() if amounts}

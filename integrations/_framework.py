@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from guardstack.pipeline import Harness, ToolCall, ToolDefinition, ToolOutcome, ToolResult
 from guardstack.pipeline.approval import Decision
-from guardstack.pipeline.ledger import TREE_CAPS, RunKey
+from guardstack.pipeline.tree import TREE_CAPS, RunKey
 from guardstack.pipeline.validate import compile_patterns, invalid
 from guardstack.pipeline.values import validate_timeout_ms
 
@@ -221,7 +221,7 @@ class FrameworkCalls:
         parameters: Mapping[str, Any] | None,
         timeout_ms: int | None,
     ) -> ToolDefinition:
-        caps = self.harness.loop.ledger.tool_caps
+        caps = self.harness.loop.tree.tool_caps
         if caps:
             run = _charging_below(run, tuple((RunKey(conversation), cap) for cap in caps))
         return self.definition(name, run, description, parameters, timeout_ms)

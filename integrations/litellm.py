@@ -95,6 +95,15 @@ class LiteLLMModel:
         #: ``gen_ai.provider.name`` for telemetry: the provider prefix of the model name.
         self.provider = provider
 
+    @property
+    def max_tokens(self) -> int | None:
+        """The request's output limit, which a spend cap reserves for each call."""
+        for name in ("max_completion_tokens", "max_tokens"):
+            value = self.params.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
     def __repr__(self) -> str:
         return f"LiteLLMModel({self.model!r}, stream={self.stream})"
 

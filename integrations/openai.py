@@ -105,6 +105,12 @@ class OpenAIChatModel:
         self.on_delta = on_delta
         self.request_params = request_params
 
+    @property
+    def max_tokens(self) -> int | None:
+        """The request's output limit (``max_completion_tokens`` or ``max_tokens``), which
+        a spend cap reserves for each call; ``None`` when none is given."""
+        return _output_limit(self.request_params)
+
     def __repr__(self) -> str:
         return f"OpenAIChatModel({self.model!r}, stream={self.stream})"
 
@@ -336,3 +342,11 @@ class StreamedReply:
             finish_reason=self.finish_reason,
             thinking_blocks=tuple(self.thinking_blocks),
         )
+
+
+def _output_limit(params: dict[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = params.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

@@ -65,6 +65,8 @@ from guardstack.pipeline import (
     Usage,
 )
 from guardstack.pipeline.approval import Decision, decision_from_dict, decision_to_dict
+from guardstack.pipeline.ledger import Reservation, Settlement, Window
+from guardstack.pipeline.outcome import Lost
 from guardstack.pipeline.store import Admission
 from guardstack.pipeline.values import failure_from_exception, message_of
 from guardstack.wrappers import Retry
@@ -249,14 +251,36 @@ async def store_operation(
     store = _served(activity.info().task_queue, agent).store
     if operation not in _STORE_OPERATIONS or store is None:
         raise ApplicationError(f"no store operation {operation!r}", non_retryable=True)
+    if operation in ("reserve", "balance"):  # windows travel as mappings
+        windows = [Window(**window) for window in args[-1 if operation == "reserve" else 0]]
+        args = [*args[:-1], windows] if operation == "reserve" else [windows[0]]
     answer = await getattr(store, operation)(*args, **kwargs)
     if isinstance(answer, Admission):
         return {"admitted": answer.admitted, "wait_s": answer.wait_s, "probe": answer.probe}
+    if isinstance(answer, Reservation):
+        refused = None if answer.window is None else attrs.asdict(answer.window)
+        return {**attrs.asdict(answer), "window": refused}
     return list(answer) if isinstance(answer, tuple) else answer
 
 
 _STORE_OPERATIONS: Final = frozenset(
-    {"take", "admit", "record", "release_probe", "acquire", "release", "add", "read"}
+    {
+        "take",
+        "admit",
+        "record",
+        "release_probe",
+        "acquire",
+        "release_slot",
+        "add",
+        "read",
+        "read_limit",
+        "swap_limit",
+        "reserve",
+        "settle",
+        "release",
+        "balance",
+        "close",
+    }
 )
 
 
@@ -296,8 +320,8 @@ class _WorkflowStore:
         answer = await self._run("acquire", key, limit)
         return None if answer is None else str(answer)
 
-    async def release(self, key: str, lease: str) -> None:
-        await self._run("release", key, lease)
+    async def release_slot(self, key: str, lease: str) -> None:
+        await self._run("release_slot", key, lease)
 
     async def add(
         self, key: str, amount: float, *, limit: float | None = None, initial: float = 0.0
@@ -307,6 +331,46 @@ class _WorkflowStore:
 
     async def read(self, key: str) -> float:
         return float(await self._run("read", key))
+
+    async def read_limit(self, key: str, initial: float) -> tuple[float, int]:
+        value, version = await self._run("read_limit", key, initial)
+        return float(value), int(version)
+
+    async def swap_limit(
+        self, key: str, version: int, value: float, low: float, high: float, *, bump: bool
+    ) -> tuple[float, int]:
+        answer = await self._run("swap_limit", key, version, value, low, high, bump=bump)
+        return float(answer[0]), int(answer[1])
+
+    # the ledger: what the caps count, on the worker's store
+
+    async def reserve(
+        self, op_id: str, amounts: Mapping[str, float], windows: Sequence[Window]
+    ) -> Reservation:
+        wire = [attrs.asdict(window) for window in windows]
+        answer = await self._run("reserve", op_id, dict(amounts), wire)
+        refused = answer["window"]
+        return Reservation(
+            answer["op_id"],
+            bool(answer["granted"]),
+            None if refused is None else Window(**refused),
+            float(answer["used"]),
+            bool(answer["duplicate"]),
+        )
+
+    async def settle(self, op_id: str, actual: Mapping[str, float]) -> Settlement:
+        answer: Settlement = await self._run("settle", op_id, dict(actual))
+        return answer
+
+    async def release(self, op_id: str) -> Settlement:
+        answer: Settlement = await self._run("release", op_id)
+        return answer
+
+    async def balance(self, window: Window) -> float:
+        return float(await self._run("balance", [attrs.asdict(window)]))
+
+    async def close(self, keys: Sequence[str]) -> None:
+        await self._run("close", list(keys))
 
 
 @activity.defn(name=MODEL_ACTIVITY)
@@ -383,11 +447,14 @@ def _activity_tool(spec: TemporalAgent, tool: ToolDefinition) -> Any:
                     name=error.cause.type or "ApplicationError",
                     code=TOOL_FAILED,
                 )
-            return ToolResult.failure(
+            lost = ToolResult.failure(
                 f"the worker running the tool was lost ({why})",
                 name="WorkerLost",
                 code=TOOL_ABORTED,
             )
+            # a provider-side failure, not guardstack's own abort: a Retry may run an
+            # idempotent tool again, on another worker
+            return attrs.evolve(lost, value=Lost(why))
         return ToolResult.from_dict(wire)
 
     execute.__name__ = f"temporal_{tool.name}"

@@ -35,8 +35,8 @@ from guardstack.pipeline.approval import (
     call_digest,
 )
 from guardstack.pipeline.errors import AgentLimitExceeded
-from guardstack.pipeline.ledger import ChildPolicy
 from guardstack.pipeline.model import ModelReply, ModelRequest
+from guardstack.pipeline.tree import ChildPolicy
 from guardstack.pipeline.values import (
     AGENT_STOPPED,
     INVALID_ARGUMENTS,
@@ -93,7 +93,7 @@ def _refusal(parent: Agent, depth: int) -> tuple[str | None, list[ChildPolicy]]:
     policies to tell once it has: every ancestor's loop's, each asked once."""
     policies: list[ChildPolicy] = []
     for agent in (parent, *parent.ancestors):
-        for policy in agent.loop.ledger.children:
+        for policy in agent.loop.tree.children:
             if any(policy is seen for seen in policies):
                 continue
             refusal = policy.refusal(parent, depth)
@@ -220,13 +220,16 @@ def _answer(name: str, call: ToolCall, child: Agent, result: TurnResult) -> Tool
 
 def _adopt(parent: Agent, child: Agent, call_id: str) -> None:
     """Make ``child`` a child of ``parent``: linked in its log, spending from its caps,
-    inside its deadline."""
+    inside its deadline. A child adopted already (a live one resumed) is charged
+    through its parent once, not once per adoption."""
+    own = child.model.inner if isinstance(child.model, _ThroughParent) else child.model
+    child.model = _ThroughParent(parent, own)
     child.parent, child.depth = parent, parent.depth + 1
-    child.model = _ThroughParent(parent, child.model)
     child.turn_deadline, child.turn_deadline_ms = parent.turn_deadline, parent.turn_deadline_ms
     child.tree_caps = (
-        *((parent, cap) for cap in parent.loop.ledger.tool_caps),
+        *((parent, cap) for cap in parent.loop.tree.tool_caps),
         *parent.tree_caps,
     )
-    parent.session.add_child(child.session)
+    if parent.session.children.get(child.session_id) is not child.session:
+        parent.session.add_child(child.session)
     parent._child_of_call[call_id] = child.session_id

@@ -47,6 +47,9 @@ from guardstack.pipeline.deadline import (
     within,
     within_budget,
 )
+from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.keys import key_parts, store_key
+from guardstack.pipeline.ledger import Ledger, Reservation, Settlement, Window
 from guardstack.pipeline.model import (
     MODEL_FAILED,
     MODEL_OVERLOADED,
@@ -66,6 +69,7 @@ from guardstack.pipeline.outcome import (
     MODEL,
     UNKNOWN_KEY,
     FailureKind,
+    Lost,
     ModelStage,
     Outcome,
     Refusal,
@@ -104,6 +108,8 @@ __all__ = [
     "Instrumentation",
     "Layer",
     "LayerInfo",
+    "Ledger",
+    "Lost",
     "MemoryStore",
     "ModelError",
     "ModelNext",
@@ -121,21 +127,27 @@ __all__ = [
     "Refusal",
     "Registration",
     "Reject",
+    "Reservation",
     "Scope",
+    "Settlement",
     "Signals",
     "StageAdapter",
     "StateStore",
     "StoreError",
+    "StoreLedger",
     "ToolStage",
     "TurnRun",
     "Usage",
+    "Window",
     "adapter_for",
     "as_pre_decision",
     "call_digest",
     "decision_kind",
+    "key_parts",
     "model_error_code",
     "model_within_budget",
     "outside_call_order",
+    "store_key",
     "timed",
     "timed_dispatch",
     "within",
@@ -153,6 +165,10 @@ ModelNext: TypeAlias = Callable[[ModelRequest], Awaitable[ModelReply]]
 TurnRun: TypeAlias = Callable[["Agent", str], Awaitable["TurnResult"]]
 
 
+class StoreLedger(StateStore, Ledger, Protocol):
+    """A store that is both seams: soft state and the ledger (what caps keep)."""
+
+
 @runtime_checkable
 class Plugin(Protocol):
     """Anything ``harness.plugin`` accepts: it registers what it needs through the scope.
@@ -168,8 +184,9 @@ class Plugin(Protocol):
 class Scope:
     """What a plugin registers through; all of it goes when the plugin's handle is disposed.
 
-    ``store`` is where keyed layers and caps keep state (the harness's, unless a layer
-    is given its own), and ``namespace`` the prefix of this application's keys in it:
+    ``store`` is where keyed layers keep soft state and caps their accounts (the
+    harness's, unless a layer is given its own: one object is both a ``StateStore`` and
+    a ``Ledger``), and ``namespace`` the owner part of this application's keys in it:
     the plugin's id, numbered when one harness applies the same id more than once, so
     the same stack built in two processes names the same state.
     """
@@ -187,6 +204,7 @@ class Scope:
         self.loop = loop
         self.plugin_id = plugin_id
         self.store: StateStore = store if store is not None else MemoryStore()
+
         self.namespace = namespace or plugin_id
         self._registrations: list[Registration] = []
 
@@ -198,6 +216,19 @@ class Scope:
     def store_for(self, store: StateStore | None) -> StateStore:
         """A layer's own ``store=`` if given, else the harness's."""
         return store if store is not None else self.store
+
+    def ledger_for(self, store: StateStore | None) -> StoreLedger:
+        """A cap's own ``store=`` if given, else the harness's, as the ``Ledger`` it is."""
+        chosen = self.store_for(store)
+        if not isinstance(chosen, Ledger):
+            raise ConfigError(
+                f"{self.plugin_id}: the store {chosen!r} keeps no ledger, and a cap's counts "
+                "go through one (MemoryStore and RedisStore are both)",
+                plugin=self.plugin_id,
+                key="store",
+                value=chosen,
+            )
+        return chosen
 
     def use(self, stage: Pipeline[Any], layer: Layer, *, name: str | None = None) -> Registration:
         """Add ``layer`` to ``stage`` (e.g. ``scope.tools.dispatch``) for this plugin."""

@@ -19,6 +19,7 @@ __all__ = [
     "ScriptExhaustedError",
     "SessionCorruptError",
     "SessionTailWarning",
+    "StoreUnsupported",
     "TurnBlocked",
     "TurnInProgressError",
 ]
@@ -76,6 +77,11 @@ class AgentLimitExceeded(GuardstackError, RuntimeError):
 class ApprovalMismatch(GuardstackError, ValueError):
     """A decision names a call that is not pending, or was made on other arguments than
     the pending call's (its ``digest`` differs): the call stays pending."""
+
+
+class StoreUnsupported(GuardstackError, RuntimeError):
+    """A store used where it cannot work (``RedisStore`` on trio): a mistake, never an
+    outage a layer would fail open or closed on."""
 
 
 class SessionTailWarning(UserWarning):

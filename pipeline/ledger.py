@@ -1,109 +1,279 @@
-"""The ledger: what a tree of agents counts at its ancestors.
+"""The ledger: what caps have counted, reserved before and settled after, never forgotten.
 
-A child agent started by ``AgentTool`` spends from every ancestor's caps, not from a
-fresh allowance. Its model calls reach the ancestors through their model stages
-(``UsageLimit`` and ``ModelCallLimit`` see them there); everything else a cap counts
-goes through this seam, which each ``AgentLoop`` owns (``loop.ledger``) and which
-caps fill in ``apply``:
+Two kinds of state live in a store, with two promises. *Soft state* — token buckets,
+breaker windows and probes, bulkhead slots, an adaptive limit — may be forgotten and
+rebuilt (``StateStore``, ``pipeline/store.py``): losing it costs a little admission
+accuracy. *Accounting* — every cap's count: tool calls and model calls per turn and
+session, tokens and dollars in every window, a tenant's calendar windows, a gateway's
+quotas — is a promise to stop loss. It goes through this seam, the ``Ledger``:
 
-* ``tool_caps`` — pre-execute layers that also count a descendant's tool calls, seen
-  as calls of the ancestor (``ToolCallLimit``): the stricter of the child's own cap
-  and every ancestor's wins, and a call a layer inside denies is given back;
-* ``children`` — who may start a child agent (``AgentLimit``'s depth, fan-out and
-  total);
-* ``remaining`` — what is left of each cap for an agent (``BudgetNotice`` says it
-  to the model; ``agent.remaining()`` to a program).
+* ``reserve(op_id, amounts, windows)`` adds ``amounts[window.unit]`` to every window
+  it names, all or none: a window whose ``limit`` the addition would pass refuses the
+  whole reservation, and the answer names it. Concurrent calls therefore overshoot a
+  limit by at most the error of their estimates — nothing when each estimate is at
+  least what its call really costs.
+* ``settle(op_id, actual)`` replaces the reservation by what was spent (by unit; a
+  unit it does not report stays at its reservation); ``release(op_id)`` gives the
+  reservation back (the call never reached the provider or the tool).
+* Each is idempotent by ``op_id``: a retried or late settle never counts twice, a
+  settle after a release is refused, a release before its reservation arrived keeps
+  that reservation from ever counting. A reservation never settled stays charged in
+  full: when its lease ends (``lease_s``) the record of it goes and a late settle is
+  refused.
+* Windows live as long as they mean something (``Window.ttl_s``, extended by each
+  use and never shortened): a calendar window until it ends, a session's for the
+  session's lifetime; a turn's go when the turn ends (``close``). ``Window.floor`` is
+  what the window held at least — the session log's count — so a store that lost a
+  session's entry (a Redis restart) counts on from the larger of the two.
+* Ledger entries are never evicted to make room: ``MemoryStore``'s bound applies to
+  soft state only.
 
-The keys ``remaining`` reports: ``steps``, ``tool_calls``, ``model_calls``,
-``tokens``, ``usd`` and ``time`` (seconds).
+``MemoryStore`` and ``RedisStore`` implement both seams (one object,
+``Harness(store=…)``). Amounts are floats; a unit is a name (``calls``, ``tokens``,
+``usd``). Keys are ``pipeline.keys.store_key`` parts, the owner (a plugin's
+namespace) first: an operation's id and its windows share that owner.
 """
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Awaitable, Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+import heapq
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
-from guardstack.pipeline.onion import Registration
+__all__ = [
+    "DAY_S",
+    "SESSION_TTL_S",
+    "Ledger",
+    "MemoryLedger",
+    "Reservation",
+    "Settlement",
+    "Window",
+]
 
-if TYPE_CHECKING:
-    from guardstack.pipeline.loop import Agent
+#: How long a session's entries live after their last use, unless the store says.
+SESSION_TTL_S: Final = 30 * 86_400.0
+#: One day, in seconds: a calendar day window's length and a turn's safety lifetime.
+DAY_S: Final = 86_400.0
+#: How long an operation's reservation (and the record of its settlement) is kept.
+LEASE_S: Final = 3_600.0
+#: Amounts within this of a limit count as at it (sums of prices are not exact).
+_EPSILON: Final = 1e-9
 
-__all__ = ["BUDGET_KEYS", "TREE_CAPS", "ChildPolicy", "Ledger", "Remaining", "RunKey"]
+#: What ``settle`` and ``release`` answer: ``settled``/``released`` (done now),
+#: ``duplicate`` (it was already), the other word (the operation had ended the other
+#: way, so this is refused), or ``unknown`` (no reservation by that id — never made,
+#: or its lease ended and it stays charged in full).
+Settlement: TypeAlias = Literal["settled", "released", "duplicate", "unknown"]
 
-#: What ``remaining`` reports, in the order a notice lists it.
-BUDGET_KEYS = ("steps", "tool_calls", "model_calls", "tokens", "usd", "time")
 
-#: ``async (agent) -> {key: amount left}`` for the caps one plugin enforces.
-Remaining: TypeAlias = Callable[["Agent"], Awaitable[Mapping[str, float]]]
+def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"Window.{attribute.name} must be a number >= 0, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"Window.{attribute.name} must be finite, got {value!r}")
+
+
+def _optional_limit(_: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+    if value is not None:
+        _non_negative(_, attribute, value)  # type: ignore[arg-type]
 
 
 @attrs.frozen
-class RunKey:
-    """An ancestor that is a framework run's conversation key, not an ``Agent``."""
+class Window:
+    """One counter an operation reserves in: its key, the unit it counts, its limit
+    (``None``: counted, never refused), how long it lives from now at least, and the
+    least it holds (a session log's count, for a store that lost it)."""
 
-    key: Hashable
-
-
-#: Outside the agent loop (a framework's own runs): the ancestors' tool-call caps for
-#: calls made inside a guarded tool call — a sub-agent run the framework starts there —
-#: each with the ``RunKey`` it counts in. Set by the framework adapters while a
-#: tool body runs; the registry reads it for calls with no ``agent``.
-TREE_CAPS: contextvars.ContextVar[tuple[tuple[Any, Callable[..., Awaitable[Any]]], ...]] = (
-    contextvars.ContextVar("guardstack_tree_caps", default=())
-)
+    key: str
+    unit: str
+    limit: float | None = attrs.field(default=None, validator=_optional_limit)
+    ttl_s: float = attrs.field(default=SESSION_TTL_S, validator=_non_negative)
+    floor: float = attrs.field(default=0.0, validator=_non_negative)
 
 
-class ChildPolicy(Protocol):
-    """Who may start a child agent: asked before the child exists, told once it does."""
+@attrs.frozen
+class Reservation:
+    """A ledger's answer to ``reserve``: granted, or refused by ``window`` (which held
+    ``used`` and would have passed its limit). ``duplicate``: this ``op_id`` had
+    already reserved (or ended): nothing was added again."""
 
-    def refusal(self, parent: Agent, depth: int) -> str | None:
-        """Why ``parent`` may not start a child at ``depth`` (the root is 1), or ``None``."""
+    op_id: str
+    granted: bool
+    window: Window | None = None
+    used: float = 0.0
+    duplicate: bool = False
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """The accounting seam (see the module docstring); every operation atomic."""
+
+    name: str
+
+    async def reserve(
+        self, op_id: str, amounts: Mapping[str, float], windows: Sequence[Window]
+    ) -> Reservation:
+        """Add ``amounts[w.unit]`` to every window ``w``, all or none."""
         ...
 
-    def admitted(self, parent: Agent, child: Agent) -> None:
-        """``parent`` started ``child`` (every policy said yes)."""
+    async def settle(self, op_id: str, actual: Mapping[str, float]) -> Settlement:
+        """Replace the reservation by what was spent, by unit."""
+        ...
+
+    async def release(self, op_id: str) -> Settlement:
+        """Give the reservation back (the operation never reached what it pays for)."""
+        ...
+
+    async def balance(self, window: Window) -> float:
+        """What ``window`` holds now (spent and reserved; at least its floor)."""
+        ...
+
+    async def close(self, keys: Sequence[str]) -> None:
+        """Forget windows whose meaning ended (a turn's, when the turn ends)."""
         ...
 
 
-class Ledger:
-    """One loop's share of the tree's counting (see the module docstring)."""
+class _Counter:
+    __slots__ = ("expires", "value")
 
-    __slots__ = ("children", "remaining", "tool_caps")
-
-    def __init__(self) -> None:
-        self.tool_caps: list[Callable[..., Awaitable[Any]]] = []
-        self.children: list[ChildPolicy] = []
-        self.remaining: list[Remaining] = []
-
-    def count_tool_calls(self, layer: Callable[..., Awaitable[Any]]) -> Registration:
-        """Count descendants' tool calls with the pre-execute ``layer`` too."""
-        return _added(self.tool_caps, layer)
-
-    def govern_children(self, policy: ChildPolicy) -> Registration:
-        """Ask ``policy`` before any agent of this loop (or below it) starts a child."""
-        return _added(self.children, policy)
-
-    def report_remaining(self, report: Remaining) -> Registration:
-        """Add what ``report`` says is left to ``agent.remaining()``."""
-        return _added(self.remaining, report)
+    def __init__(self, value: float, expires: float) -> None:
+        self.value = value
+        self.expires = expires
 
 
-def _added(items: list[Any], item: Any) -> Registration:
-    items.append(item)
+class _Operation:
+    __slots__ = ("expires", "reserved", "state")
 
-    def remove() -> None:
-        if item in items:
-            items.remove(item)
+    def __init__(self, state: str, reserved: list[tuple[str, str, float]], expires: float) -> None:
+        self.state = state  # "reserved", "settled" or "released"
+        self.reserved = reserved  # (window key, unit, amount)
+        self.expires = expires
 
-    return Registration(remove)
 
+class MemoryLedger:
+    """The ledger kept in this process (``MemoryStore``'s half): never evicted, each
+    entry kept until its lifetime (by the UTC wall clock) ends; expired entries are
+    dropped as new operations come, in order of expiry.
 
-def merge_remaining(into: dict[str, float], found: Mapping[str, float]) -> None:
-    """Keep the smaller amount per key: the stricter cap is the one that binds."""
-    for key, amount in found.items():
-        held = into.get(key)
-        if held is None or amount < held:
-            into[key] = amount
+    In one process no answer is ever lost, so an operation's record goes as soon as it
+    is settled or released (a second settle then finds it ``unknown`` and counts
+    nothing); a release that came first is remembered for its lease, as in any store."""
+
+    def __init__(
+        self,
+        *,
+        wall_clock: Callable[[], float] | None = None,
+        lease_s: float = LEASE_S,
+        session_ttl_s: float = SESSION_TTL_S,
+    ) -> None:
+        #: The UTC wall clock calendar windows are cut by (seconds since the epoch).
+        self.wall_clock = wall_clock or time.time
+        self.lease_s = lease_s
+        self.session_ttl_s = session_ttl_s
+        self._windows: dict[str, _Counter] = {}
+        self._operations: dict[str, _Operation] = {}
+        #: (expiry, kind, key): a min-heap of what may expire (stale items skipped).
+        self._expiries: list[tuple[float, int, str]] = []
+
+    def ledger_size(self) -> int:
+        """How many windows and operation records the ledger holds."""
+        return len(self._windows) + len(self._operations)
+
+    def _expire(self, now: float) -> None:
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            _, kind, key = heapq.heappop(expiries)
+            entries: dict[str, _Counter] | dict[str, _Operation] = (
+                self._windows if kind == 0 else self._operations
+            )
+            entry = entries.get(key)
+            if entry is not None and entry.expires <= now:
+                del entries[key]
+
+    def _window(self, key: str, now: float) -> _Counter | None:
+        counter = self._windows.get(key)
+        if counter is not None and counter.expires <= now:
+            del self._windows[key]
+            return None
+        return counter
+
+    async def reserve(
+        self, op_id: str, amounts: Mapping[str, float], windows: Sequence[Window]
+    ) -> Reservation:
+        now = self.wall_clock()
+        self._expire(now)
+        operation = self._operations.get(op_id)
+        if operation is not None and operation.expires > now:
+            return Reservation(op_id, operation.state != "released", duplicate=True)
+        counters = []
+        for window in windows:
+            amount = float(amounts.get(window.unit, 0.0))
+            counter = self._window(window.key, now)
+            value = max(counter.value if counter is not None else 0.0, window.floor)
+            limit = window.limit
+            if limit is not None and amount > 0 and value + amount > limit + _EPSILON:
+                return Reservation(op_id, False, window, value)
+            counters.append((window, counter, value, amount))
+        reserved = []
+        for window, counter, value, amount in counters:
+            expires = now + window.ttl_s
+            if counter is None:
+                counter = self._windows[window.key] = _Counter(value, expires)
+            counter.value = value + amount
+            if expires > counter.expires:
+                counter.expires = expires
+            heapq.heappush(self._expiries, (counter.expires, 0, window.key))
+            reserved.append((window.key, window.unit, amount))
+        self._record(op_id, "reserved", reserved, now)
+        return Reservation(op_id, True)
+
+    def _record(
+        self, op_id: str, state: str, reserved: list[tuple[str, str, float]], now: float
+    ) -> None:
+        expires = now + self.lease_s
+        self._operations[op_id] = _Operation(state, reserved, expires)
+        heapq.heappush(self._expiries, (expires, 1, op_id))
+
+    async def settle(self, op_id: str, actual: Mapping[str, float]) -> Settlement:
+        now = self.wall_clock()
+        self._expire(now)
+        operation = self._operations.get(op_id)
+        if operation is None or operation.expires <= now:
+            return "unknown"
+        if operation.state != "reserved":
+            return "duplicate" if operation.state == "settled" else "released"
+        for key, unit, amount in operation.reserved:
+            spent = float(actual.get(unit, amount))
+            counter = self._window(key, now)
+            if counter is not None:  # a closed window stays closed
+                counter.value = max(0.0, counter.value + spent - amount)
+        del self._operations[op_id]
+        return "settled"
+
+    async def release(self, op_id: str) -> Settlement:
+        now = self.wall_clock()
+        self._expire(now)
+        operation = self._operations.get(op_id)
+        if operation is None or operation.expires <= now:
+            self._record(op_id, "released", [], now)  # a reservation arriving later is void
+            return "unknown"
+        if operation.state != "reserved":
+            return "duplicate" if operation.state == "released" else "settled"
+        for key, _, amount in operation.reserved:
+            counter = self._window(key, now)
+            if counter is not None:
+                counter.value = max(0.0, counter.value - amount)
+        del self._operations[op_id]
+        return "released"
+
+    async def balance(self, window: Window) -> float:
+        counter = self._window(window.key, self.wall_clock())
+        return max(counter.value if counter is not None else 0.0, window.floor)
+
+    async def close(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self._windows.pop(key, None)

@@ -50,6 +50,7 @@ from guardstack.pipeline.approval import (
     Edit,
     PendingApproval,
     Reject,
+    call_digest,
     canonical_arguments,
     decision_kind,
 )
@@ -61,7 +62,6 @@ from guardstack.pipeline.errors import (
     TurnInProgressError,
 )
 from guardstack.pipeline.frozen import quick_init
-from guardstack.pipeline.ledger import Ledger, merge_remaining
 from guardstack.pipeline.model import (
     NO_USAGE,
     Model,
@@ -90,6 +90,7 @@ from guardstack.pipeline.session import (
     UserMessage,
 )
 from guardstack.pipeline.signals import USAGE_TOKENS, Signals
+from guardstack.pipeline.tree import TreeLedger, merge_remaining
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     TOOL_REJECTED,
@@ -214,7 +215,7 @@ class AgentLoop:
         self._call_model: ModelNext = self.model_call.__call__
         self._create_hooks: list[Callable[[Agent], None]] = []
         #: What a tree of agents counts at this loop's agents (``AgentTool``'s children).
-        self.ledger = Ledger()
+        self.tree = TreeLedger()
         #: Where the layers report events and resilience metrics (``Tracing``, ``Metrics``).
         self.signals = Signals()
 
@@ -397,12 +398,12 @@ class Agent:
         """What is left of every cap that applies to this agent now, the stricter per key:
         its own loop's ``steps`` and the ``time`` to its turn deadline, what its caps
         report, and what its ancestors' caps report (a child spends from them too). Keys
-        as ``ledger.BUDGET_KEYS``; a cap that does not apply is absent."""
+        as ``tree.BUDGET_KEYS``; a cap that does not apply is absent."""
         left: dict[str, float] = {"steps": float(max(0, self.loop.max_steps - self.step))}
         if self.turn_deadline is not None:
             left["time"] = max(0.0, self.turn_deadline - anyio.current_time())
         for agent in (self, *self.ancestors):
-            for report in tuple(agent.loop.ledger.remaining):
+            for report in tuple(agent.loop.tree.remaining):
                 merge_remaining(left, await report(agent))
         return left
 
@@ -607,6 +608,14 @@ class Agent:
                     f"the pending call's (digest {decision.digest[:12]}…, pending "
                     f"{asked.digest[:12]}…); it stays pending"
                 )
+            first = paused.decisions.get(call_id) if call_id in paused.logged else None
+            if first is not None:
+                raise ApprovalMismatch(
+                    f"call {call_id!r} was already decided ({decision_kind(first)}"
+                    f"{f' by {first.by}' if first.by else ''}); a decision is made once, "
+                    "and this one would be dropped"
+                )
+            _check_runs_as_asked(paused, call_id, asked)
         for call_id, decision in decisions.items():
             if call_id in paused.waiting:
                 if paused.waiting[call_id].asked_by.startswith("agent:"):
@@ -951,6 +960,25 @@ def _paused_of(session: Session) -> _Paused | None:
         decided,
         set(decided),
     )
+
+
+def _check_runs_as_asked(
+    paused: _Paused, call_id: str, asked: ApprovalRequest | PendingApproval
+) -> None:
+    """The call that would run is the one the person was asked about: its digest,
+    computed from the log's call (not taken from the logged request), is the pending
+    one's. A log whose call was edited after the request raises, and nothing runs."""
+    request = next((r for r in paused.requests if r.call_id == call_id), None)
+    if request is None or asked.asked_by.startswith("agent:"):
+        return  # a descendant's call: its own agent checks it when it resumes
+    arguments = request.arguments if isinstance(request.arguments, Mapping) else {}
+    running = call_digest(request.name, arguments)
+    if running != asked.digest:
+        raise ApprovalMismatch(
+            f"call {call_id!r} in the log is not the call the person was asked about "
+            f"(digest {running[:12]}…, asked {asked.digest[:12]}…): the log was changed "
+            "after the request; nothing runs"
+        )
 
 
 def _route(paused: _Paused, call_id: str) -> tuple[str, str]:

@@ -63,6 +63,7 @@ __all__ = [
     "MODEL",
     "UNKNOWN_KEY",
     "FailureKind",
+    "Lost",
     "ModelStage",
     "Outcome",
     "Refusal",
@@ -100,6 +101,15 @@ _MODEL_CODES: Final = {
 }
 #: Results the loop and the registry make for guardstack's own reasons, never a tool's failure.
 _CONTROL_CODES: Final = frozenset({TOOL_DENIED, TOOL_ABORTED, TOOL_ABORTED_BEFORE_DISPATCH})
+
+
+@attrs.frozen
+class Lost:
+    """The ``value`` of an ``ABORTED`` result whose attempt was lost with the process that
+    ran it (a Temporal worker that died): a failure on the provider's side, which a
+    ``Retry`` may retry for an idempotent tool — unlike guardstack's own aborts."""
+
+    why: str = ""
 
 
 @attrs.frozen
@@ -253,8 +263,9 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
         return code
 
     def is_control(self, outcome: Outcome) -> bool:
-        return isinstance(outcome.value, Refusal) or (
-            outcome.is_error and outcome.code in _CONTROL_CODES
+        value = outcome.value
+        return isinstance(value, Refusal) or (
+            outcome.is_error and outcome.code in _CONTROL_CODES and not isinstance(value, Lost)
         )
 
     def is_refusal(self, outcome: Outcome) -> bool:

@@ -41,10 +41,10 @@ from guardstack.pipeline.approval import (
 )
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
-from guardstack.pipeline.ledger import TREE_CAPS, RunKey
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
 from guardstack.pipeline.runtime import cancel_pending, deliver_pending
+from guardstack.pipeline.tree import TREE_CAPS, RunKey
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     TOOL_DENIED,
@@ -209,7 +209,7 @@ def _under_ancestors(
     call: ToolCall, caps: tuple[tuple[Any, Callable[..., Awaitable[Any]]], ...], registry: Any
 ) -> PreNext:
     """A child agent's pre-execute: every ancestor's tool-call cap (``AgentTool``'s
-    ledger), each seeing the call as its ancestor's, outside the child's own layers."""
+    tree seam), each seeing the call as its ancestor's, outside the child's own layers."""
 
     def through(index: int) -> PreNext:
         if index == len(caps):

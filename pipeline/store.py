@@ -1,7 +1,10 @@
-"""State stores: where every keyed layer and cap keeps its state.
+"""State stores: where every keyed layer keeps its soft state.
 
-A breaker's window, a bucket's tokens, a bulkhead's slots and a cap's counts are
-kept in a ``StateStore`` through a few operations, each atomic for its key (no
+A breaker's window, a bucket's tokens, a bulkhead's slots and an adaptive limit are
+*soft state*: forgotten, they are rebuilt at the cost of a little admission accuracy.
+What caps count is accounting, and goes through the ``Ledger`` (``pipeline/ledger.py``),
+which every store also implements. Soft state is kept in a ``StateStore`` through a
+few operations, each atomic for its key (no
 other operation on that key runs in between), each taking the store's own clock —
 so a store shared by several processes (``integrations.redis.RedisStore``) gives
 them one limit, and the same layer code runs on either.
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -33,6 +35,7 @@ import anyio
 import attrs
 
 from guardstack.pipeline.errors import GuardstackWarning
+from guardstack.pipeline.ledger import LEASE_S, SESSION_TTL_S, MemoryLedger
 from guardstack.pipeline.validate import integer
 
 __all__ = [
@@ -108,7 +111,7 @@ class StateStore(Protocol):
         """One of ``limit`` slots: a lease to give back, or ``None`` when all are held."""
         ...
 
-    async def release(self, key: str, lease: str) -> None:
+    async def release_slot(self, key: str, lease: str) -> None:
         """Give a slot back."""
         ...
 
@@ -121,6 +124,18 @@ class StateStore(Protocol):
 
     async def read(self, key: str) -> float:
         """A counter's value (0 when it has none)."""
+        ...
+
+    async def read_limit(self, key: str, initial: float) -> tuple[float, int]:
+        """A shared limit (``initial`` at first) and its version."""
+        ...
+
+    async def swap_limit(
+        self, key: str, version: int, value: float, low: float, high: float, *, bump: bool
+    ) -> tuple[float, int]:
+        """Set a shared limit to ``value`` clamped to ``[low, high]`` if it is still at
+        ``version`` (compare and set), and with ``bump`` start a new version: of several
+        processes that saw one overload, one lowers it. The limit and version after."""
         ...
 
 
@@ -193,14 +208,29 @@ class _Counter:
         return True  # nothing in flight: least recently used counters may go first
 
 
-_Entry: TypeAlias = _Bucket | _Breaker | _Slots | _Counter
+class _Limit:
+    __slots__ = ("value", "version")
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.version = 0
+
+    def idle(self, now: float) -> bool:
+        return True  # soft state: forgotten, it starts again from its initial value
+
+
+_Entry: TypeAlias = _Bucket | _Breaker | _Slots | _Counter | _Limit
 _ADMITTED: Final = Admission(True)
 _PROBE: Final = Admission(True, probe=True)
 _PROBING: Final = Admission(False, 0.0)
 
 
-class MemoryStore:
-    """The in-process store: bounded, constant-time eviction of idle entries, never suspends."""
+class MemoryStore(MemoryLedger):
+    """The in-process store: bounded, constant-time eviction of idle entries, never suspends.
+
+    It is the in-process ``Ledger`` too (``MemoryLedger``): accounting is kept apart from
+    the soft state and never evicted; ``max_keys`` bounds the soft state only.
+    """
 
     name = "memory"
     #: Its operations never suspend: callers need not shield their cleanup.
@@ -213,12 +243,13 @@ class MemoryStore:
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
         on_error: Literal["open", "closed"] | None = None,
+        lease_s: float = LEASE_S,
+        session_ttl_s: float = SESSION_TTL_S,
     ) -> None:
+        super().__init__(wall_clock=wall_clock, lease_s=lease_s, session_ttl_s=session_ttl_s)
         self.max_keys = integer("MemoryStore", "max_keys", max_keys)
         #: The monotonic clock windows and waits are measured with (anyio's: virtual in tests).
         self.clock = clock or anyio.current_time
-        #: The UTC wall clock calendar windows are cut by (seconds since the epoch).
-        self.wall_clock = wall_clock or time.time
         self.on_error = on_error  # a memory store never fails; kept for the protocol
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._warned = False
@@ -359,7 +390,7 @@ class MemoryStore:
         slots.held.add(lease)
         return lease
 
-    async def release(self, key: str, lease: str) -> None:
+    async def release_slot(self, key: str, lease: str) -> None:
         slots = self._entries.get(key)
         if isinstance(slots, _Slots):
             slots.held.discard(lease)
@@ -380,3 +411,20 @@ class MemoryStore:
     async def read(self, key: str) -> float:
         counter = self._entries.get(key)
         return counter.value if isinstance(counter, _Counter) else 0.0
+
+    # -- shared limits -------------------------------------------------------------------
+
+    async def read_limit(self, key: str, initial: float) -> tuple[float, int]:
+        limit = self._entry(key, _Limit, lambda: _Limit(initial))
+        assert isinstance(limit, _Limit)
+        return limit.value, limit.version
+
+    async def swap_limit(
+        self, key: str, version: int, value: float, low: float, high: float, *, bump: bool
+    ) -> tuple[float, int]:
+        limit = self._entry(key, _Limit, lambda: _Limit(value))
+        assert isinstance(limit, _Limit)
+        if limit.version == version:
+            limit.value = min(high, max(low, value))
+            limit.version += bump
+        return limit.value, limit.version

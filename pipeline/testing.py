@@ -227,8 +227,14 @@ class ScriptedModel:
     ``error`` instead of hanging.
     """
 
-    def __init__(self, replies: Sequence[ScriptStep]) -> None:
+    #: The model its replies report (a reply naming none is given this name), and the name
+    #: priced caps read as the model asked for; ``None``: replies name none.
+    model: str | None = None
+
+    def __init__(self, replies: Sequence[ScriptStep], *, model: str | None = None) -> None:
         self._script = list(replies)
+        if model is not None:
+            self.model = model
         self.requests = RecordedRequests()
         self.tool_schemas: list[list[dict[str, Any]]] = []
 
@@ -251,10 +257,15 @@ class ScriptedModel:
         if isinstance(step, BaseException):
             raise step
         if isinstance(step, ModelReply):
-            return step
+            return self._named(step)
         reply = step(messages)
         if inspect.isawaitable(reply):
             reply = await reply
         if not isinstance(reply, ModelReply):
             raise TypeError(f"script step {index + 1} returned {reply!r}, not a ModelReply")
-        return reply
+        return self._named(reply)
+
+    def _named(self, reply: ModelReply) -> ModelReply:
+        if self.model is None or reply.model is not None:
+            return reply
+        return attrs.evolve(reply, model=self.model)

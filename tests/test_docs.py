@@ -40,7 +40,7 @@ PRINTS = {
         "'turn/start', 'user/message', 'step/start', 'assistant/message', 'tool/call'",
         "logged turn/end",
         "{'role': 'system', 'content': 'Be brief.'}",
-        "blocked - usage-limit: this session cost $1.2000 and the limit is $1.0000 per session"
+        "blocked - usage-limit: this session cost $1.2030 and the limit is $1.0000 per session"
         " - 1200000",
     ],
     "docs/agent-trees.md": [

@@ -4,8 +4,9 @@ A breaker's window, a limiter's slots and a bucket's tokens are kept per key —
 tool's name on the dispatch stage (one ``<unknown>`` key for every name no tool is
 registered under), the model's name on the model stage, or one shared key when the
 layer is given ``key=`` — in a ``StateStore``: the harness's (a ``MemoryStore``
-unless it was given another), or the layer's own ``store=``. Keys are prefixed with
-the application's namespace, so two breakers in one harness never share a window.
+unless it was given another), or the layer's own ``store=``. A key is built from
+typed parts (``store_key(namespace, kind, name)``), so two breakers in one harness
+never share a window and no tool's name can reach another entry's key.
 
 When the store fails (it is down, too slow, or answers garbage), a layer does what
 ``on_error`` says — the store's, else the layer's default: ``"open"`` lets the call
@@ -32,8 +33,10 @@ from guardstack.pipeline.contract import (
     StageAdapter,
     StateStore,
     adapter_for,
+    key_parts,
+    store_key,
 )
-from guardstack.pipeline.errors import GuardstackWarning
+from guardstack.pipeline.errors import GuardstackError, GuardstackWarning
 from guardstack.pipeline.signals import LIMITER_WAIT, STORE_ERRORS, Signals
 from guardstack.pipeline.validate import invalid, non_empty_text
 
@@ -139,7 +142,11 @@ class StoreFailures:
         self._warned_at = -math.inf
 
     def fails_open(self, error: BaseException) -> bool:
-        """Count a store failure; ``True`` to let the call through, ``False`` to refuse it."""
+        """Count a store failure; ``True`` to let the call through, ``False`` to refuse it.
+        A mistake (``StoreUnsupported``, any ``GuardstackError``) is raised, never an
+        outage."""
+        if isinstance(error, GuardstackError):
+            raise error
         self.count += 1
         if self.signals is not None:
             attributes = {"store": self.store.name, "policy": self.policy}
@@ -171,15 +178,16 @@ class QueueMetrics:
     key, read at collection) and ``guardstack.limiter.wait`` (how long each call that
     queued waited, and whether it got in)."""
 
-    __slots__ = ("cut", "layer", "signals")
+    __slots__ = ("keys", "layer", "signals")
 
-    def __init__(self, signals: Signals, namespace: str, layer: str) -> None:
+    def __init__(self, signals: Signals, keys: StateKeys, layer: str) -> None:
         self.signals, self.layer = signals, layer
-        self.cut = len(namespace) + 1  # a state key is "{namespace}:{name}"
+        self.keys = keys  # whose names the metrics' ``key`` attribute gives
 
     def lengths(self, queues: Mapping[str, Sized]) -> list[tuple[float, dict[str, AttributeValue]]]:
+        name_of = self.keys.name_of
         return [
-            (len(waiting), {"key": key[self.cut :], "guardstack.layer": self.layer})
+            (len(waiting), {"key": name_of(key), "guardstack.layer": self.layer})
             for key, waiting in list(queues.items())
         ]
 
@@ -188,7 +196,7 @@ class QueueMetrics:
             LIMITER_WAIT,
             anyio.current_time() - started,
             {
-                "key": key[self.cut :],
+                "key": self.keys.name_of(key),
                 "guardstack.layer": self.layer,
                 "outcome": "admitted" if admitted else "refused",
             },
@@ -196,27 +204,47 @@ class QueueMetrics:
 
 
 class StateKeys:
-    """The store key of each call: the application's namespace and the call's key, made once
-    per tool (or model) name, not per call."""
+    """The store key of each call — ``store_key(namespace, kind, name)``, the name being
+    the call's tool or model (or the layer's shared ``key=``) — made once per name, not
+    per call."""
 
-    __slots__ = ("_keys", "fixed", "namespace", "stage")
+    __slots__ = ("_keys", "_names", "fixed", "kind", "namespace", "shared", "stage")
 
-    def __init__(self, namespace: str, shared: str | None, stage: StageAdapter[Any, Any]) -> None:
+    def __init__(
+        self, namespace: str, shared: str | None, stage: StageAdapter[Any, Any], kind: str
+    ) -> None:
         self.namespace = namespace
         self.stage = stage
-        self.fixed = f"{namespace}:{shared}" if shared is not None else None
+        self.kind = kind
+        self.shared = shared
+        self.fixed = store_key(namespace, kind, shared) if shared is not None else None
         self._keys: dict[str, str] = {}
+        self._names: dict[str, str] = {}
 
     def __call__(self, item: Any) -> str:
         if self.fixed is not None:
             return self.fixed
-        name = self.stage.key(item)
+        return self.of(self.stage.key(item))
+
+    def of(self, name: str) -> str:
+        """The key of the tool or model ``name`` (the shared key, if the layer has one)."""
+        if self.fixed is not None:
+            return self.fixed
         key = self._keys.get(name)
         if key is None:
             if len(self._keys) >= _MAX_CACHED_KEYS:
                 self._keys.clear()
-            key = self._keys[name] = f"{self.namespace}:{name}"
+                self._names.clear()
+            key = self._keys[name] = store_key(self.namespace, self.kind, name)
+            self._names[key] = name
         return key
+
+    def name_of(self, key: str) -> str:
+        """The tool or model name a key was made for (for metrics and events)."""
+        if key == self.fixed and self.shared is not None:
+            return self.shared
+        name = self._names.get(key)
+        return name if name is not None else key_parts(key)[-1]
 
 
 def suspends(store: StateStore) -> bool:

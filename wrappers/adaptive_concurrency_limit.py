@@ -9,9 +9,11 @@ latency, plus a little room to probe (``limit * gradient + 4``, smoothed by 0.2,
 gradient clamped to [0.5, 1]) — and, unlike the original, also falls on an overload
 signal, by concurrency-limits' AIMD backoff (× 0.9). Overload signals:
 ``*_RATE_LIMITED``, ``*_OVERLOADED`` and timeouts, plus the codes in ``on``. A storm
-counts once: only a call admitted after the last decrease can decrease the limit
-again. A provider's ``retry_after_s`` pauses admissions for that long. The limit stays
-within ``[min, max]``; ``min == initial == max`` pins it.
+counts once, across every process sharing the store: the limit carries a version that
+each decrease moves, and only a call admitted after the last decrease can decrease it
+again (compare and set in the store, clamped to ``[min, max]`` there). A provider's
+``retry_after_s`` pauses admissions for that long. The limit stays within
+``[min, max]``; ``min == initial == max`` pins it.
 
 Where it belongs: as a ``ConcurrencyLimit`` — a dispatch layer or a model-call layer;
 outside a ``Retry`` it limits operations, inside it attempts. Callers beyond the
@@ -214,16 +216,21 @@ class AdaptiveConcurrencyLimit:
         register(scope, self.stage, limits, PLUGIN)
 
 
+#: Keys whose limit this process remembers (and reports as a gauge series), at most:
+#: the least recently used idle ones go first (they start again from the shared limit).
+_MAX_KEYS: Final = 10_000
+
+
 class _State:
     """One key's algorithm and bookkeeping in this process."""
 
-    __slots__ = ("algorithm", "epoch", "inflight", "limit", "paused_until")
+    __slots__ = ("algorithm", "inflight", "limit", "paused_until", "version")
 
     def __init__(self, config: AdaptiveConcurrencyLimit) -> None:
         make = AIMD if config.algorithm == "aimd" else Gradient2
         self.algorithm: AIMD | Gradient2 = make(config.initial, config.min, config.max)
         self.limit = float(config.initial)
-        self.epoch = 0  # bumped by each decrease: a storm counts once
+        self.version = 0  # the shared limit's version: each decrease moves it
         self.inflight = 0
         self.paused_until = -math.inf
 
@@ -242,9 +249,11 @@ class _Limits:
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
         self.namespace = namespace
-        self.slots = SlotQueue(store, QueueMetrics(signals, namespace, PLUGIN))
-        self.keys = StateKeys(namespace, config.key, self.stage)
+        self.keys = StateKeys(namespace, config.key, self.stage, "slots")
+        self.limit_keys = StateKeys(namespace, config.key, self.stage, "limit")
+        self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN))
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
+        #: Each name's (tool's, model's, or the shared key's) state, least recently used first.
         self.states: dict[str, _State] = {}
         self.signals = OVERLOAD | set(config.on)
 
@@ -253,10 +262,9 @@ class _Limits:
 
     def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
         """``guardstack.concurrency.limit``: each key's limit now."""
-        cut = len(self.namespace) + 1
         return [
-            (self._clamped(state.limit), {"key": key[cut:], "guardstack.layer": PLUGIN})
-            for key, state in list(self.states.items())
+            (self._clamped(state.limit), {"key": name, "guardstack.layer": PLUGIN})
+            for name, state in list(self.states.items())
         ]
 
     def current(self, name: str | None) -> int:
@@ -265,8 +273,7 @@ class _Limits:
                 return self.config.initial
             state = next(reversed(self.states.values()))
         else:
-            key = self.keys.fixed or next((k for k in self.states if k.endswith(f":{name}")), "")
-            found = self.states.get(key)
+            found = self.states.get(self.config.key if self.config.key is not None else name)
             if found is None:
                 return self.config.initial
             state = found
@@ -275,36 +282,62 @@ class _Limits:
     def _clamped(self, limit: float) -> int:
         return max(self.config.min, min(self.config.max, math.floor(limit)))
 
-    async def _shared_limit(self, key: str, state: _State) -> float:
-        """The limit every process sharing the store admits against."""
+    def _state(self, name: str) -> _State:
+        states = self.states
+        state = states.pop(name, None)
+        if state is None:
+            state = _State(self.config)
+            if len(states) >= _MAX_KEYS:
+                idle = next((key for key, known in states.items() if not known.inflight), None)
+                if idle is not None:
+                    del states[idle]
+        states[name] = state  # the most recently used last
+        return state
+
+    async def _shared_limit(self, name: str, state: _State) -> float:
+        """The limit every process sharing the store admits against, and its version."""
         try:
-            _, value = await self.store.add(f"{key}:limit", 0, initial=self.config.initial)
+            value, version = await self.store.read_limit(
+                self.limit_keys.of(name), self.config.initial
+            )
         except Exception as error:
             self.failures.fails_open(error)
             return state.limit
-        state.limit = value
+        state.limit, state.version = value, version
         return value
 
-    async def _move(self, key: str, state: _State, before: float, after: float) -> None:
-        if after == before:
-            return
-        state.limit = after
+    async def _move(
+        self, name: str, state: _State, version: int, after: float, decrease: bool
+    ) -> None:
+        """Move the shared limit to ``after`` if no decrease happened since this call was
+        admitted (``version``); a decrease starts a new version."""
+        config = self.config
         try:
-            _, value = await self.store.add(f"{key}:limit", after - before)
-            state.limit = max(float(self.config.min), min(float(self.config.max), value))
+            value, state.version = await self.store.swap_limit(
+                self.limit_keys.of(name),
+                version,
+                after,
+                config.min,
+                config.max,
+                bump=decrease,
+            )
         except Exception as error:
             self.failures.fails_open(error)
+            if state.version == version:
+                state.limit = max(float(config.min), min(float(config.max), after))
+                state.version += decrease
+            return
+        state.limit = value
 
     async def __call__(self, item: Any, call_next: Any) -> Any:
         config, stage = self.config, self.stage
         key = self.keys(item)
-        state = self.states.get(key)
-        if state is None:
-            state = self.states[key] = _State(config)
+        name = config.key if config.key is not None else stage.key(item)
+        state = self._state(name)
         wait = state.paused_until - anyio.current_time()
         if wait > 0:
             await anyio.sleep(wait)  # the provider said when to come back
-        limit = self._clamped(await self._shared_limit(key, state))
+        limit = self._clamped(await self._shared_limit(name, state))
         timeout_ms = config.queue_timeout_ms
         try:
             lease = await self.slots.acquire(
@@ -320,13 +353,14 @@ class _Limits:
             if not self.failures.fails_open(error):
                 return stage.deliver(self._refusal(item, self.failures.reason()))
             return await call_next(item)
-        epoch = state.epoch
+        version = state.version
         state.inflight += 1
         inflight = state.inflight
         started = anyio.current_time()
         try:
             outcome = await stage.attempt(call_next, item)
-            await self._learn(key, state, outcome, anyio.current_time() - started, inflight, epoch)
+            rtt_s = anyio.current_time() - started
+            await self._learn(name, state, outcome, rtt_s, inflight, version)
         finally:
             state.inflight -= 1
             try:
@@ -336,7 +370,7 @@ class _Limits:
         return stage.deliver(outcome)
 
     async def _learn(
-        self, key: str, state: _State, outcome: Outcome, rtt_s: float, inflight: int, epoch: int
+        self, name: str, state: _State, outcome: Outcome, rtt_s: float, inflight: int, version: int
     ) -> None:
         stage = self.stage
         if stage.is_control(outcome):
@@ -347,14 +381,13 @@ class _Limits:
         wait = stage.retry_after_s(outcome)
         if wait is not None and wait > 0:
             state.paused_until = max(state.paused_until, anyio.current_time() + wait)
-        if overloaded and epoch < state.epoch:
+        if version < state.version:
             return  # admitted before the last decrease: that storm was counted
         before = state.limit
         state.algorithm.limit = before
         after = state.algorithm.sample(rtt_s, inflight, overloaded)
-        if overloaded:
-            state.epoch += 1
-        await self._move(key, state, before, after)
+        if after != before or overloaded:
+            await self._move(name, state, version, after, overloaded)
 
     def _refusal(self, item: Any, reason: str) -> Outcome:
         return overloaded(self.stage, item, reason, PLUGIN)

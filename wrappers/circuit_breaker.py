@@ -156,7 +156,7 @@ def _why(what: str, wait_s: float) -> str:
 class _Breakers:
     """One application: the layer, on either stage, over breakers kept in a store."""
 
-    __slots__ = ("config", "cut", "failures", "keys", "namespace", "shield", "signals",
+    __slots__ = ("config", "failures", "keys", "namespace", "shield", "signals",
                  "stage", "states", "store")  # fmt: skip
 
     def __init__(
@@ -166,8 +166,7 @@ class _Breakers:
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
         self.namespace = namespace
-        self.cut = len(namespace) + 1  # a state key is "{namespace}:{name}"
-        self.keys = StateKeys(namespace, config.key, self.stage)
+        self.keys = StateKeys(namespace, config.key, self.stage, "breaker")
         self.shield = suspends(store)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         self.signals = signals
@@ -184,7 +183,7 @@ class _Breakers:
     def _seen_open(self, key: str) -> None:
         """Refused: the breaker is open, whoever opened it (another process, through a
         shared store, counts its own transition)."""
-        name = key[self.cut :]
+        name = self.keys.name_of(key)
         if self.states.get(name) != "open":
             self._remember(name, "open")
 
@@ -202,7 +201,7 @@ class _Breakers:
                 del states[next(iter(states))]
 
     def _changed(self, key: str, state: BreakerState) -> None:
-        name = key[self.cut :]
+        name = self.keys.name_of(key)
         before = self.states.get(name, "closed")
         if before == state:
             return

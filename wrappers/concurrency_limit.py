@@ -142,9 +142,12 @@ class SlotQueue:
             lease = await self.store.acquire(key, limit)
             if lease is not None:
                 return lease
-            waiting = self.queues[key] = deque()
+            # another caller may have started a line while the store answered: join it
+            waiting = self.queues.get(key)
+            if waiting is None:
+                waiting = self.queues[key] = deque()
         if len(waiting) >= queue:
-            if not waiting:
+            if not waiting and self.queues.get(key) is waiting:
                 del self.queues[key]
             raise _Overloaded(
                 f"{limit} calls are running and {len(waiting)} waiting, the most "
@@ -194,9 +197,9 @@ class SlotQueue:
     async def release(self, key: str, lease: str) -> None:
         if self.shield:
             with anyio.CancelScope(shield=True):  # a slot always goes back, cancelled or not
-                await self.store.release(key, lease)
+                await self.store.release_slot(key, lease)
         else:  # answers without suspending: nothing can cancel it
-            await self.store.release(key, lease)
+            await self.store.release_slot(key, lease)
         waiting = self.queues.get(key)
         if waiting:
             waiting[0].event.set()
@@ -212,8 +215,8 @@ class _Limits:
     ) -> None:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
-        self.slots = SlotQueue(store, QueueMetrics(signals, namespace, PLUGIN))
-        self.keys = StateKeys(namespace, config.key, self.stage)
+        self.keys = StateKeys(namespace, config.key, self.stage, "slots")
+        self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN))
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
 
     def __repr__(self) -> str:

@@ -102,8 +102,8 @@ class _Buckets:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.store = store
-        self.metrics = QueueMetrics(signals, namespace, PLUGIN)
-        self.keys = StateKeys(namespace, config.key, self.stage)
+        self.keys = StateKeys(namespace, config.key, self.stage, "bucket")
+        self.metrics = QueueMetrics(signals, self.keys, PLUGIN)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         #: Waiters per key, head first; a key is here only while someone waits.
         self.queues: dict[str, deque[anyio.Event]] = {}
@@ -141,7 +141,8 @@ class _Buckets:
             at_head = queue[0] is turn
             queue.remove(turn)
             if not queue:
-                del self.queues[key]
+                if self.queues.get(key) is queue:  # the line this waiter stood in, not a newer
+                    del self.queues[key]
             elif at_head:
                 queue[0].set()  # the next waiter moves up and asks the bucket itself
 
@@ -159,7 +160,11 @@ class _Buckets:
                     if not self.config.wait:
                         refusal = self._refusal(item, wait_s)
                     else:
-                        queue = self.queues[key] = deque()
+                        # Another caller may have started a line while the store answered
+                        # (a shared store suspends): join it rather than start a second.
+                        queue = self.queues.get(key)
+                        if queue is None:
+                            queue = self.queues[key] = deque()
                         await self._wait_in_line(key, queue)
         except Exception as error:
             if not self.failures.fails_open(error):

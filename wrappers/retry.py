@@ -68,6 +68,7 @@ from guardstack.pipeline.contract import (
     StageAdapter,
     StateStore,
     adapter_for,
+    store_key,
 )
 from guardstack.pipeline.signals import RETRY_ATTEMPTS, Signals
 from guardstack.pipeline.validate import (
@@ -157,6 +158,7 @@ class RetryBudget:
         self._updated: float | None = None
         self.store = store
         self.key = key
+        self._store_key = store_key("retry-budget", "bucket", key)
 
     def _refill(self) -> None:
         now = anyio.current_time()
@@ -189,14 +191,18 @@ class RetryBudget:
             self.deposit()
             return
         with contextlib.suppress(Exception):  # a lost deposit only makes retries scarcer
-            await self.store.take(self.key, self.min_retries_per_second, self.capacity, -self.ratio)
+            await self.store.take(
+                self._store_key, self.min_retries_per_second, self.capacity, -self.ratio
+            )
 
     async def withdraw_shared(self) -> bool:
         """``try_withdraw``, in the store when the budget has one (refused if it fails)."""
         if self.store is None:
             return self.try_withdraw()
         try:
-            wait = await self.store.take(self.key, self.min_retries_per_second, self.capacity)
+            wait = await self.store.take(
+                self._store_key, self.min_retries_per_second, self.capacity
+            )
         except Exception:
             return False
         return wait == 0.0

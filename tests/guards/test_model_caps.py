@@ -93,7 +93,8 @@ async def test_model_call_limit_inside_a_retry_counts_attempts() -> None:
 
 async def test_usage_limit_tokens_per_turn() -> None:
     model = ScriptedModel(looping(10, Usage(400, 100)))
-    harness = harness_with(model, UsageLimit(tokens_per_turn=1_200))
+    # each call reserves its input (a token per 4 characters) and 100 output tokens
+    harness = harness_with(model, UsageLimit(tokens_per_turn=1_200, estimate_output_tokens=100))
     result = await harness.loop.create("s").prompt("go")
     assert result.reason == "blocked"
     assert result.error == "usage-limit: this turn used 1500 tokens and the limit is 1200 per turn"
@@ -101,9 +102,21 @@ async def test_usage_limit_tokens_per_turn() -> None:
     assert len(model.requests) == 3
 
 
+async def test_a_call_whose_reservation_would_pass_the_limit_is_not_sent() -> None:
+    model = ScriptedModel(looping(10, Usage(400, 100)))
+    harness = harness_with(model, UsageLimit(tokens_per_turn=1_200))  # reserves ~1,000 a call
+    result = await harness.loop.create("s").prompt("go")
+    assert result.reason == "blocked"
+    assert result.error == (
+        "usage-limit: this turn used 500 tokens and the limit is 1200 per turn "
+        "(this call's reservation of 1002 tokens would pass it)"
+    )
+    assert len(model.requests) == 1
+
+
 async def test_usage_limit_tokens_per_session_spans_turns() -> None:
     model = ScriptedModel([ModelReply("a", usage=Usage(600, 0)), *looping(3, Usage(500, 0))])
-    harness = harness_with(model, UsageLimit(tokens_per_session=1_000))
+    harness = harness_with(model, UsageLimit(tokens_per_session=1_000, estimate_output_tokens=10))
     agent = harness.loop.create("s")
     assert (await agent.prompt("one")).reason == "completed"
     result = await agent.prompt("two")

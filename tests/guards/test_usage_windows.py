@@ -18,6 +18,8 @@ from guardstack.pipeline import (
     ScriptedModel,
     Usage,
 )
+from guardstack.pipeline.contract import Window, store_key
+from guardstack.pipeline.session import AssistantMessage
 
 PRICES = {"m": (1.0, 2.0)}  # $ per million: input, output
 
@@ -45,6 +47,11 @@ class Priced:
         self.calls += 1
         await anyio.sleep(self.delay_s)
         return ModelReply("ok", usage=self.usage, model="m")
+
+
+def memory(harness: Harness) -> MemoryStore:
+    assert isinstance(harness.store, MemoryStore)
+    return harness.store
 
 
 def harness(limit: UsageLimit, model: Any, clock: Clock) -> Harness:
@@ -99,7 +106,8 @@ async def test_concurrent_calls_overshoot_by_at_most_what_is_in_flight() -> None
     async with anyio.create_task_group() as group:
         for n in range(20):
             group.start_soon(one, n)
-    spent = await built.store.read("usage-limit:all:usd:day:2026-12-01")  # tenant "all"
+    day = store_key("usage-limit", "tenant", "all", "usd", "day:2026-12-01")  # tenant "all"
+    spent = await memory(built).balance(Window(day, "usd"))
     assert spent <= 0.002  # reservations are atomic: the day never passes its limit
     assert results.count("completed") == model.calls
     assert 1 <= model.calls < 20
@@ -131,13 +139,42 @@ def test_bad_window_config_names_the_key() -> None:
         UsageLimit(tokens_per_day=5, tenant="")
 
 
-async def test_a_scripted_agent_without_a_price_is_refused_not_guessed() -> None:
+async def test_a_reply_naming_an_unpriced_model_is_refused_not_guessed() -> None:
     clock = Clock("2026-12-01T10:00:00+00:00")
     built = harness(
         UsageLimit(usd_per_day=1.0, prices={"other": (1, 1)}),
-        ScriptedModel([ModelReply("x", usage=Usage(1, 1))]),
+        ScriptedModel([ModelReply("x", usage=Usage(1, 1), model="mystery")]),
         clock,
     )
     result = await built.loop.create("s").prompt("hi")
     assert result.reason == "error"
-    assert "no price for model" in (result.error or "")
+    assert "no price for model 'mystery'" in (result.error or "")
+
+
+async def test_a_model_that_names_none_reserves_at_the_highest_price_and_settles_at_the_reply() -> (
+    None
+):
+    clock = Clock("2026-12-01T10:00:00+00:00")
+    prices = {"cheap": (1.0, 1.0), "dear": (10.0, 100.0)}
+    cheap_reply = ModelReply("x", usage=Usage(1_000, 1_000), model="cheap")
+    # 1,000 output tokens reserved at the dearest price: $0.10, over a $0.05 day
+    tight = UsageLimit(usd_per_day=0.05, prices=prices, estimate_output_tokens=1_000)
+    refused = await harness(tight, ScriptedModel([cheap_reply]), clock).loop.create("s").prompt(".")
+    assert refused.reason == "blocked"
+    assert "reservation of $0.1000 would pass it" in (refused.error or "")
+    # room for the dearest estimate: the call runs and is settled at the reply's model
+    roomy = UsageLimit(usd_per_day=1.0, prices=prices, estimate_output_tokens=1_000)
+    built = harness(roomy, ScriptedModel([cheap_reply]), clock)
+    assert (await built.loop.create("s").prompt("hi")).reason == "completed"
+    day = store_key("usage-limit", "tenant", "all", "usd", "day:2026-12-01")
+    assert await memory(built).balance(Window(day, "usd")) == pytest.approx(2_000 / 1e6)
+
+
+async def test_a_scripted_model_names_the_model_its_replies_report() -> None:
+    clock = Clock("2026-12-01T10:00:00+00:00")
+    scripted = ScriptedModel([ModelReply("x", usage=Usage(1_000, 0))], model="cheap")
+    built = harness(UsageLimit(usd_per_day=1.0, prices={"cheap": (1, 1)}), scripted, clock)
+    agent = built.loop.create("s")
+    assert (await agent.prompt("hi")).reason == "completed"
+    [reply] = [e for e in agent.session.events if isinstance(e, AssistantMessage)]
+    assert reply.model == "cheap"

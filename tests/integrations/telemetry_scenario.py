@@ -58,7 +58,7 @@ async def everything(
         ([ModelReply(tool_calls=(ToolCallRequest("grep", {"q": "TODO"}),), usage=Usage(900, 100))]
          * 6 + [ModelReply("Done.", usage=Usage(1200, 40))]) * rounds
     )  # fmt: skip
-    model.model = "gpt-test"  # type: ignore[attr-defined]
+    model.model = "gpt-test"
     # three harnesses on the same providers: a service's calls (breaker, retry, rate
     # limits), its limiters, and an agent (loop guards, spend)
     harness, limited, agentic = Harness(), Harness(), Harness(model, max_steps=20)

@@ -71,3 +71,30 @@ def deployer() -> TemporalAgent:
         plugins=lambda: [Retry(attempts=2, backoff_ms=100), ToolCallTimeoutPolicy()],
         heartbeat_ms=2_000,
     )
+
+
+# -- the retried kill test: an idempotent fetch, lost with its worker, run again ----------
+
+
+async def fetch(arguments: Any, call: Any) -> str:
+    log_path = MARKS / "fetch.log"
+    with log_path.open("a") as log:
+        log.write(f"started {os.getpid()}\n")
+    if len(log_path.read_text().splitlines()) == 1:
+        await asyncio.sleep(5)  # the first attempt: the test kills this worker here
+    return "fetched"
+
+
+def fetcher() -> TemporalAgent:
+    return TemporalAgent(
+        "fetcher",
+        tools=[ToolDefinition("fetch", fetch, timeout_ms=60_000, idempotent=True)],
+        model=ConversationModel(
+            [ask("fetch", {"url": "https://example.test"}), ModelReply("done")]
+        ),
+        plugins=lambda: [
+            Retry(attempts=2, backoff_ms=100, retry_on=("ABORTED",)),
+            ToolCallTimeoutPolicy(),
+        ],
+        heartbeat_ms=2_000,
+    )

@@ -259,7 +259,11 @@ LATER: Any = [  # the same conversation (same key, same first message), a turn l
 @pytest.mark.parametrize(
     ("limit", "then", "stopped_saying"),
     [
-        ({"tokens_per_session": 100}, LATER, "this session used 110 tokens"),
+        (
+            {"tokens_per_session": 100, "estimate_output_tokens": 1},
+            LATER,
+            "this session used 110 tokens",
+        ),
         # a calendar window settles what the stream reported, not its reservation (the
         # stream is relayed inside the model call)
         (
@@ -499,7 +503,7 @@ async def test_an_anthropic_streams_usage_counts_cache_tokens_too(messages_serve
     from tests.integrations.messages_server import Reply
 
     harness = Harness()
-    harness.plugin(UsageLimit(tokens_per_session=100))
+    harness.plugin(UsageLimit(tokens_per_session=100, estimate_output_tokens=1))
     # 20 plain input + 40 read from the cache + 10 written to it, 35 out: 105 tokens
     messages_server.script = [Reply("Streamed.", usage=(20, 35, 40, 10)), Reply("Never.")]
     ask: Any = [{"role": "user", "content": "What is in the repo?"}]

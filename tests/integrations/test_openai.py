@@ -244,14 +244,20 @@ async def test_a_whole_guarded_agent_against_a_real_server(chat_server: ChatServ
         harness.tools.register(ToolDefinition("read_file", _read_file))
         harness.plugin(ToolCallTimeoutPolicy())
         harness.plugin(RepeatToolReminder())
-        harness.plugin(UsageLimit(tokens_per_turn=60))
+        # each call reserves its input (a token per 4 characters: more than this server
+        # reports) and one output token; the seventh's reservation would pass the limit
+        harness.plugin(UsageLimit(tokens_per_turn=140, estimate_output_tokens=1))
         harness.plugin(Retry(stage="model", attempts=3, backoff_ms=10, max_backoff_ms=100))
         harness.plugin(Timeout(ms=500, stage="model"))
         agent = harness.loop.create("whole")
         result = await agent.prompt("Find the answer.")
 
     assert result.reason == "blocked"
-    assert result.error == "usage-limit: this turn used 60 tokens and the limit is 60 per turn"
+    assert result.error is not None
+    assert result.error.startswith(
+        "usage-limit: this turn used 60 tokens and the limit is 140 per turn (this call's "
+        "reservation of"
+    )
     assert result.usage == Usage(40, 20, 20)
     assert len(chat_server.requests) == 6
     results = {e.call_id: e.result for e in agent.session.events if isinstance(e, ToolResultEvent)}

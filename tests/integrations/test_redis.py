@@ -32,6 +32,7 @@ from guardstack.pipeline import (
     ToolCall,
     ToolDefinition,
 )
+from guardstack.pipeline.contract import store_key
 from guardstack.pipeline.store import StoreError
 from guardstack.wrappers import CircuitBreaker, RateLimit
 from tests.integrations.redis_server import RedisServer, binary
@@ -96,7 +97,7 @@ async def test_each_operation_answers_as_the_memory_store_does(store: RedisStore
     first, second = await store.acquire("slots", 1), await store.acquire("slots", 1)
     assert first is not None
     assert second is None
-    await store.release("slots", first)
+    await store.release_slot("slots", first)
     assert await store.acquire("slots", 1) is not None
     assert await store.add("counter", 3, limit=5) == (True, 3.0)
     assert await store.add("counter", 3, limit=5) == (False, 3.0)
@@ -112,9 +113,10 @@ async def test_keys_another_writer_corrupted_are_store_errors_and_layers_apply_t
     each operation raises ``StoreError``, never something else, and a layer on the store
     does what its policy says."""
     client = store.client
-    await client.set(store.prefix + "bucket", "not a hash")
-    await client.hset(store.prefix + "counter", "x", "1")
-    await client.set(store.prefix + "text", "many")
+    tagged = store.prefix + "{%s}"  # every soft entry's key carries its own hash tag
+    await client.set(tagged % "bucket", "not a hash")
+    await client.hset(tagged % "counter", "x", "1")
+    await client.set(tagged % "text", "many")
     for operation in (
         store.take("bucket", 1, 1),
         store.admit("bucket", 1),
@@ -128,7 +130,7 @@ async def test_keys_another_writer_corrupted_are_store_errors_and_layers_apply_t
     harness.tools.register(ToolDefinition("t", _ok))
     harness.plugin(RateLimit(per_second=1, burst=1, key="bucket"))  # fails open
     harness.plugin(ToolCallLimit(per_tool={"t": 5}))
-    await client.set(f"{store.prefix}rate-limit:bucket", "not a hash")
+    await client.set(tagged % store_key("rate-limit", "bucket", "bucket"), "not a hash")
     with pytest.warns(GuardstackWarning, match="redis store failed"):
         outcome = await harness.tools.execute(ToolCall("t", {}, "c", conversation="x"))
     assert outcome.result.code is None  # let through; the cap's counters were fine
@@ -169,7 +171,7 @@ async def test_the_same_operations_give_the_same_answers_on_both_stores(
                 elif operation == "release":
                     held = leases[name].get(key, [])
                     if held:
-                        await store.release(key, held.pop(value % len(held)))
+                        await store.release_slot(key, held.pop(value % len(held)))
                     answers[name].append(len(held))
                 elif operation == "add":
                     answers[name].append(await store.add(key, value, limit=6))

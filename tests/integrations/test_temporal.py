@@ -148,7 +148,9 @@ def marks(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def start_worker(address: str, task_queue: str, marks: Path) -> subprocess.Popen[str]:
+def start_worker(
+    address: str, task_queue: str, marks: Path, agent: str = "deployer"
+) -> subprocess.Popen[str]:
     environment = {**os.environ, "GUARDSTACK_TEMPORAL_MARKS": str(marks)}
     process = subprocess.Popen(
         [
@@ -156,7 +158,7 @@ def start_worker(address: str, task_queue: str, marks: Path) -> subprocess.Popen
             "-m",
             "guardstack.cli.main",
             "worker",
-            "tests.integrations.temporal_agents:deployer",
+            f"tests.integrations.temporal_agents:{agent}",
             "--task-queue",
             task_queue,
             "--address",
@@ -171,7 +173,7 @@ def start_worker(address: str, task_queue: str, marks: Path) -> subprocess.Popen
         text=True,
     )
     assert process.stdout is not None
-    assert process.stdout.readline().startswith("worker ready: deployer on")
+    assert process.stdout.readline().startswith(f"worker ready: {agent} on")
     return process
 
 
@@ -217,6 +219,41 @@ async def test_a_worker_killed_mid_call_and_the_turn_completes_elsewhere(
     assert deploy_log.read_text().splitlines() == [f"started {victim}"]
     assert (marks / "status.log").read_text().splitlines() == [f"ran {survivor}"]
     print(f"killed at {killed_at:.1f}s, turn completed at {completed_at:.1f}s")
+
+
+async def test_an_idempotent_tool_lost_with_its_worker_is_retried_on_another(
+    anyio_backend: Any, marks: Path
+) -> None:
+    """A lost worker is a provider-side failure for ``Retry``: the idempotent tool runs
+    again on the surviving worker (guardstack's own aborts are never retried)."""
+    async with await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        dev_server_extra_args=["--headless"],
+        ip="127.0.0.1",
+    ) as env:
+        address = env.client.service_client.config.target_host
+        workers = [start_worker(address, "fetches", marks, "fetcher") for _ in range(2)]
+        try:
+            conversation = Conversation(env.client, "fetcher", "fetch-1", "fetches")
+            turn = asyncio.create_task(conversation.prompt("Fetch it"))
+            fetch_log = marks / "fetch.log"
+            started = time.monotonic()
+            while not fetch_log.exists() and time.monotonic() - started < 30:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # another process writes it: nothing to wait on
+            victim = int(fetch_log.read_text().split()[1])
+            os.kill(victim, signal.SIGKILL)
+            outcome = await asyncio.wait_for(turn, 60)
+        finally:
+            for process in workers:
+                process.kill()
+                process.wait()
+                if process.stdout is not None:
+                    process.stdout.close()
+    survivor = next(p.pid for p in workers if p.pid != victim)
+    assert outcome.reason == "completed"
+    [result] = [e.result for e in outcome.session().events if isinstance(e, ToolResultEvent)]
+    assert result.content == "fetched"  # the retry's answer, from the surviving worker
+    assert fetch_log.read_text().splitlines() == [f"started {victim}", f"started {survivor}"]
 
 
 shipped: list[dict[str, Any]] = []

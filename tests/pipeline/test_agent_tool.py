@@ -41,7 +41,8 @@ class Researcher:
 
 
 class Planner:
-    """Asks researcher one, then researcher two, then sums up (free calls)."""
+    """Asks researcher one, then researcher two, then sums up (free calls, reported as
+    such: a reply with no usage would be charged its reservation)."""
 
     model = "m"
 
@@ -49,9 +50,11 @@ class Planner:
         done = sum(1 for m in messages if m["role"] == "tool")
         if done < 2:
             return ModelReply(
-                tool_calls=[ToolCallRequest(f"research_{done + 1}", {"task": "look"})], model="m"
+                tool_calls=[ToolCallRequest(f"research_{done + 1}", {"task": "look"})],
+                model="m",
+                usage=Usage(),
             )
-        return ModelReply("summary", model="m")
+        return ModelReply("summary", model="m", usage=Usage())
 
 
 @tool

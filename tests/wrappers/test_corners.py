@@ -407,6 +407,18 @@ class FailingStore(MemoryStore):
         self._check()
         return await super().add(*args, **kwargs)
 
+    async def reserve(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().reserve(*args, **kwargs)
+
+    async def settle(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().settle(*args, **kwargs)
+
+    async def release(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().release(*args, **kwargs)
+
 
 async def test_layers_fail_open_and_caps_fail_closed_when_the_store_is_down() -> None:
     store = FailingStore()

@@ -153,7 +153,7 @@ async def test_reminders_and_loop_detections_are_counted_by_pattern() -> None:
 
 async def test_usage_and_spend_are_counted_per_tenant() -> None:
     model = ScriptedModel([ModelReply("hi", usage=Usage(1000, 500))] * 2)
-    model.model = "m"  # type: ignore[attr-defined]
+    model.model = "m"
     rig = Rig(model)
     rig.harness.plugin(UsageLimit(prices={"m": (2.0, 8.0)}, usd_per_session=100))
     agent = rig.harness.loop.create("a")
