@@ -411,6 +411,7 @@ class RedisStore:
         elif url is not None:
             raise ValueError("RedisStore: give a url or a client, not both")
         self.client = client
+        self._redis = require("redis.exceptions", EXTRA)
         self.url = url
         self.prefix = prefix
         self.on_error = on_error
@@ -440,18 +441,31 @@ class RedisStore:
         owner, _, rest = key.partition(":")
         return f"{self.prefix}{{{owner}}}:{rest}"
 
-    async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        return await self._answer(lambda: self._scripts[script](keys=keys, args=args))
+    async def _run(
+        self, script: str, keys: list[str], args: list[Any], *, idempotent: bool = False
+    ) -> Any:
+        return await self._answer(
+            lambda: self._scripts[script](keys=keys, args=args), idempotent=idempotent
+        )
 
-    async def _answer(self, request: Callable[[], Awaitable[Any]]) -> Any:
-        """One round trip, on asyncio, within ``timeout_ms``: any failure a ``StoreError``."""
+    async def _answer(
+        self, request: Callable[[], Awaitable[Any]], *, idempotent: bool = False
+    ) -> Any:
+        """One round trip, on asyncio, within ``timeout_ms``: any failure a ``StoreError``.
+        An ``idempotent`` one (the ledger's, by operation id; a read) is sent once more
+        when the connection it went out on was closed (a restarted server)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             raise StoreUnsupported(_TRIO) from None
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await request()
+                if not idempotent:
+                    return await request()
+                try:
+                    return await request()
+                except self._redis.ConnectionError:
+                    return await request()
         except TimeoutError as error:
             raise StoreError(f"redis did not answer within {self.timeout_s * 1000:g} ms") from error
         except asyncio.CancelledError:
@@ -600,7 +614,7 @@ class RedisStore:
             raise StoreError(f"redis answered {cut(answer)} to a counter's add") from error
 
     async def read(self, key: str) -> float:
-        value = await self._answer(lambda: self.client.get(self._soft(key)))
+        value = await self._answer(lambda: self.client.get(self._soft(key)), idempotent=True)
         return 0.0 if value is None else _number(value)
 
     async def read_limit(self, key: str, initial: float) -> tuple[float, int]:
@@ -642,7 +656,7 @@ class RedisStore:
                 window.unit,
             ]
         keys = [self._owned(op_id), *(self._owned(window.key) for window in windows)]
-        answer = await self._run("reserve", keys, args)
+        answer = await self._run("reserve", keys, args, idempotent=True)
         try:
             status, index, used = answer
             status, index = int(status), int(index)
@@ -656,7 +670,7 @@ class RedisStore:
         pairs: list[Any] = []
         for unit, amount in actual.items():
             pairs += [unit, float(amount)]
-        return _settlement(await self._run("settle", [self._owned(op_id)], pairs))
+        return _settlement(await self._run("settle", [self._owned(op_id)], pairs, idempotent=True))
 
     async def release(self, op_id: str) -> Settlement:
         try:
@@ -669,13 +683,15 @@ class RedisStore:
         return _settlement(answer)
 
     async def balance(self, window: Window) -> float:
-        value = await self._answer(lambda: self.client.get(self._owned(window.key)))
+        value = await self._answer(
+            lambda: self.client.get(self._owned(window.key)), idempotent=True
+        )
         return max(0.0 if value is None else _number(value), window.floor)
 
     async def close(self, keys: Sequence[str]) -> None:
         if keys:
             owned = [self._owned(key) for key in keys]
-            await self._answer(lambda: _delete_each(self.client, owned))
+            await self._answer(lambda: _delete_each(self.client, owned), idempotent=True)
 
     async def aclose(self) -> None:
         """Close the client's connections (and stop renewing leases)."""

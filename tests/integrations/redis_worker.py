@@ -54,11 +54,56 @@ async def spend(store: RedisStore, seconds: float) -> None:
             group.start_soon(agent, n)
 
 
+async def session(store: RedisStore, seconds: float) -> None:
+    """Four processes on one session, each with parallel agents of its own on it: the
+    session's $0.005 is reserved call by call, so together they never pass it."""
+    harness = Harness(Spender(), store=store)
+    harness.plugin(UsageLimit(usd_per_session=0.005, prices={"m": (1.0, 1.0)}))
+    deadline = time.monotonic() + seconds
+
+    async def agent(n: int) -> None:
+        one = harness.loop.create("the-session")
+        while time.monotonic() < deadline:
+            result = await one.prompt("go")
+            say(event="turn", reason=result.reason)
+            if result.reason == "blocked":
+                return
+
+    async with anyio.create_task_group() as group:
+        for n in range(3):
+            group.start_soon(agent, n)
+
+
+async def storm(store: RedisStore, start_at: float) -> None:
+    """One 429 storm seen by every process at once: eight calls each, all admitted
+    before any answers, all overloaded."""
+    from guardstack.pipeline import TOOL_RATE_LIMITED, ToolError, ToolResult
+    from guardstack.wrappers import AdaptiveConcurrencyLimit
+
+    async def provider(arguments: Any, call: ToolCall) -> Any:
+        await anyio.sleep(0.3)
+        return ToolResult("Error: slow down", True, ToolError("slow", "R", TOOL_RATE_LIMITED))
+
+    harness = Harness(store=store)
+    harness.tools.register(ToolDefinition("llm", provider))
+    limit = AdaptiveConcurrencyLimit(initial=16, min=2, max=32, key="llm")
+    harness.plugin(limit)
+    async def one(call: ToolCall) -> None:
+        await harness.tools.execute(call)
+
+    await anyio.sleep(max(0.0, start_at - time.time()))
+    async with anyio.create_task_group() as group:
+        for n in range(8):
+            group.start_soon(one, ToolCall("llm", {}, f"c{n}", conversation="x"))
+    say(event="limit", value=limit.current())
+
+
 async def main(mode: str, url: str, prefix: str, seconds: float) -> None:
     store = RedisStore(url, prefix=prefix, timeout_ms=1000, lease_ms=600)
-    if mode == "spend":
+    if mode in ("spend", "session", "storm"):
         say(event="ready")
-        await spend(store, seconds)
+        run = {"spend": spend, "session": session, "storm": storm}[mode]
+        await run(store, seconds)
         await store.aclose()
         return
     harness = Harness(store=store)
