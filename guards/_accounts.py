@@ -96,12 +96,26 @@ def check_ledger_store(plugin: str) -> Callable[[Any, Any, Any], None]:
 class Accounts:
     """One cap application's accounts in a ledger: windows, operations, turn ends."""
 
-    __slots__ = ("_turns", "ledger", "namespace", "policy", "session_ttl_s")
+    __slots__ = (
+        "_operation",
+        "_turn_keys",
+        "_turns",
+        "ledger",
+        "namespace",
+        "policy",
+        "session_ttl_s",
+        "shield",
+    )
 
     def __init__(self, scope: Scope, store: object | None) -> None:
         self.ledger: StoreLedger = scope.ledger_for(store)  # type: ignore[arg-type]
         self.namespace = scope.namespace
         self.policy = self.ledger.on_error
+        #: A store that suspends (a remote one) has its settlements shielded from a
+        #: caller's cancellation; one that answers at once needs no shield.
+        self.shield = bool(getattr(self.ledger, "suspends", True))
+        self._operation = store_key(self.namespace, "op") + ":"  # tokens need no escaping
+        self._turn_keys = store_key(self.namespace, "turn") + ":"
         self.session_ttl_s = float(getattr(self.ledger, "session_ttl_s", SESSION_TTL_S))
         #: Each agent's current turn token (a new one each person's prompt).
         self._turns: weakref.WeakKeyDictionary[Agent, str] = weakref.WeakKeyDictionary()
@@ -114,7 +128,7 @@ class Accounts:
 
     def operation(self) -> str:
         """A new operation's id: unique across turns and processes."""
-        return store_key(self.namespace, "op", new_turn_token())
+        return self._operation + new_turn_token()
 
     def turn_of(self, agent: Agent) -> str:
         """The token of the agent's current turn (made at its first use)."""
@@ -126,7 +140,8 @@ class Accounts:
     def turn_window(
         self, token: str, counter: str, unit: str, limit: float | None, floor: float = 0.0
     ) -> Window:
-        return Window(store_key(self.namespace, "turn", token, counter), unit, limit, DAY_S, floor)
+        key = self._turn_keys + token + ":" + store_key(counter)  # a token is hex: plain
+        return Window(key, unit, limit, DAY_S, floor)
 
     def session_window(
         self, session_id: str, counter: str, unit: str, limit: float | None, floor: float = 0.0
@@ -143,11 +158,16 @@ class Accounts:
     # -- operations ----------------------------------------------------------------------
 
     async def reserve(
-        self, op_id: str, amounts: Mapping[str, float], windows: Sequence[Window]
+        self,
+        op_id: str,
+        amounts: Mapping[str, float],
+        windows: Sequence[Window],
+        *,
+        lease_s: float | None = None,
     ) -> Reservation:
         """Reserve, or raise ``StoreDown`` (the reservation, if it happened, released)."""
         try:
-            return await self.ledger.reserve(op_id, amounts, windows)
+            return await self.ledger.reserve(op_id, amounts, windows, lease_s=lease_s)
         except GuardstackError:
             raise
         except Exception as error:
@@ -158,34 +178,61 @@ class Accounts:
             raise
 
     async def settle(self, op_id: str, actual: Mapping[str, float]) -> None:
-        """Settle (shielded: a cancelled caller's call is still accounted for)."""
+        """Settle (shielded, on a store that suspends: a cancelled caller's call is still
+        accounted for)."""
+        if not self.shield:
+            await self._settle(op_id, actual)
+            return
         with anyio.CancelScope(shield=True):
-            try:
-                await self.ledger.settle(op_id, actual)
-            except GuardstackError:
-                raise
-            except Exception:
-                logger.warning(
-                    "%s: the %s store did not settle a reservation (it stays charged in full)",
-                    self.namespace,
-                    self.ledger.name,
-                    exc_info=True,
-                )
+            await self._settle(op_id, actual)
+
+    async def _settle(self, op_id: str, actual: Mapping[str, float]) -> None:
+        try:
+            await self.ledger.settle(op_id, actual)
+        except GuardstackError:
+            raise
+        except Exception:
+            logger.warning(
+                "%s: the %s store did not settle a reservation (it stays charged in full)",
+                self.namespace,
+                self.ledger.name,
+                exc_info=True,
+            )
 
     async def release(self, op_id: str) -> None:
+        """Give a reservation back (shielded, on a store that suspends)."""
+        if not self.shield:
+            await self._release(op_id)
+            return
         with anyio.CancelScope(shield=True):
+            await self._release(op_id)
+
+    async def _release(self, op_id: str) -> None:
+        try:
+            await self.ledger.release(op_id)
+        except GuardstackError:
+            raise
+        except Exception:
+            logger.warning(
+                "%s: the %s store did not release a reservation now (it will at the "
+                "next contact, or stays charged)",
+                self.namespace,
+                self.ledger.name,
+                exc_info=True,
+            )
+
+    async def charged(self, op_id: str, amounts: Mapping[str, float]) -> None:
+        """An operation whose reservation is its charge (a call counts one) is done. On a
+        store that answers at once it is settled (its record goes); on a remote one
+        nothing is sent — the reservation stands, and its record expires with the lease
+        it was made with — so a counted call costs one round trip."""
+        if not self.shield:  # the settlement inline: the usual path has no frame to spare
             try:
-                await self.ledger.release(op_id)
+                await self.ledger.settle(op_id, amounts)
             except GuardstackError:
                 raise
             except Exception:
-                logger.warning(
-                    "%s: the %s store did not release a reservation now (it will at the "
-                    "next contact, or stays charged)",
-                    self.namespace,
-                    self.ledger.name,
-                    exc_info=True,
-                )
+                logger.warning("%s: a settlement failed", self.namespace, exc_info=True)
 
     async def balance(self, window: Window) -> float:
         return await self.ledger.balance(window)

@@ -124,10 +124,10 @@ class ModelCallLimit:
                 if never_reached(error):
                     await accounts.release(op_id)
                 else:
-                    await accounts.settle(op_id, _ONE)
+                    await accounts.charged(op_id, _ONE)
                     _counted(made, agent)
                 raise
-            await accounts.settle(op_id, _ONE)
+            await accounts.charged(op_id, _ONE)
             _counted(made, agent)
             return reply
 

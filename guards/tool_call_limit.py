@@ -184,14 +184,15 @@ class _Cap:
         self.config = config
         self.turns = turns  # each conversation's current turn: a fresh token per turn
         self.accounts = accounts
-        #: A turn's token -> the keys of the windows it used (closed at its end).
-        self.open_turns: dict[str, set[str]] = {}
+        #: A turn's token -> the windows it used, by the budgets a call counted against
+        #: (closed at its end).
+        self.open_turns: dict[str, dict[tuple[tuple[str, int | None], ...], list[Window]]] = {}
         #: Keys of turns whose conversation was forgotten: closed at the next call.
         self.forgotten: list[str] = []
 
     def forget(self, token: str) -> None:
         """A conversation outside the loop was forgotten (or reset): its turn is over."""
-        self.forgotten.extend(self.open_turns.pop(token, ()))
+        self.forgotten.extend(_keys(self.open_turns.pop(token, {})))
 
     def close_on_turn_end(self, scope: Scope) -> None:
         """When an agent's turn ends (not a pause for approval), its windows go."""
@@ -205,13 +206,13 @@ class _Cap:
                     return result
                 finally:
                     token = turns.of_agent(agent)
-                    keys = open_turns.pop(token, None) if token is not None else None
-                    if keys and result is not None and result.reason == "approval":
-                        open_turns[token] = keys  # type: ignore[index]  # it goes on later
-                    elif keys:
+                    used = open_turns.pop(token, None) if token is not None else None
+                    if used and result is not None and result.reason == "approval":
+                        open_turns[token] = used  # type: ignore[index]  # it goes on later
+                    elif used:
                         # shielded; a failure leaves them to expire a day after their last use
                         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                            await ledger.close(sorted(keys))
+                            await ledger.close(_keys(used))
 
             return turn
 
@@ -259,10 +260,20 @@ class _Cap:
     def windows(
         self, token: str, wanted: list[tuple[str, int | None]], floors: dict[str, int]
     ) -> list[Window]:
-        return [
-            self.accounts.turn_window(token, counter, "calls", limit, floors.get(counter, 0))
-            for counter, limit in wanted
-        ]
+        """The turn's windows a call counts in (made once per turn and budget; a turn met
+        afresh is floored at what its log holds)."""
+        turn = self.open_turns.get(token)
+        if turn is None:
+            turn = self.open_turns[token] = {}
+        key = tuple(wanted)
+        made = None if floors else turn.get(key)
+        if made is None:
+            made = [
+                self.accounts.turn_window(token, counter, "calls", limit, floors.get(counter, 0))
+                for counter, limit in wanted
+            ]
+            turn[key] = made
+        return made
 
     async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
         config = self.config
@@ -274,7 +285,6 @@ class _Cap:
         if not wanted:  # nothing caps this call: no store round trip for it
             return await call_next(call)
         windows = self.windows(token, wanted, self._logged(call) if fresh else {})
-        self.open_turns.setdefault(token, set()).update(window.key for window in windows)
         accounts = self.accounts
         if self.forgotten:
             keys, self.forgotten = self.forgotten, []
@@ -282,7 +292,7 @@ class _Cap:
                 await accounts.ledger.close(keys)
         op_id = accounts.operation()
         try:
-            reservation = await accounts.reserve(op_id, _ONE_CALL, windows)
+            reservation = await accounts.reserve(op_id, _ONE_CALL, windows, lease_s=_LEASE_S)
         except StoreDown as down:
             if not accounts.fails_open:
                 return self._deny(
@@ -307,7 +317,7 @@ class _Cap:
         if isinstance(decision, Deny):
             await accounts.release(op_id)  # denied calls do not use up the budget
         else:
-            await accounts.settle(op_id, _ONE_CALL)
+            await accounts.charged(op_id, _ONE_CALL)
         return decision
 
     async def remaining(self, agent: Agent) -> dict[str, float]:
@@ -331,6 +341,14 @@ class _Cap:
     def _deny(self, reason: str) -> Deny:
         return Deny(reason, end_turn=self.config.on_exceeded == "end_turn")
 
+
+def _keys(used: dict[tuple[tuple[str, int | None], ...], list[Window]]) -> list[str]:
+    return sorted({window.key for windows in used.values() for window in windows})
+
+
+#: How long a call's reservation may still be given back (a layer inside that denies
+#: it, an approver who rejects it): past that it stays counted.
+_LEASE_S: Final = 900.0
 
 #: One tool call, in the ledger's units.
 _ONE_CALL: Final = {"calls": 1.0}

@@ -642,11 +642,17 @@ class RedisStore:
             self._doubtful_operations.discard(op_id)
 
     async def reserve(
-        self, op_id: str, amounts: Mapping[str, float], windows: Sequence[Window]
+        self,
+        op_id: str,
+        amounts: Mapping[str, float],
+        windows: Sequence[Window],
+        *,
+        lease_s: float | None = None,
     ) -> Reservation:
         if self._doubtful_operations:
             await self._forget_doubtful_operations()
-        args: list[Any] = [self.reservation_ttl_ms]
+        lease_ms = self.reservation_ttl_ms if lease_s is None else max(1, int(lease_s * 1000))
+        args: list[Any] = [lease_ms]
         for window in windows:
             args += [
                 float(amounts.get(window.unit, 0.0)),

@@ -345,10 +345,15 @@ class _WorkflowStore:
     # the ledger: what the caps count, on the worker's store
 
     async def reserve(
-        self, op_id: str, amounts: Mapping[str, float], windows: Sequence[Window]
+        self,
+        op_id: str,
+        amounts: Mapping[str, float],
+        windows: Sequence[Window],
+        *,
+        lease_s: float | None = None,
     ) -> Reservation:
         wire = [attrs.asdict(window) for window in windows]
-        answer = await self._run("reserve", op_id, dict(amounts), wire)
+        answer = await self._run("reserve", op_id, dict(amounts), wire, lease_s=lease_s)
         refused = answer["window"]
         return Reservation(
             answer["op_id"],

@@ -44,6 +44,8 @@ from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
+from guardstack.pipeline.frozen import quick_init
+
 __all__ = [
     "DAY_S",
     "SESSION_TTL_S",
@@ -95,6 +97,7 @@ class Window:
     floor: float = attrs.field(default=0.0, validator=_non_negative)
 
 
+@quick_init
 @attrs.frozen
 class Reservation:
     """A ledger's answer to ``reserve``: granted, or refused by ``window`` (which held
@@ -115,9 +118,15 @@ class Ledger(Protocol):
     name: str
 
     async def reserve(
-        self, op_id: str, amounts: Mapping[str, float], windows: Sequence[Window]
+        self,
+        op_id: str,
+        amounts: Mapping[str, float],
+        windows: Sequence[Window],
+        *,
+        lease_s: float | None = None,
     ) -> Reservation:
-        """Add ``amounts[w.unit]`` to every window ``w``, all or none."""
+        """Add ``amounts[w.unit]`` to every window ``w``, all or none; the operation may be
+        settled or released for ``lease_s`` (``None``: the store's lease)."""
         ...
 
     async def settle(self, op_id: str, actual: Mapping[str, float]) -> Settlement:
@@ -148,9 +157,11 @@ class _Counter:
 class _Operation:
     __slots__ = ("expires", "reserved", "state")
 
-    def __init__(self, state: str, reserved: list[tuple[str, str, float]], expires: float) -> None:
+    def __init__(
+        self, state: str, reserved: list[tuple[_Counter, str, float]], expires: float
+    ) -> None:
         self.state = state  # "reserved", "settled" or "released"
-        self.reserved = reserved  # (window key, unit, amount)
+        self.reserved = reserved  # (the window's counter, unit, amount)
         self.expires = expires
 
 
@@ -175,9 +186,12 @@ class MemoryLedger:
         self.lease_s = lease_s
         self.session_ttl_s = session_ttl_s
         self._windows: dict[str, _Counter] = {}
+        #: Operation records in the order made: with one lease for all, also the order
+        #: they expire in (settled and released ones leave at once).
         self._operations: dict[str, _Operation] = {}
-        #: (expiry, kind, key): a min-heap of what may expire (stale items skipped).
-        self._expiries: list[tuple[float, int, str]] = []
+        #: (expiry when pushed, key), a min-heap with one item per window: a window whose
+        #: life was extended since is pushed again when its old expiry comes.
+        self._expiries: list[tuple[float, str]] = []
 
     def ledger_size(self) -> int:
         """How many windows and operation records the ledger holds."""
@@ -186,13 +200,20 @@ class MemoryLedger:
     def _expire(self, now: float) -> None:
         expiries = self._expiries
         while expiries and expiries[0][0] <= now:
-            _, kind, key = heapq.heappop(expiries)
-            entries: dict[str, _Counter] | dict[str, _Operation] = (
-                self._windows if kind == 0 else self._operations
-            )
-            entry = entries.get(key)
-            if entry is not None and entry.expires <= now:
-                del entries[key]
+            _, key = heapq.heappop(expiries)
+            counter = self._windows.get(key)
+            if counter is None:
+                continue
+            if counter.expires <= now:
+                del self._windows[key]
+            else:
+                heapq.heappush(expiries, (counter.expires, key))
+        operations = self._operations
+        while operations:
+            op_id = next(iter(operations))
+            if operations[op_id].expires > now:
+                break
+            del operations[op_id]
 
     def _window(self, key: str, now: float) -> _Counter | None:
         counter = self._windows.get(key)
@@ -202,18 +223,34 @@ class MemoryLedger:
         return counter
 
     async def reserve(
-        self, op_id: str, amounts: Mapping[str, float], windows: Sequence[Window]
+        self,
+        op_id: str,
+        amounts: Mapping[str, float],
+        windows: Sequence[Window],
+        *,
+        lease_s: float | None = None,
     ) -> Reservation:
         now = self.wall_clock()
-        self._expire(now)
-        operation = self._operations.get(op_id)
-        if operation is not None and operation.expires > now:
+        operations = self._operations
+        expiries = self._expiries
+        if (expiries and expiries[0][0] <= now) or (
+            operations and next(iter(operations.values())).expires <= now
+        ):
+            self._expire(now)
+        operation = operations.get(op_id)
+        if operation is not None:
             return Reservation(op_id, operation.state != "released", duplicate=True)
+        found = self._windows
         counters = []
         for window in windows:
-            amount = float(amounts.get(window.unit, 0.0))
-            counter = self._window(window.key, now)
-            value = max(counter.value if counter is not None else 0.0, window.floor)
+            amount = amounts.get(window.unit, 0.0)
+            counter = found.get(window.key)
+            if counter is not None and counter.expires <= now:
+                del found[window.key]
+                counter = None
+            value = counter.value if counter is not None else 0.0
+            if window.floor > value:
+                value = window.floor
             limit = window.limit
             if limit is not None and amount > 0 and value + amount > limit + _EPSILON:
                 return Reservation(op_id, False, window, value)
@@ -222,34 +259,27 @@ class MemoryLedger:
         for window, counter, value, amount in counters:
             expires = now + window.ttl_s
             if counter is None:
-                counter = self._windows[window.key] = _Counter(value, expires)
-            counter.value = value + amount
-            if expires > counter.expires:
+                counter = found[window.key] = _Counter(value, expires)
+                heapq.heappush(self._expiries, (expires, window.key))
+            elif expires > counter.expires:
                 counter.expires = expires
-            heapq.heappush(self._expiries, (counter.expires, 0, window.key))
-            reserved.append((window.key, window.unit, amount))
-        self._record(op_id, "reserved", reserved, now)
+            counter.value = value + amount
+            reserved.append((counter, window.unit, amount))
+        lease = self.lease_s if lease_s is None else lease_s
+        operations[op_id] = _Operation("reserved", reserved, now + lease)
         return Reservation(op_id, True)
 
-    def _record(
-        self, op_id: str, state: str, reserved: list[tuple[str, str, float]], now: float
-    ) -> None:
-        expires = now + self.lease_s
-        self._operations[op_id] = _Operation(state, reserved, expires)
-        heapq.heappush(self._expiries, (expires, 1, op_id))
-
     async def settle(self, op_id: str, actual: Mapping[str, float]) -> Settlement:
-        now = self.wall_clock()
-        self._expire(now)
         operation = self._operations.get(op_id)
-        if operation is None or operation.expires <= now:
+        if operation is None or operation.expires <= self.wall_clock():
             return "unknown"
         if operation.state != "reserved":
             return "duplicate" if operation.state == "settled" else "released"
-        for key, unit, amount in operation.reserved:
-            spent = float(actual.get(unit, amount))
-            counter = self._window(key, now)
-            if counter is not None:  # a closed window stays closed
+        # each counter as reserved: one closed or expired since is no longer in the ledger,
+        # so changing it changes nothing (a closed window stays closed)
+        for counter, unit, amount in operation.reserved:
+            spent = actual.get(unit, amount)
+            if spent != amount:
                 counter.value = max(0.0, counter.value + spent - amount)
         del self._operations[op_id]
         return "settled"
@@ -258,15 +288,15 @@ class MemoryLedger:
         now = self.wall_clock()
         self._expire(now)
         operation = self._operations.get(op_id)
-        if operation is None or operation.expires <= now:
-            self._record(op_id, "released", [], now)  # a reservation arriving later is void
+        if operation is None:
+            # a reservation arriving later is void (memory order is kept by lease: the
+            # tombstone's, like any record's, is the store's own)
+            self._operations[op_id] = _Operation("released", [], now + self.lease_s)
             return "unknown"
         if operation.state != "reserved":
             return "duplicate" if operation.state == "released" else "settled"
-        for key, _, amount in operation.reserved:
-            counter = self._window(key, now)
-            if counter is not None:
-                counter.value = max(0.0, counter.value - amount)
+        for counter, _, amount in operation.reserved:
+            counter.value = max(0.0, counter.value - amount)
         del self._operations[op_id]
         return "released"
 
@@ -275,5 +305,9 @@ class MemoryLedger:
         return max(counter.value if counter is not None else 0.0, window.floor)
 
     async def close(self, keys: Sequence[str]) -> None:
+        windows = self._windows
         for key in keys:
-            self._windows.pop(key, None)
+            windows.pop(key, None)
+        if len(self._expiries) > 2 * len(windows) + 64:  # closed windows' items: rebuilt
+            self._expiries = [(counter.expires, key) for key, counter in windows.items()]
+            heapq.heapify(self._expiries)
