@@ -9,8 +9,9 @@ answers at once, so what is measured is the layer and its store. Round trips per
 call: ``RateLimit`` 1 (one script: take a token), ``ToolCallLimit`` 1 (one script:
 reserve the call in the ledger, all or none, by operation id; a call's reservation is
 its charge, so nothing is settled on a remote store), ``CircuitBreaker`` 2 (admit,
-then record), ``ConcurrencyLimit`` 2 (acquire, then release). The table also gives the commands the server processed per
-call (its ``INFO`` counter), for ours and for ``limits``. One round trip is the floor
+then record), ``ConcurrencyLimit`` 2 (acquire, then release). The table also gives the
+commands the server processed per call (its ``INFO`` counter), for ours and for
+``limits``. One round trip is the floor
 for a limit shared by processes.
 """
 

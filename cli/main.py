@@ -111,9 +111,10 @@ def _parser() -> argparse.ArgumentParser:
     model_proxy = commands.add_parser(
         "model-proxy",
         help="serve an OpenAI-compatible API through a guard stack (needs guardstack[proxy])",
-        description="An OpenAI-compatible server (POST /v1/chat/completions, GET "
-        "/v1/models; Anthropic's POST /v1/messages) in front of --upstream: every request "
-        "through the model stage and the conversation's guards of --config.",
+        description="An HTTP server speaking OpenAI's chat completions "
+        "(POST /v1/chat/completions), Anthropic's Messages (POST /v1/messages) and OpenAI's "
+        "Responses (POST /v1/responses), and GET /v1/models, in front of --upstream: every "
+        "request through the model stage and the conversation's guards of --config.",
     )
     model_proxy.add_argument("--config", type=Path, help="a YAML, TOML or JSON plugin list")
     _allow_imports(model_proxy)
@@ -144,6 +145,48 @@ def _parser() -> argparse.ArgumentParser:
         default="127.0.0.1:8809",
         metavar="HOST:PORT",
         help="where to listen (default 127.0.0.1:8809: loopback only)",
+    )
+    model_proxy.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin that may call the proxy (https://app.example); none by default",
+    )
+    model_proxy.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name the proxy answers besides its listen address and loopback",
+    )
+    model_proxy.add_argument(
+        "--drain-ms",
+        type=int,
+        default=10_000,
+        metavar="MS",
+        help="how long to read on for a stream's usage after its client left (10000)",
+    )
+    model_proxy.add_argument(
+        "--conversation-idle-s",
+        type=float,
+        default=3_600.0,
+        metavar="S",
+        help="free a conversation unused this long (3600; its caps' counts are kept)",
+    )
+    model_proxy.add_argument(
+        "--max-conversations",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="keep at most this many conversations, least recently used freed first",
+    )
+    model_proxy.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        metavar="N",
+        help="refuse a request body larger than this (4 MiB)",
     )
     serve = commands.add_parser(
         "worker",
@@ -229,6 +272,12 @@ def _run(arguments: argparse.Namespace) -> int:
                 keys=arguments.keys,
                 listen=arguments.listen,
                 allow_imports=arguments.allow_imports,
+                allow_origins=arguments.allow_origin,
+                allow_hosts=arguments.allow_host,
+                drain_ms=arguments.drain_ms,
+                conversation_idle_s=arguments.conversation_idle_s,
+                max_conversations=arguments.max_conversations,
+                max_body_bytes=arguments.max_body_bytes,
             )
         )
     elif arguments.command == "check":

@@ -72,6 +72,12 @@ async def run_model_proxy(
     keys: Path | None = None,
     listen: str = "127.0.0.1:8809",
     allow_imports: bool = False,
+    allow_origins: list[str] | None = None,
+    allow_hosts: list[str] | None = None,
+    drain_ms: int = 10_000,
+    conversation_idle_s: float = 3_600.0,
+    max_conversations: int = 10_000,
+    max_body_bytes: int = 4 * 1024 * 1024,
 ) -> None:
     """Serve until stopped."""
     import uvicorn
@@ -114,6 +120,13 @@ async def run_model_proxy(
             upstreams=urls,
             upstream_keys=upstream_keys,
             client_keys=client_keys,
+            listen_host=host,
+            allow_origins=allow_origins or (),
+            allow_hosts=allow_hosts or (),
+            drain_ms=drain_ms,
+            conversation_idle_s=conversation_idle_s,
+            max_conversations=max_conversations,
+            max_body_bytes=max_body_bytes,
         )
     except ConfigError as error:  # a fallback naming an upstream nobody gave
         raise _in_file(error, config) from error

@@ -42,7 +42,6 @@ from guardstack.pipeline.contract import (
     Reservation,
     Scope,
     StoreLedger,
-    TurnRun,
     Window,
     store_key,
 )
@@ -50,7 +49,7 @@ from guardstack.pipeline.errors import GuardstackError
 from guardstack.pipeline.ledger import DAY_S, SESSION_TTL_S
 
 if TYPE_CHECKING:
-    from guardstack.pipeline.contract import Agent, TurnResult
+    from guardstack.pipeline.contract import Agent
 
 __all__ = ["Accounts", "StoreDown", "check_ledger_store", "never_reached"]
 
@@ -245,23 +244,13 @@ class Accounts:
         turns = self._turns
         ledger = self.ledger
 
-        def hook(run: TurnRun) -> TurnRun:
-            async def turn(agent: Agent, text: str) -> TurnResult:
-                result: TurnResult | None = None
+        async def ended(agent: Agent) -> None:
+            token = turns.pop(agent, None)
+            if token is not None:
                 try:
-                    result = await run(agent, text)
-                    return result
-                finally:
-                    token = turns.get(agent)
-                    if token is not None and (result is None or result.reason != "approval"):
-                        del turns[agent]
-                        with anyio.CancelScope(shield=True):
-                            try:
-                                await ledger.close(counters(token))
-                            except Exception:
-                                logger.debug("could not close a turn's windows", exc_info=True)
-
-            return turn
+                    await ledger.close(counters(token))
+                except Exception:
+                    logger.debug("could not close a turn's windows", exc_info=True)
 
         async def new_turn(
             agent: Agent, text: str, call_next: Callable[[Agent, str], Awaitable[str]]
@@ -269,5 +258,5 @@ class Accounts:
             turns[agent] = new_turn_token()
             return await call_next(agent, text)
 
-        scope.adopt(scope.loop.instrument_turn(hook))
+        scope.adopt(scope.loop.on_turn_end(ended))
         scope.use(scope.loop.prompt_submit, new_turn, name=scope.plugin_id)

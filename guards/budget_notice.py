@@ -100,7 +100,10 @@ class BudgetNotice:
                     text = self.text(await agent.remaining())
                     if text is not None:
                         agent.note(text, PLUGIN)
-                        request = attrs.evolve(request, messages=agent.session.messages())
+                        # the request with the note after it: what the log now rebuilds, and
+                        # what a host that forwards its own history (the model proxy) sends
+                        notice = {"role": "user", "content": text}
+                        request = attrs.evolve(request, messages=[*request.messages, notice])
                 return await call_next(request)
 
             return noticed

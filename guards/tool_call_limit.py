@@ -37,7 +37,6 @@ import re
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
-import anyio
 import attrs
 
 from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
@@ -47,14 +46,13 @@ from guardstack.pipeline.contract import (
     PreNext,
     Scope,
     StateStore,
-    TurnRun,
     Window,
 )
 from guardstack.pipeline.validate import compile_patterns, integer, invalid
 from guardstack.pipeline.values import TOOL_DENIED, Deny, PreDecision, ToolCall
 
 if TYPE_CHECKING:
-    from guardstack.pipeline.contract import Agent, TurnResult
+    from guardstack.pipeline.contract import Agent
 
 __all__ = ["ToolCallLimit"]
 
@@ -198,25 +196,14 @@ class _Cap:
         """When an agent's turn ends (not a pause for approval), its windows go."""
         open_turns, turns, ledger = self.open_turns, self.turns, self.accounts.ledger
 
-        def hook(run: TurnRun) -> TurnRun:
-            async def turn(agent: Agent, text: str) -> TurnResult:
-                result: TurnResult | None = None
-                try:
-                    result = await run(agent, text)
-                    return result
-                finally:
-                    token = turns.of_agent(agent)
-                    used = open_turns.pop(token, None) if token is not None else None
-                    if used and result is not None and result.reason == "approval":
-                        open_turns[token] = used  # type: ignore[index]  # it goes on later
-                    elif used:
-                        # shielded; a failure leaves them to expire a day after their last use
-                        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                            await ledger.close(_keys(used))
+        async def ended(agent: Agent) -> None:
+            token = turns.of_agent(agent)
+            used = open_turns.pop(token, None) if token is not None else None
+            if used:
+                with contextlib.suppress(Exception):  # else they expire a day after last use
+                    await ledger.close(_keys(used))
 
-            return turn
-
-        scope.adopt(scope.loop.instrument_turn(hook))
+        scope.adopt(scope.loop.on_turn_end(ended))
 
     def _turn(self, call: ToolCall) -> tuple[str, bool]:
         """The token of the call's turn, and whether this process just met it."""

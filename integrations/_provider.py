@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import email.utils
 import inspect
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -24,6 +25,7 @@ from guardstack.pipeline import (
     MODEL_UNAVAILABLE,
     ModelError,
     ModelReply,
+    Usage,
 )
 from guardstack.pipeline.validate import cut
 
@@ -38,6 +40,7 @@ __all__ = [
     "status_error",
     "tokens",
     "unreadable",
+    "usage_reported",
 ]
 
 OnDelta = Callable[[str], object] | Callable[[str], Awaitable[object]]
@@ -97,6 +100,58 @@ def status_error(status: int, message: str, headers: Mapping[str, str] | None) -
 def tokens(value: object) -> int:
     """A token count a provider reported, or 0 for anything that is not one."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+logger = logging.getLogger("guardstack")
+
+#: No call reports more tokens than this: a larger count is garbage, not usage.
+MOST_TOKENS = 10**10
+
+
+def _count(value: object, required: bool) -> int | None:
+    """A token count as reported: ``None`` (not a count) for anything but a whole
+    number in ``[0, MOST_TOKENS]``; a missing optional count is 0."""
+    if value is None and not required:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    if not 0 <= value <= MOST_TOKENS:
+        return None
+    return int(value)
+
+
+def usage_reported(
+    input_tokens: object,
+    output_tokens: object,
+    *,
+    cached_input_tokens: object = None,
+    reasoning_tokens: object = None,
+    cache_write_tokens: object = None,
+    source: str = "the provider",
+) -> Usage | None:
+    """A reply's usage as a provider reported it, or ``None`` — *unknown* usage, which a
+    spend cap charges at its reservation — when a count is missing, negative, not a
+    whole number, not finite or past any real call's (logged once per reply)."""
+    counts = [
+        _count(input_tokens, True),
+        _count(output_tokens, True),
+        _count(cached_input_tokens, False),
+        _count(reasoning_tokens, False),
+        _count(cache_write_tokens, False),
+    ]
+    if any(count is None for count in counts):
+        logger.warning(
+            "%s reported usage guardstack cannot count (input %s, output %s); it is "
+            "charged as unknown (its reservation)",
+            source,
+            cut(input_tokens, 40),
+            cut(output_tokens, 40),
+        )
+        return None
+    plain, output, cached, reasoning, written = (int(count or 0) for count in counts)
+    return Usage(plain, output, cached, reasoning, written)
 
 
 def unreadable(error: BaseException) -> ModelError:

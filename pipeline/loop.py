@@ -36,6 +36,7 @@ outside re-raises after that, ``agent.cancel()`` returns the aborted turn.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +110,8 @@ if TYPE_CHECKING:
     from guardstack.pipeline.registry import ToolRegistry
 
 __all__ = ["Agent", "AgentLoop", "TurnResult", "TurnRun"]
+
+logger = logging.getLogger("guardstack")
 
 
 @quick_init
@@ -214,6 +217,7 @@ class AgentLoop:
         # the stage's own bound ``__call__``, not one of the loop's: no reference cycle
         self._call_model: ModelNext = self.model_call.__call__
         self._create_hooks: list[Callable[[Agent], None]] = []
+        self._turn_end_hooks: list[Callable[[Agent], Awaitable[None]]] = []
         #: What a tree of agents counts at this loop's agents (``AgentTool``'s children).
         self.tree = TreeLedger()
         #: Where the layers report events and resilience metrics (``Tracing``, ``Metrics``).
@@ -241,6 +245,33 @@ class AgentLoop:
         """
         self._turn_hooks.append(hook)
         return Registration(lambda: self._turn_hooks.remove(hook))
+
+    async def call_model(self, request: ModelRequest) -> ModelReply:
+        """One model call through the whole ``model_call`` stage: every layer, and every
+        hook (``instrument_model_call``: ``Tracing``'s ``chat`` span, ``BudgetNotice``).
+        The entrance for hosts that make model calls outside a turn (the model proxy,
+        a child agent's calls charged to its parent)."""
+        return await self._call_model(request)
+
+    def on_turn_end(self, hook: Callable[[Agent], Awaitable[None]]) -> Registration:
+        """Call ``await hook(agent)`` when one of this loop's agents' turns has ended
+        (not when it paused for approval: it goes on later). Caps close the turn's
+        windows here."""
+        self._turn_end_hooks.append(hook)
+        return Registration(lambda: self._turn_end_hooks.remove(hook))
+
+    async def turn_ended(self, agent: Agent) -> None:
+        """Tell the turn-end hooks that ``agent``'s turn is over (shielded; a hook that
+        raises is logged, never raised). The loop calls it after each turn; a host that
+        runs turns of its own (the model proxy's conversations) calls it itself."""
+        if not self._turn_end_hooks:
+            return
+        with anyio.CancelScope(shield=True):
+            for hook in tuple(self._turn_end_hooks):
+                try:
+                    await hook(agent)
+                except Exception:
+                    logger.warning("a turn-end hook failed", exc_info=True)
 
     def instrument_model_call(self, hook: Callable[[ModelNext], ModelNext]) -> Registration:
         """Wrap every whole model call (the ``model_call`` stage, all its layers) with ``hook``."""
@@ -407,6 +438,12 @@ class Agent:
                 merge_remaining(left, await report(agent))
         return left
 
+    def start_turn(self) -> None:
+        """A turn run outside the loop begins (the model proxy's conversations: a new
+        person's message): the turn's counts start at zero."""
+        self._turn += 1
+        self.turn_usage, self.turn_model_calls, self.step = NO_USAGE, 0, 0
+
     def note(self, text: str, plugin: str) -> None:
         """Log a context message from ``plugin`` now (a ``user/message`` it sources); the
         next request rebuilt from the log carries it. For layers that speak to the model
@@ -422,15 +459,19 @@ class Agent:
         """Run one turn for a person's ``text``."""
         if self._scope is not None:
             raise TurnInProgressError(f"agent {self.session_id!r} is already running a turn")
+        result: TurnResult | None = None
         with cancel_scope() as scope:
             self._scope = scope
             try:
                 run: TurnRun = self._run_turn
                 for hook in reversed(self.loop._turn_hooks):
                     run = hook(run)
-                return await run(self, text)
+                result = await run(self, text)
+                return result
             finally:
                 self._scope = None
+                if self.loop._turn_end_hooks and (result is None or result.reason != "approval"):
+                    await self.loop.turn_ended(self)
         return TurnResult("aborted", error="cancelled by agent.cancel()", usage=self.turn_usage)
 
     @staticmethod
@@ -628,15 +669,19 @@ class Agent:
             parent_call, inner = _route(paused, call_id)  # a child's call: route it down
             paused.routed.setdefault(parent_call, {})[inner] = decision
             paused.decisions[parent_call] = Approve(by="guardstack")
+        result: TurnResult | None = None
         with anyio.CancelScope() as scope:
             self._scope = scope
             try:
                 run: TurnRun = self._resume_turn(paused)
                 for hook in reversed(self.loop._turn_hooks):
                     run = hook(run)
-                return await run(self, "")
+                result = await run(self, "")
+                return result
             finally:
                 self._scope = None
+                if self.loop._turn_end_hooks and (result is None or result.reason != "approval"):
+                    await self.loop.turn_ended(self)
         return TurnResult("aborted", error="cancelled by agent.cancel()", usage=self.turn_usage)
 
     def _resume_turn(self, paused: _Paused) -> TurnRun:

@@ -81,13 +81,14 @@ async def storm(store: RedisStore, start_at: float) -> None:
     from guardstack.wrappers import AdaptiveConcurrencyLimit
 
     async def provider(arguments: Any, call: ToolCall) -> Any:
-        await anyio.sleep(0.3)
+        await anyio.sleep(1.0)  # every process's calls are in flight before any answers
         return ToolResult("Error: slow down", True, ToolError("slow", "R", TOOL_RATE_LIMITED))
 
     harness = Harness(store=store)
     harness.tools.register(ToolDefinition("llm", provider))
     limit = AdaptiveConcurrencyLimit(initial=16, min=2, max=32, key="llm")
     harness.plugin(limit)
+
     async def one(call: ToolCall) -> None:
         await harness.tools.execute(call)
 

@@ -229,8 +229,8 @@ async def test_pydantic_ais_own_openai_model_runs_an_agent_through_the_proxy(
     assert len(chat_server.bodies) == 2  # both of the agent's requests went upstream
 
 
-async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(
-    served: Served, chat_server: ChatServer
+async def test_a_client_that_leaves_a_hung_stream_lets_go_of_the_upstream_after_the_drain(
+    chat_server: ChatServer,
 ) -> None:
     import httpx
 
@@ -238,15 +238,50 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(
 
     chat_server.script = [Hang()]
     body = {"model": "m", "messages": ASK, "stream": True}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as client:
-        with anyio.move_on_after(1.0):
-            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                async for _ in response.aiter_raw():
-                    pass
-    # the proxy let go of the upstream when the client went: its connection pool is empty
-    with anyio.fail_after(5):
-        while served.proxy.client._transport._pool.connections:  # noqa: ASYNC110
-            await anyio.sleep(0.05)
+    async for served in serve(Harness(), chat_server, drain_ms=300):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as client:
+            with anyio.move_on_after(1.0):
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    async for _ in response.aiter_raw():
+                        pass
+        # the proxy read on for its usage for drain_ms, then let go of the upstream: its
+        # connection pool is empty
+        with anyio.fail_after(5):
+            while served.proxy.client._transport._pool.connections:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+
+
+async def test_a_client_that_leaves_before_the_usage_chunk_is_charged_what_was_reported(
+    chat_server: ChatServer,
+) -> None:
+    """Reported: three ~1,000-token streams whose clients left early left the day's
+    window untouched. The proxy reads on to the usage chunk and charges it."""
+    import httpx
+
+    from guardstack.guards import UsageLimit
+    from guardstack.pipeline import MemoryStore
+    from guardstack.pipeline.contract import Window, store_key
+
+    store = MemoryStore()
+    harness = Harness(store=store)
+    harness.plugin(UsageLimit(tokens_per_day=100_000, tenant="t"))
+    chat_server.script = [Answer("A long answer " * 50, usage=(600, 400))]
+    body = {"model": "m", "messages": ASK, "stream": True}  # no include_usage asked
+    async for served in serve(harness, chat_server):
+        async with (
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as client,
+            client.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            async for _ in response.aiter_raw():
+                break  # the first bytes, then gone
+        import datetime
+
+        today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+        day = Window(store_key("usage-limit", "tenant", "t", "tokens", f"day:{today}"), "tokens")
+        with anyio.fail_after(5):
+            while await store.balance(day) != 1_000:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+    assert json.loads(chat_server.bodies[0])["stream_options"] == {"include_usage": True}
 
 
 LATER: Any = [  # the same conversation (same key, same first message), a turn later
@@ -503,7 +538,9 @@ async def test_an_anthropic_streams_usage_counts_cache_tokens_too(messages_serve
     from tests.integrations.messages_server import Reply
 
     harness = Harness()
-    harness.plugin(UsageLimit(tokens_per_session=100, estimate_output_tokens=1))
+    # each request reserves its input and its max_tokens (10): 6 + 10 fit under 120,
+    # and the second's (105 spent, then 8 + 10) would pass it
+    harness.plugin(UsageLimit(tokens_per_session=120))
     # 20 plain input + 40 read from the cache + 10 written to it, 35 out: 105 tokens
     messages_server.script = [Reply("Streamed.", usage=(20, 35, 40, 10)), Reply("Never.")]
     ask: Any = [{"role": "user", "content": "What is in the repo?"}]
@@ -513,13 +550,13 @@ async def test_an_anthropic_streams_usage_counts_cache_tokens_too(messages_serve
         )
         async with client:
             async with client.messages.stream(
-                model="claude-test", max_tokens=100, messages=ask
+                model="claude-test", max_tokens=10, messages=ask
             ) as stream:
                 text = await stream.get_final_text()
             later: Any = [*ask, {"role": "assistant", "content": text},
                           {"role": "user", "content": "And?"}]  # fmt: skip
             raw = await client.messages.with_raw_response.create(
-                model="claude-test", max_tokens=100, messages=later
+                model="claude-test", max_tokens=10, messages=later
             )
             stopped = await raw.parse()
     assert text == "Streamed."

@@ -1,0 +1,232 @@
+"""The upstream side: the model the stack's model stage calls is one POST of the
+(forwarded) body, and a stream is relayed to the client from inside that call.
+
+* **Passthrough is exact.** A JSON answer is kept as it came (``answer``) and handed to
+  the client byte for byte; a stream goes out chunk by chunk as it arrives — except,
+  when the proxy asked the upstream for the stream's usage and the client did not,
+  the one event that carries only usage, which is read and not sent on.
+* **Every stream is charged.** The usage a stream reports is the reply's; a client
+  that leaves mid-stream stops getting bytes, but the proxy reads on to the usage
+  event, for at most ``drain_s``, so the call is charged what the upstream reported
+  (past ``drain_s``, the call is cancelled and charged its reservation).
+* **Failures are classified.** An upstream that cannot be reached, or whose body is
+  cut short before any byte reached the client, is ``MODEL_UNAVAILABLE`` (a ``Retry``
+  may send it again); once a byte has gone, the request is never made again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from guardstack.integrations._provider import status_error
+from guardstack.integrations.model_proxy.wires import Wire
+from guardstack.pipeline import MODEL_FAILED, MODEL_UNAVAILABLE, ModelError, ModelReply, Usage
+
+if TYPE_CHECKING:
+    from guardstack.integrations.model_proxy.app import ModelProxy
+
+__all__ = ["DEFAULT", "Target", "Upstream", "Via"]
+
+DEFAULT = "default"
+
+
+class Target:
+    """One upstream: its client (a connection pool) and its key."""
+
+    def __init__(self, httpx: Any, name: str, url: str, key: str | None) -> None:
+        self.name, self.url, self.key = name, url.rstrip("/"), key
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
+
+
+class Upstream:
+    """The model one request's model stage calls (see the module docstring).
+
+    ``model`` and ``max_tokens`` are the request's own: what a spend cap prices and
+    reserves. Layers that add the person's words to the request (``BudgetNotice``)
+    hand ``complete`` a longer message list; the body is written again only then."""
+
+    def __init__(
+        self,
+        proxy: ModelProxy,
+        wire: Wire,
+        data: dict[str, Any],
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        messages: list[Any],
+    ) -> None:
+        self.proxy, self.wire, self.data, self.body = proxy, wire, data, body
+        self.client_headers = headers
+        self.stream = bool(data.get("stream"))
+        self.model = wire.model(data)
+        self.max_tokens = wire.max_tokens(data)
+        #: The message list the model stage was given: anything a layer adds after it
+        #: is the person's words to add to the body.
+        self.messages = messages
+        #: The usage-only stream event is not the client's: it did not ask for it.
+        self.strip_usage = False
+        #: The last upstream answer that was not relayed: (status, body, content type).
+        self.answer: tuple[int, bytes, str | None] | None = None
+        self.send: Any = None
+        self.started = False  # a byte of a streamed reply has reached the client
+        self.gone = False  # the client left: read on for the usage, send nothing
+
+    def upstream(self, name: str, *, model: str | None = None) -> Via:
+        """The same request to the upstream ``name`` (``Fallback(to={"upstream": …})``)."""
+        return Via(self, name, model)
+
+    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+        return await self.post(self.proxy.upstreams[DEFAULT], None, messages)
+
+    def _body(self, model: str | None, messages: Any) -> bytes:
+        added = (
+            messages[len(self.messages) :]
+            if isinstance(messages, list)
+            and len(messages) > len(self.messages)
+            and messages[: len(self.messages)] == self.messages
+            else []
+        )
+        if model is None and not added:
+            return self.body
+        data = json.loads(self.body)
+        if added:
+            texts = [str(m.get("content", "")) for m in added if isinstance(m, Mapping)]
+            data = self.wire.remind(data, texts)
+        if model is not None:
+            data["model"] = model
+        return json.dumps(data).encode()
+
+    async def post(self, target: Target, model: str | None, messages: Any = None) -> ModelReply:
+        if self.started:
+            raise ModelError(
+                "the reply had begun reaching the client: the request is not made again",
+                MODEL_FAILED,
+            )
+        httpx = self.proxy.httpx
+        headers = self.wire.headers(target.key, self.client_headers)
+        body = self._body(model, messages)
+        request = target.client.build_request("POST", self.wire.path, content=body, headers=headers)
+        self.answer = None
+        try:
+            response = await target.client.send(request, stream=True)
+        except httpx.TransportError as error:
+            raise ModelError(
+                f"upstream {target.name!r} unreachable ({type(error).__name__})", MODEL_UNAVAILABLE
+            ) from error
+        try:
+            if response.status_code >= 400 or not self.stream:
+                try:
+                    content = await response.aread()
+                except httpx.TransportError as error:  # the body cut short
+                    raise ModelError(
+                        f"upstream {target.name!r} cut its reply short ({type(error).__name__})",
+                        MODEL_UNAVAILABLE,
+                    ) from error
+                self.answer = (
+                    response.status_code,
+                    content,
+                    response.headers.get("content-type"),
+                )
+                if response.status_code >= 400:
+                    raise status_error(
+                        response.status_code,
+                        f"upstream {target.name!r} answered {response.status_code}",
+                        response.headers,
+                    )
+                return self.wire.reply_of(content)
+            return await self._relay(response)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+    async def _deliver(self, message: dict[str, Any]) -> None:
+        if self.gone:
+            return
+        try:
+            await self.send(message)
+        except OSError:  # the client went away under us
+            self.gone = True
+
+    async def _relay(self, response: Any) -> ModelReply:
+        """The upstream's stream to the client as it arrives; the usage it reports."""
+        wire = self.wire
+        pending = b""
+        usage: Usage | None = None
+        seen_usage = False
+        try:
+            async for chunk in response.aiter_raw():
+                if not chunk:
+                    continue
+                if not self.started:
+                    self.started = True
+                    media = response.headers.get("content-type", "text/event-stream")
+                    await self._deliver(
+                        {
+                            "type": "http.response.start",
+                            "status": response.status_code,
+                            "headers": [(b"content-type", media.encode())],
+                        }
+                    )
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                out: list[bytes] = []
+                skip_blank = False
+                for line in lines:
+                    event = _event_of(line)
+                    if event is not None:
+                        before = usage
+                        usage = wire.usage_in(event, usage)
+                        seen_usage = seen_usage or usage is not before
+                        if self.strip_usage and wire.is_usage_only(event):
+                            skip_blank = True
+                            continue
+                    if skip_blank and not line.strip():
+                        skip_blank = False
+                        continue
+                    out.append(line + b"\n")
+                if out:
+                    body = b"".join(out)
+                    await self._deliver({"type": "http.response.body", "body": body,
+                                         "more_body": True})  # fmt: skip
+        except self.proxy.httpx.TransportError as error:
+            code = MODEL_FAILED if self.started else MODEL_UNAVAILABLE
+            raise ModelError(
+                f"the upstream's stream broke ({type(error).__name__})", code
+            ) from error
+        if pending:
+            await self._deliver({"type": "http.response.body", "body": pending, "more_body": True})
+        if not seen_usage:  # a stream that never said what it cost: charged its reservation
+            usage = None
+        return ModelReply("", usage=usage, model=self.model)
+
+
+def _event_of(line: bytes) -> Any:
+    """The JSON of an SSE ``data:`` line, or ``None``."""
+    if not line.startswith(b"data:"):
+        return None
+    payload = line[5:].strip()
+    if not payload.startswith(b"{"):
+        return None
+    try:
+        event = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    return event if isinstance(event, dict) else None
+
+
+class Via:
+    """The request, sent to another of the proxy's upstreams (a ``Fallback``'s target)."""
+
+    def __init__(self, upstream: Upstream, name: str, model: str | None) -> None:
+        self.upstream, self.name, self.model = upstream, name, model
+        self.max_tokens = upstream.max_tokens
+
+    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+        target = self.upstream.proxy.upstreams.get(self.name)
+        if target is None:
+            raise ModelError(f"no upstream named {self.name!r}", MODEL_FAILED)
+        return await self.upstream.post(target, self.model, messages)

@@ -1,0 +1,575 @@
+"""The provider APIs the proxy speaks: where a request goes, what a well-formed one
+looks like, how its tool calls, reminders, replies, usage, stops and errors are written.
+
+Every wire is strict about what it reads and exact about what it passes on: a request
+that is not well formed is the client's error (400, in the API's own error shape)
+before anything reaches the upstream; an upstream reply the proxy cannot account for
+is passed through byte for byte, and its usage is *unknown* (charged its reservation).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from guardstack.integrations._provider import usage_reported
+from guardstack.pipeline import ModelReply, Usage
+
+__all__ = ["ANTHROPIC", "OPENAI", "Malformed", "Wire", "text_of"]
+
+#: The deepest a request body may nest (a real one is a handful of levels).
+MAX_DEPTH: Final = 64
+
+
+class Malformed(ValueError):
+    """A request body that is not what its API accepts (``message`` says where)."""
+
+
+def text_of(content: Any) -> str:
+    """A tool result's text: a string, or the text of a list's blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", "")) if isinstance(part, Mapping) else "" for part in content
+        )
+    return "" if content is None else str(content)
+
+
+def _depth_ok(value: Any) -> None:
+    """Refuse a body nested past ``MAX_DEPTH`` (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise Malformed(f"the body nests deeper than {MAX_DEPTH} levels")
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+
+
+def parse(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or ``Malformed`` (not UTF-8, not JSON, too deep,
+    not an object)."""
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise Malformed("the body is not UTF-8") from None
+    except RecursionError:
+        raise Malformed(f"the body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as error:
+        raise Malformed(
+            f"the body is not JSON ({error.args[0] if error.args else error})"
+        ) from None
+    if not isinstance(data, dict):
+        raise Malformed("the body must be a JSON object")
+    _depth_ok(data)
+    return data
+
+
+def need(condition: bool, where: str, what: str) -> None:
+    if not condition:
+        raise Malformed(f"{where} must be {what}")
+
+
+def _optional_int(data: Mapping[str, Any], key: str) -> None:
+    value = data.get(key)
+    need(
+        value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
+        key,
+        "a whole number above 0",
+    )
+
+
+def positive_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+class Wire:
+    """One provider API (see the module docstring)."""
+
+    name = ""
+    path = ""
+    #: Where a request's history is (``messages``, or the Responses API's ``input``).
+    history = "messages"
+
+    def check(self, data: dict[str, Any]) -> None:
+        """Raise ``Malformed`` naming what is wrong with a request body."""
+        raise NotImplementedError
+
+    def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
+        raise NotImplementedError
+
+    def messages(self, data: Mapping[str, Any]) -> list[Any]:
+        """The request's history, as a list of its own items."""
+        history = data.get(self.history)
+        return history if isinstance(history, list) else []
+
+    def model(self, data: Mapping[str, Any]) -> str | None:
+        model = data.get("model")
+        return model if isinstance(model, str) and model else None
+
+    def max_tokens(self, data: Mapping[str, Any]) -> int | None:
+        """The request's output limit (what a spend cap reserves)."""
+        return positive_int(data.get("max_completion_tokens")) or positive_int(
+            data.get("max_tokens")
+        )
+
+    def calls(self, messages: list[Any]) -> Iterator[tuple[str, str, Any, str]]:
+        """The history's answered tool calls: ``(id, name, arguments, result text)``."""
+        raise NotImplementedError
+
+    def is_prompt(self, message: Mapping[str, Any]) -> bool:
+        """Whether a history item is a person's message (not a tool's result)."""
+        return message.get("role") == "user"
+
+    def prompts(self, messages: list[Any]) -> int:
+        """How many of the history's messages a person wrote (a new one: a new turn)."""
+        return sum(1 for message in messages if self.is_prompt(message))
+
+    def turn_start(self, messages: list[Any]) -> int:
+        """The index of the last person's message: where the current turn starts."""
+        for index in range(len(messages) - 1, -1, -1):
+            if self.is_prompt(messages[index]):
+                return index
+        return 0
+
+    def last_prompt(self, messages: list[Any]) -> str:
+        """The text of the last person's message."""
+        if not messages or not self.is_prompt(messages[self.turn_start(messages)]):
+            return ""
+        content = messages[self.turn_start(messages)].get("content")
+        if isinstance(content, list):
+            return "".join(
+                str(part.get("text", "")) for part in content if isinstance(part, Mapping)
+            )
+        return text_of(content)
+
+    def remind(self, data: dict[str, Any], reminders: list[str]) -> dict[str, Any]:
+        """The request with ``reminders`` added as the person's words, after the rest."""
+        return {**data, "messages": [*data["messages"], *self.user_messages(reminders)]}
+
+    def user_messages(self, texts: list[str]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": text} for text in texts]
+
+    def ask_for_usage(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        """A streamed request changed so the upstream reports its usage, or ``None``
+        when it already does."""
+        return None
+
+    def is_usage_only(self, event: Any) -> bool:
+        """A stream event that only carries usage (stripped when the client did not ask)."""
+        return False
+
+    def reply_of(self, content: bytes) -> ModelReply:
+        """What a JSON reply says (text and usage); unknown usage when it cannot say."""
+        raise NotImplementedError
+
+    def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
+        """The usage a stream has reported, after one more of its events."""
+        return so_far
+
+    def stop_body(self, model: str, text: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def stop_events(self, model: str, text: str) -> list[tuple[str | None, dict[str, Any]]]:
+        raise NotImplementedError
+
+    def done_line(self) -> bytes:
+        """What ends a stream of this API (OpenAI's ``[DONE]``), if anything."""
+        return b""
+
+    def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
+        """An error in this API's own shape."""
+        types = {
+            "authentication": "invalid_api_key",
+            "permission": "permission_denied",
+            "too_large": "request_too_large",
+            "media_type": "unsupported_media_type",
+            "not_found": "not_found",
+            "upstream": "upstream_error",
+        }
+        return {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error" if status < 500 else "server_error",
+                "param": None,
+                "code": types.get(kind, "invalid_request"),
+            }
+        }
+
+
+class OpenAIChat(Wire):
+    """Chat completions (``/v1/chat/completions``): OpenAI and every compatible server."""
+
+    name, path = "openai", "/v1/chat/completions"
+
+    def check(self, data: dict[str, Any]) -> None:
+        need(isinstance(data.get("model"), str), "model", "text")
+        messages = data.get("messages")
+        need(isinstance(messages, list) and bool(messages), "messages", "a non-empty list")
+        assert isinstance(messages, list)
+        for index, message in enumerate(messages):
+            where = f"messages[{index}]"
+            need(isinstance(message, dict), where, "an object")
+            need(isinstance(message.get("role"), str), f"{where}.role", "text")
+            content = message.get("content")
+            need(
+                content is None
+                or isinstance(content, str)
+                or (isinstance(content, list) and all(isinstance(p, dict) for p in content)),
+                f"{where}.content",
+                "text, a list of parts, or null",
+            )
+            calls = message.get("tool_calls")
+            need(calls is None or isinstance(calls, list), f"{where}.tool_calls", "a list")
+            for number, call in enumerate(calls or ()):
+                at = f"{where}.tool_calls[{number}]"
+                need(isinstance(call, dict), at, "an object")
+                function = call.get("function")
+                need(isinstance(function, dict), f"{at}.function", "an object")
+                need(isinstance(function.get("name"), str), f"{at}.function.name", "text")
+                arguments = function.get("arguments")
+                need(
+                    arguments is None or isinstance(arguments, str),
+                    f"{at}.function.arguments",
+                    "text",
+                )
+            call_id = message.get("tool_call_id")
+            need(call_id is None or isinstance(call_id, str), f"{where}.tool_call_id", "text")
+        need(isinstance(data.get("stream", False), bool), "stream", "true or false")
+        options = data.get("stream_options")
+        need(options is None or isinstance(options, dict), "stream_options", "an object")
+        need(isinstance(data.get("tools", []), list), "tools", "a list")
+        _optional_int(data, "max_tokens")
+        _optional_int(data, "max_completion_tokens")
+
+    def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        return headers
+
+    def calls(self, messages: list[Any]) -> Iterator[tuple[str, str, Any, str]]:
+        results = {
+            m.get("tool_call_id"): m.get("content")
+            for m in messages
+            if m.get("role") == "tool" and m.get("tool_call_id")
+        }
+        for message in messages:
+            if message.get("role") != "assistant":
+                continue
+            for request in message.get("tool_calls") or ():
+                call_id = request.get("id")
+                if call_id not in results:
+                    continue
+                function = request.get("function") or {}
+                yield (
+                    str(call_id),
+                    str(function.get("name", "")),
+                    _arguments(function.get("arguments")),
+                    text_of(results[call_id]),
+                )
+
+    def ask_for_usage(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        options = data.get("stream_options") or {}
+        if options.get("include_usage"):
+            return None
+        return {**data, "stream_options": {**options, "include_usage": True}}
+
+    def is_usage_only(self, event: Any) -> bool:
+        return isinstance(event, dict) and event.get("choices") == [] and "usage" in event
+
+    def reply_of(self, content: bytes) -> ModelReply:
+        try:
+            data = json.loads(content)
+            message = data["choices"][0]["message"]
+            text = message.get("content") or ""
+            model = data.get("model")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
+            return ModelReply("", usage=_unknown("an unreadable chat completion"))
+        return ModelReply(
+            text if isinstance(text, str) else "",
+            usage=_openai_usage(data.get("usage")),
+            model=model if isinstance(model, str) else None,
+        )
+
+    def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
+        if "usage" not in event or event.get("usage") is None:
+            return so_far
+        return _openai_usage(event.get("usage"))
+
+    def stop_body(self, model: str, text: str) -> dict[str, Any]:
+        return {
+            "id": "guardstack-stop",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+
+    def stop_events(self, model: str, text: str) -> list[tuple[str | None, dict[str, Any]]]:
+        delta = {"role": "assistant", "content": text}
+        choice = {"index": 0, "delta": delta, "finish_reason": "stop"}
+        chunk = {"id": "guardstack-stop", "object": "chat.completion.chunk", "model": model}
+        return [(None, {**chunk, "choices": [choice]})]
+
+    def done_line(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+
+def _arguments(text: Any) -> Any:
+    if not isinstance(text, str) or not text.strip():
+        return {}
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
+def _unknown(what: str) -> Usage | None:
+    """``None`` — unknown usage, charged its reservation — for a reply it cannot read."""
+    import logging
+
+    logging.getLogger("guardstack").warning(
+        "model-proxy: %s: its usage is unknown (charged its reservation)", what
+    )
+    return None
+
+
+def _openai_usage(reported: Any) -> Usage | None:
+    if not isinstance(reported, Mapping):
+        return usage_reported(None, None, source="the upstream (no usage object)")
+    details = reported.get("prompt_tokens_details")
+    completion = reported.get("completion_tokens_details")
+    return usage_reported(
+        reported.get("prompt_tokens"),
+        reported.get("completion_tokens"),
+        cached_input_tokens=details.get("cached_tokens") if isinstance(details, Mapping) else None,
+        reasoning_tokens=(
+            completion.get("reasoning_tokens") if isinstance(completion, Mapping) else None
+        ),
+        source="the upstream",
+    )
+
+
+class AnthropicMessages(Wire):
+    """Anthropic's Messages API: tool calls are ``tool_use`` blocks, their results
+    ``tool_result`` blocks of the next user message; a reminder is a text block added
+    to the last user message (the roles must alternate)."""
+
+    name, path = "anthropic", "/v1/messages"
+
+    def check(self, data: dict[str, Any]) -> None:
+        need(isinstance(data.get("model"), str), "model", "text")
+        need(
+            positive_int(data.get("max_tokens")) is not None, "max_tokens", "a whole number above 0"
+        )
+        messages = data.get("messages")
+        need(isinstance(messages, list) and bool(messages), "messages", "a non-empty list")
+        assert isinstance(messages, list)
+        for index, message in enumerate(messages):
+            where = f"messages[{index}]"
+            need(isinstance(message, dict), where, "an object")
+            need(message.get("role") in ("user", "assistant"), f"{where}.role", "user or assistant")
+            content = message.get("content")
+            need(
+                isinstance(content, str | list),
+                f"{where}.content",
+                "text or a list of blocks",
+            )
+            for number, block in enumerate(content if isinstance(content, list) else ()):
+                at = f"{where}.content[{number}]"
+                need(isinstance(block, dict) and isinstance(block.get("type"), str), at,
+                     "a block with a type")  # fmt: skip
+                if block["type"] == "tool_use":
+                    need(isinstance(block.get("id"), str), f"{at}.id", "text")
+                    need(isinstance(block.get("name"), str), f"{at}.name", "text")
+                    need(isinstance(block.get("input", {}), dict), f"{at}.input", "an object")
+                elif block["type"] == "tool_result":
+                    need(isinstance(block.get("tool_use_id"), str), f"{at}.tool_use_id", "text")
+                    result = block.get("content")
+                    need(
+                        result is None or isinstance(result, str | list),
+                        f"{at}.content",
+                        "text or a list of blocks",
+                    )
+        system = data.get("system")
+        need(system is None or isinstance(system, str | list), "system", "text or blocks")
+        need(isinstance(data.get("stream", False), bool), "stream", "true or false")
+        need(isinstance(data.get("tools", []), list), "tools", "a list")
+
+    def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
+        headers = {
+            "content-type": "application/json",
+            "anthropic-version": client.get("anthropic-version", "2023-06-01"),
+        }
+        if client.get("anthropic-beta"):
+            headers["anthropic-beta"] = client["anthropic-beta"]
+        if key:
+            headers["x-api-key"] = key
+        return headers
+
+    def max_tokens(self, data: Mapping[str, Any]) -> int | None:
+        return positive_int(data.get("max_tokens"))
+
+    def calls(self, messages: list[Any]) -> Iterator[tuple[str, str, Any, str]]:
+        results: dict[str, str] = {}
+        for message in messages:
+            if message.get("role") == "user" and isinstance(message.get("content"), list):
+                for block in message["content"]:
+                    if block.get("type") == "tool_result":
+                        results[str(block.get("tool_use_id"))] = text_of(block.get("content"))
+        for message in messages:
+            if message.get("role") != "assistant" or not isinstance(message.get("content"), list):
+                continue
+            for block in message["content"]:
+                if block.get("type") == "tool_use":
+                    call_id = str(block.get("id"))
+                    if call_id in results:
+                        name = str(block.get("name", ""))
+                        yield call_id, name, block.get("input") or {}, results[call_id]
+
+    def is_prompt(self, message: Mapping[str, Any]) -> bool:
+        return message.get("role") == "user" and _from_a_person(message)
+
+    def remind(self, data: dict[str, Any], reminders: list[str]) -> dict[str, Any]:
+        messages = data["messages"]
+        blocks = [{"type": "text", "text": text} for text in reminders]
+        if messages and messages[-1].get("role") == "user":
+            last = dict(messages[-1])
+            content = last.get("content")
+            earlier = (
+                [{"type": "text", "text": content}]
+                if isinstance(content, str)
+                else list(content or [])
+            )
+            last["content"] = [*earlier, *blocks]
+            return {**data, "messages": [*messages[:-1], last]}
+        return {**data, "messages": [*messages, {"role": "user", "content": blocks}]}
+
+    def reply_of(self, content: bytes) -> ModelReply:
+        try:
+            data = json.loads(content)
+            text = "".join(
+                block.get("text", "")
+                for block in data.get("content") or ()
+                if block.get("type") == "text"
+            )
+            model = data.get("model")
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            return ModelReply("", usage=_unknown("an unreadable message"))
+        return ModelReply(
+            text if isinstance(text, str) else "",
+            usage=anthropic_usage(data.get("usage")),
+            model=model if isinstance(model, str) else None,
+        )
+
+    def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
+        """``message_start`` carries the input tokens, each ``message_delta`` the output
+        so far (and, lately, the input too)."""
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message")
+            return anthropic_usage(message.get("usage") if isinstance(message, Mapping) else None)
+        if kind != "message_delta":
+            return so_far
+        reported = event.get("usage")
+        if not isinstance(reported, Mapping):
+            return so_far
+        if so_far is not None and "input_tokens" not in reported:
+            output = usage_reported(0, reported.get("output_tokens"), source="the upstream")
+            if output is None:
+                return None
+            return Usage(
+                so_far.input_tokens,
+                output.output_tokens,
+                so_far.cached_input_tokens,
+                so_far.reasoning_tokens,
+                so_far.cache_write_tokens,
+            )
+        return anthropic_usage(reported)
+
+    def stop_body(self, model: str, text: str) -> dict[str, Any]:
+        return {
+            "id": "guardstack-stop",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+
+    def stop_events(self, model: str, text: str) -> list[tuple[str | None, dict[str, Any]]]:
+        message = {**self.stop_body(model, ""), "content": [], "stop_reason": None}
+        return [
+            ("message_start", {"type": "message_start", "message": message}),
+            ("content_block_start", {"type": "content_block_start", "index": 0,
+                                     "content_block": {"type": "text", "text": ""}}),
+            ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                     "delta": {"type": "text_delta", "text": text}}),
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta",
+                               "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                               "usage": {"output_tokens": 0}}),
+            ("message_stop", {"type": "message_stop"}),
+        ]  # fmt: skip
+
+    def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
+        types = {
+            "authentication": "authentication_error",
+            "permission": "permission_error",
+            "too_large": "request_too_large",
+            "not_found": "not_found_error",
+        }
+        default = "invalid_request_error" if status < 500 else "api_error"
+        return {"type": "error", "error": {"type": types.get(kind, default), "message": message}}
+
+
+def _from_a_person(message: Mapping[str, Any]) -> bool:
+    content = message.get("content")
+    if isinstance(content, str):
+        return True
+    blocks = content if isinstance(content, list) else []
+    return bool(blocks) and not any(block.get("type") == "tool_result" for block in blocks)
+
+
+def anthropic_usage(reported: Any) -> Usage | None:
+    """The Messages API's usage as guardstack counts it: input counts cache reads and
+    writes too (as ``AnthropicModel`` counts it)."""
+    if not isinstance(reported, Mapping):
+        return usage_reported(None, None, source="the upstream (no usage object)")
+    plain = reported.get("input_tokens")
+    read = reported.get("cache_read_input_tokens")
+    written = reported.get("cache_creation_input_tokens")
+    counted = usage_reported(
+        plain,
+        reported.get("output_tokens"),
+        cached_input_tokens=read,
+        cache_write_tokens=written,
+        source="the upstream",
+    )
+    if counted is None:
+        return None
+    return Usage(
+        counted.input_tokens + counted.cached_input_tokens + counted.cache_write_tokens,
+        counted.output_tokens,
+        counted.cached_input_tokens,
+        0,
+        counted.cache_write_tokens,
+    )
+
+
+OPENAI: Final = OpenAIChat()
+ANTHROPIC: Final = AnthropicMessages()
