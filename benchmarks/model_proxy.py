@@ -16,8 +16,11 @@ sent back, no guards), so the table shows the extra HTTP hop apart from the prox
 work (guardstack − forwarder).
 
 * non-streaming: wall time per request at 1 client (one after another) and at 100
-  concurrent clients;
-* streaming: time to the first byte of the stream, at 1 client.
+  concurrent clients (and the throughput there, against the forwarder's);
+* streaming: time to the first byte of the stream, at 1 client;
+* memory: the proxy process's resident set before and after ``--conversations``
+  (100,000) requests, each in a conversation of its own (freed past
+  ``--max-conversations``, its caps' counts kept in the ledger).
 
 Rounds are interleaved (direct, guardstack, LiteLLM, direct, …); the first round is
 warm-up; each figure is the median of the rounds' medians, with their range.
@@ -205,8 +208,35 @@ CASES = {
 }
 
 
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _conversations(port: int, count: int) -> None:
+    """``count`` requests, each in a new conversation, 50 at a time."""
+    left = iter(range(count))
+    limits = httpx.Limits(max_connections=60, max_keepalive_connections=60)
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60
+    ) as client:
+
+        async def caller() -> None:
+            for number in left:
+                headers = {"x-guardstack-conversation": f"conversation-{number}"}
+                answer = await client.post("/v1/chat/completions", json=BODY, headers=headers)
+                answer.raise_for_status()
+
+        async with anyio.create_task_group() as callers:
+            for _ in range(50):
+                callers.start_soon(caller)
+
+
 async def measure(
-    requests: int, rounds: int, litellm: str | None
+    requests: int, rounds: int, litellm: str | None, conversations: int = 0
 ) -> dict[str, dict[str, list[float]]]:
     """Per case and side, each kept round's median in milliseconds."""
     upstream_port, forwarder_port, proxy_port, litellm_port = _port(), _port(), _port(), _port()
@@ -262,6 +292,16 @@ async def measure(
                         times = await _timed(client, requests * scale, concurrent, stream)
                     if round_:  # the first is warm-up
                         results[case].setdefault(side, []).append(statistics.median(times) * 1e3)
+                        if concurrent > 1:  # and the throughput, requests a second
+                            results.setdefault("throughput", {}).setdefault(side, []).append(
+                                len(times) / (sum(times) / concurrent)
+                            )
+        if conversations:
+            pid = processes[2].pid  # the guardstack proxy
+            await _conversations(proxy_port, 2_000)  # warm: the first conversations' garbage
+            before = _rss_mb(pid)
+            await _conversations(proxy_port, conversations)
+            results["memory"] = {"before": [before], "after": [_rss_mb(pid)]}
     finally:
         for process in processes:
             if process.returncode is None:
@@ -277,6 +317,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--litellm", default=os.environ.get("LITELLM"))
+    parser.add_argument("--conversations", type=int, default=100_000)
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-forwarder", nargs=2, help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -291,7 +332,9 @@ def main() -> None:
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
         return
     litellm = options.litellm or shutil.which("litellm")
-    results = anyio.run(measure, options.requests, options.rounds, litellm)
+    results = anyio.run(measure, options.requests, options.rounds, litellm, options.conversations)
+    memory = results.pop("memory", None)
+    throughput = results.pop("throughput", {})
     sides = ["forwarder", "guardstack"] + (["litellm"] if litellm else [])
     print("| case | direct ms | " + " | ".join(f"{side} ms (added)" for side in sides) + " |")
     print("|------|-----------|" + "|".join("---" for _ in sides) + "|")
@@ -305,6 +348,20 @@ def main() -> None:
                 f"{middle:.2f} (+{middle - direct:.2f}; {min(values):.2f}–{max(values):.2f})"
             )
         print(f"| {case} | {direct:.2f} | " + " | ".join(cells) + " |")
+    if throughput:
+        ratios = [
+            mine / floor
+            for mine, floor in zip(throughput["guardstack"], throughput["forwarder"], strict=True)
+        ]
+        print(
+            f"\n100 clients: guardstack serves {statistics.median(ratios):.2f}x the forwarder's "
+            f"requests a second ({min(ratios):.2f}–{max(ratios):.2f})"
+        )
+    if memory:
+        print(
+            f"memory over {options.conversations:,} conversations: "
+            f"{memory['before'][0]:.1f} MB resident before, {memory['after'][0]:.1f} MB after"
+        )
     if not litellm:
         print(
             "\nLiteLLM's proxy was not measured: give --litellm, the `litellm` command of an "
