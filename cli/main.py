@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="guardstack", description="Guards and wrappers for AI-agent tool calls."
     )
+    from guardstack.pipeline.signals import VERSION
+
+    parser.add_argument("--version", action="version", version=f"guardstack {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the demo: order semantics, guards, tracing")
     demo.add_argument("--save", type=Path, help="save the demo agent's session log here")

@@ -40,6 +40,8 @@ PRINTS = {
         "'turn/start', 'user/message', 'step/start', 'assistant/message', 'tool/call'",
         "logged turn/end",
         "{'role': 'system', 'content': 'Be brief.'}",
+        "max_parallel_tool_calls=1: at most 1 calls at once\n"
+        "max_parallel_tool_calls=4: at most 4 calls at once",
         "blocked - usage-limit: this session cost $1.2030 and the limit is $1.0000 per session"
         " - 1200000",
     ],

@@ -43,10 +43,10 @@ def log(line: str) -> None:
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-def echo(text: str) -> str:
+def echo(message: str) -> str:
     """Say the text back."""
-    log("run echo")
-    return text
+    log("run echo")  # takes `message`, as the everything server's echo does
+    return message
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))

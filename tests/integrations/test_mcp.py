@@ -86,7 +86,7 @@ async def test_mcp_tools_become_definitions_with_budgets_and_idempotency(tmp_pat
     assert tools["send_email"].idempotent is False
     assert tools["slow"].idempotent is None
     assert tools["echo"].description == "Say the text back."
-    assert tools["echo"].parameters["properties"]["text"]["type"] == "string"
+    assert tools["echo"].parameters["properties"]["message"]["type"] == "string"
 
 
 async def test_calls_results_errors_and_content_kinds(tmp_path: Path) -> None:
@@ -98,7 +98,7 @@ async def test_calls_results_errors_and_content_kinds(tmp_path: Path) -> None:
         async def run(name: str, **arguments: object) -> object:
             return (await harness.tools.execute(ToolCall(name, arguments, "c1"))).result
 
-        echo = await run("echo", text="hello")
+        echo = await run("echo", message="hello")
         failed = await run("fail", reason="disk full")
         picture = await run("picture")
         data = await run("data")

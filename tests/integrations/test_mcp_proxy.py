@@ -61,9 +61,9 @@ async def test_the_proxy_guards_every_call_and_passes_the_rest_through(tmp_path:
         email = await proxy.call_tool("send_email", {"to": "a@example.org"})
         fail = await proxy.call_tool("fail", {})
         searches = [await proxy.call_tool("search", {"query": "x"}) for _ in range(3)]
-        echo = await proxy.call_tool("echo", {"text": "hi"})
+        echo = await proxy.call_tool("echo", {"message": "hi"})
         picture = await proxy.call_tool("picture", {})
-        denied = await proxy.call_tool("echo", {"text": "one too many"})
+        denied = await proxy.call_tool("echo", {"message": "one too many"})
     assert proxied_tools == direct_tools
     assert hang.is_error
     assert texts(hang) == ["Error: tool call timed out after 300ms"]
@@ -143,7 +143,7 @@ async def test_a_destructive_call_is_asked_of_the_person_through_elicitation(
         approved = await proxy.call_tool("send_email", {"to": "a@example.org"})
         rejected = await proxy.call_tool("send_email", {"to": "a@example.org"})
         edited = await proxy.call_tool("send_email", {"to": "a@example.org"})
-        echo = await proxy.call_tool("echo", {"text": "hi"})  # read-only: nobody is asked
+        echo = await proxy.call_tool("echo", {"message": "hi"})  # read-only: nobody is asked
     assert len(asked) == 3
     assert asked[0].message == 'Allow tool "send_email" with arguments {"to": "a@example.org"}?'
     schema = asked[0].requested_schema

@@ -55,7 +55,7 @@ async def test_mcp_tools_span_is_the_parent_of_the_servers_span(tmp_path: Path) 
             await session.initialize()
             for tool in await mcp_tools(session, tracer_provider=rig.provider):
                 harness.tools.register(tool)
-            outcome = await harness.tools.execute(ToolCall("echo", {"text": "hi"}, "c1"))
+            outcome = await harness.tools.execute(ToolCall("echo", {"message": "hi"}, "c1"))
     assert outcome.result.content == "hi"
     [execute] = [s for s in rig.spans if s.name == "execute_tool echo"]
     [client] = [s for s in rig.spans if s.name == "tools/call echo"]
@@ -143,7 +143,7 @@ async def test_one_trace_from_the_client_through_the_proxy_to_the_server(
         ):
             await session.initialize()
             meta: Any = {"traceparent": traceparent}  # the W3C keys, unprefixed (SEP-414)
-            result = await session.call_tool("echo", {"text": "hi"}, meta=meta)
+            result = await session.call_tool("echo", {"message": "hi"}, meta=meta)
     span.end()
     assert getattr(result.content[0], "text", None) == "hi"
     with anyio.fail_after(10):  # the proxy flushes its spans as it exits
