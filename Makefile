@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test check bench ci clean
+.PHONY: demo test check bench mutation ci clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,9 @@ bench: $(STAMP)  ## ordering simulation and overhead against peers (not part of 
 	$(BIN)/python -m benchmarks.frameworks
 	$(BIN)/python -m benchmarks.model_proxy
 	@echo "benchmarks.telemetry needs an older checkout: python -m benchmarks.telemetry --before DIR"
+
+mutation: $(STAMP)  ## every mutant of the core (hours): the score and the survivors
+	$(BIN)/python .ci/mutation_sample.py --all --out build/mutation
 
 ci: check test
 

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATIONS = [
     "anthropic", "openai", "litellm", "redis", "mcp", "model_proxy", "langchain",
-    "openai_agents", "pydantic_ai", "temporal", "otel",
+    "openai_agents", "pydantic_ai", "temporal", "otel", "claude_agent", "adk",
 ]  # fmt: skip
 
 
@@ -74,7 +74,8 @@ def main(work: Path) -> None:
         assert "repeat" in demo.lower(), demo[-500:]
         where = run(python, "-c", "import guardstack.pipeline as p; print(p.__file__)",
                     cwd=away, env=clean_env)  # fmt: skip
-        assert str(fresh) in where and str(ROOT) not in where, where
+        assert str(fresh) in where, where
+        assert str(ROOT) not in where, where
         # 4. every integration module from the wheel, with this environment's extras
         target = work / "wheel-only"
         run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",

@@ -71,7 +71,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest  # noqa: E402
 from langgraph.runtime import Runtime  # noqa: E402
 from langgraph.types import Command, interrupt  # noqa: E402
 
-__all__ = ["GuardstackMiddleware"]
+__all__ = ["GuardstackMiddleware", "GuardstackState"]
 
 OWNER = "GuardstackMiddleware"
 #: The state key this middleware keeps the run's conversation under (private).

@@ -321,7 +321,7 @@ def _caller(session: ClientSession, name: str, tracer: Any = None) -> Any:
                 otel_context.detach(token)
             if span is not None:
                 span.end()
-        return result_of(result)
+        return _result_of(result)
 
     call_tool.__name__ = f"mcp_{name}"
     return call_tool
@@ -350,7 +350,7 @@ def _gone(name: str) -> ToolResult:
     )
 
 
-def result_of(result: CallToolResult) -> ToolResult:
+def _result_of(result: CallToolResult) -> ToolResult:
     """The guardstack result an MCP ``CallToolResult`` means (the original kept as ``value``)."""
     text = render_content(result)
     if result.is_error:

@@ -85,7 +85,17 @@ from temporalio.service import RPCError  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 from temporalio.workflow import ActivityCancellationType  # noqa: E402
 
-__all__ = ["Conversation", "TemporalAgent", "TurnOutcome", "serve", "worker"]
+__all__ = [
+    "Conversation",
+    "TemporalAgent",
+    "TurnOutcome",
+    "TurnWorkflow",
+    "model_call",
+    "serve",
+    "store_operation",
+    "tool_attempt",
+    "worker",
+]
 
 OWNER: Final = "temporal"
 TOOL_ACTIVITY: Final = "guardstack.tool"

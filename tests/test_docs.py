@@ -25,6 +25,8 @@ ELSEWHERE = {
 
 #: What each page's examples must print (a page without examples lists nothing).
 PRINTS = {
+    "docs/api.md": [],  # the reference, built from the docstrings
+    "docs/releases.md": [],
     "README.md": [
         "completed - Found one TODO.",
         "You are repeating the exact same tool call",
@@ -71,7 +73,9 @@ PRINTS = {
     ],
     "docs/frameworks.md": [
         "Error: tool call timed out after 50ms\nError: tool call timed out after 50ms\n"
-        "failed Error: tool call timed out after 50ms\n"
+        "failed Error: tool call timed out after 50ms\n",
+        "{} deny False\n",
+        "\nError: tool call timed out after 50ms\n",
     ],
     "docs/resilience.md": [
         '0.1s\nError: tool "status" is unavailable: it has been failing, so\n',

@@ -206,3 +206,8 @@ def test_caps_load_from_config_and_refuse_bad_values() -> None:
         ModelCallLimit()
     with pytest.raises(ConfigError, match="caps nothing"):
         UsageLimit()
+
+
+def test_a_dollar_limit_of_zero_is_refused() -> None:
+    with pytest.raises(ConfigError, match="usd_per_session"):
+        UsageLimit(usd_per_session=0, prices={"m": (1, 1)})

@@ -48,3 +48,10 @@ def test_long_and_unencodable_names_are_keys_like_any_other() -> None:
     assert key.isascii()  # a Redis client can send it
     assert key_parts(key) == ["ns", surrogate]
     assert store_key("rate-limit", "bucket", "search") == "rate-limit:bucket:search"  # readable
+
+
+def test_a_part_that_is_not_text_is_refused() -> None:
+    import pytest
+
+    with pytest.raises(TypeError, match="parts are text, got int"):
+        store_key("ns", 1)  # type: ignore[arg-type]

@@ -8,7 +8,9 @@ change to it bumps ``format`` and keeps a loader for the old one, and these stay
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,7 +57,7 @@ async def test_a_paused_tree_from_the_last_release_resumes() -> None:
 
     ran: list[str] = []
 
-    async def deploy(arguments: dict[str, str], call: object) -> str:
+    async def deploy(arguments: Mapping[str, Any], call: object) -> str:
         ran.append(arguments["target"])
         return f"deployed to {arguments['target']}"
 

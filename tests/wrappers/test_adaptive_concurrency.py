@@ -287,3 +287,18 @@ async def test_the_limit_stays_in_bounds_and_every_slot_comes_back(
     limit = plugin.current()
     await burst(harness, limit, 10_000)
     assert provider.most == limit
+
+
+async def test_a_failure_that_is_no_overload_never_lowers_the_limit() -> None:
+    """A tool that fails (TOOL_FAILED) says nothing about the provider's capacity."""
+
+    async def broken(arguments: Any, call: ToolCall) -> Any:
+        raise RuntimeError("a bug, not a busy provider")
+
+    plugin = AdaptiveConcurrencyLimit(initial=8, min=1, max=16)
+    harness = Harness()
+    harness.tools.register(ToolDefinition("llm", broken))
+    harness.plugin(plugin)
+    results = await burst(harness, 8)
+    assert {result.code for result in results} == {"TOOL_FAILED"}
+    assert plugin.current() == 8

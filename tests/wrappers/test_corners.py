@@ -16,6 +16,7 @@ from guardstack.pipeline import (
     MODEL_FAILED,
     TOOL_DENIED,
     TOOL_FAILED,
+    TOOL_OVERLOADED,
     TOOL_RATE_LIMITED,
     TOOL_UNAVAILABLE,
     GuardstackWarning,
@@ -480,3 +481,14 @@ def test_model_error_refusals_are_marked_as_guardstacks_own() -> None:
     assert error.layer == "rate-limit"
     assert not ModelError("y").refused
     assert not isinstance(Raise, type(None))
+
+
+async def test_a_bulkhead_on_a_closed_store_refuses_naming_the_store() -> None:
+    store = FailingStore(on_error="closed")
+    built = with_tools(1, store=store)
+    built.plugin(ConcurrencyLimit(2))
+    store.down = True
+    with pytest.warns(GuardstackWarning):
+        result = (await built.tools.execute(call("tool-0"))).result
+    assert result.code == TOOL_OVERLOADED
+    assert "store is not answering" in result.content

@@ -211,3 +211,9 @@ async def test_no_attempt_starts_once_the_enclosing_deadline_has_passed() -> Non
         outcome = await registry.execute(call("flaky"))
     assert outcome.result.code == "TOTAL"
     assert [run.started - started for run in tool.runs] == [0.0]
+
+
+def test_no_backoff_at_all_is_a_valid_configuration() -> None:
+    """``backoff_ms=0, max_backoff_ms=0``: retries at once (0 is a bound, not a mistake)."""
+    retry = Retry(attempts=2, backoff_ms=0, max_backoff_ms=0, jitter=False)
+    assert (retry.backoff_ms, retry.max_backoff_ms) == (0, 0)
