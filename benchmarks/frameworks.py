@@ -13,7 +13,11 @@ guardstack's in the same run:
 * **LangChain v1** — ``create_agent`` (a LangGraph graph) with its
   ``ToolRetryMiddleware`` and ``ToolCallLimitMiddleware``, ``GenericFakeChatModel``;
 * **pydantic-ai** — ``Agent`` with a ``FunctionModel``;
-* **OpenAI Agents SDK** — ``Runner.run`` with the SDK's ``ScriptedModel``, tracing off.
+* **OpenAI Agents SDK** — ``Runner.run`` with the SDK's ``ScriptedModel``, tracing off;
+* **Google ADK** — an ``LlmAgent`` in an ``InMemoryRunner`` whose model is ADK's
+  ``BaseLlm`` answering the scripted function call, alone and with guardstack's
+  ``GuardstackPlugin`` (the same stack as guardstack's row) running the tool and the
+  model call: the second row's difference is what guardstack adds to an ADK step.
 
 What each does per step that guardstack does not (so the ratio is honest): LangGraph
 checkpoints the graph state between nodes and runs every node as a task with its own
@@ -41,7 +45,14 @@ from typing import Any
 
 import anyio
 
-FRAMEWORKS = ("guardstack", "langchain", "pydantic-ai", "openai-agents")
+FRAMEWORKS = (
+    "guardstack",
+    "langchain",
+    "pydantic-ai",
+    "openai-agents",
+    "google-adk",
+    "google-adk + guardstack",
+)
 
 
 async def lookup(query: str) -> str:
@@ -154,11 +165,68 @@ def openai_agents_run() -> Callable[[], Awaitable[Any]]:
     return run
 
 
-BUILDERS = {
+def _adk_run(guarded: bool) -> Callable[[], Awaitable[Any]]:
+    from google.adk.agents import LlmAgent
+    from google.adk.apps import App
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.llm_response import LlmResponse
+    from google.adk.runners import InMemoryRunner
+    from google.genai import types
+
+    usage = types.GenerateContentResponseUsageMetadata(
+        prompt_token_count=10, candidates_token_count=5
+    )
+
+    def reply(*parts: Any) -> LlmResponse:
+        content = types.Content(role="model", parts=list(parts))
+        return LlmResponse(content=content, usage_metadata=usage)
+
+    class Scripted(BaseLlm):
+        async def generate_content_async(self, llm_request: Any, stream: bool = False) -> Any:
+            last = llm_request.contents[-1].parts[0]
+            if last.function_response is not None:
+                yield reply(types.Part(text="done"))
+            else:
+                call = types.FunctionCall(name="lookup", args={"query": "x"}, id="c1")
+                yield reply(types.Part(function_call=call))
+
+    plugins: list[Any] = []
+    if guarded:
+        from guardstack.guards import RepeatToolReminder, ToolCallLimit, ToolCallTimeoutPolicy
+        from guardstack.integrations.adk import GuardstackPlugin
+        from guardstack.pipeline import Harness
+        from guardstack.wrappers import Retry
+
+        harness = Harness()
+        for plugin in (ToolCallTimeoutPolicy(), Retry(), ToolCallLimit(per_turn=10),
+                       RepeatToolReminder()):  # fmt: skip
+            harness.plugin(plugin)
+        plugins.append(GuardstackPlugin(harness, timeouts_ms={"lookup": 10_000}))
+    agent = LlmAgent(name="bench", model=Scripted(model="scripted"), tools=[lookup])
+    runner = InMemoryRunner(app=App(name="bench", root_agent=agent, plugins=plugins))
+    message = types.Content(role="user", parts=[types.Part(text="go")])
+
+    async def run() -> Any:
+        session = await runner.session_service.create_session(app_name="bench", user_id="u")
+        events: list[Any] = [
+            event
+            async for event in runner.run_async(
+                user_id="u", session_id=session.id, new_message=message
+            )
+        ]
+        assert events[-1].content.parts[0].text == "done"
+        return events
+
+    return run
+
+
+BUILDERS: dict[str, Callable[[], Callable[[], Awaitable[Any]]]] = {
     "guardstack": guardstack_run,
     "langchain": langchain_run,
     "pydantic-ai": pydantic_ai_run,
     "openai-agents": openai_agents_run,
+    "google-adk": lambda: _adk_run(guarded=False),
+    "google-adk + guardstack": lambda: _adk_run(guarded=True),
 }
 
 

@@ -12,6 +12,7 @@ import email.utils
 import inspect
 import logging
 import math
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -38,7 +39,6 @@ __all__ = [
     "report_delta",
     "retry_after_s",
     "status_error",
-    "tokens",
     "unreadable",
     "usage_reported",
 ]
@@ -95,11 +95,6 @@ def status_error(status: int, message: str, headers: Mapping[str, str] | None) -
     if status >= 500 or status == 409:
         return ModelError(described, MODEL_UNAVAILABLE, retry_after_s(headers))
     return ModelError(described, MODEL_REJECTED)
-
-
-def tokens(value: object) -> int:
-    """A token count a provider reported, or 0 for anything that is not one."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 logger = logging.getLogger("guardstack")
@@ -179,6 +174,27 @@ async def answer(
         raise model_error(error) from error
     except GARBAGE as error:
         raise unreadable(error) from error
+    except Exception as error:
+        if isinstance(error, _transport_errors()):  # a body cut off mid-read
+            raise ModelError(
+                f"the connection broke mid-reply: {type(error).__name__}: "
+                f"{cut(error_message(error), 300)}",
+                MODEL_UNAVAILABLE,
+            ) from error
+        raise
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP clients' transport errors (httpx's, and the ``httpx2`` some provider
+    clients ship), of those already imported: what a provider's client lets through
+    when a streamed body is cut off after its request succeeded."""
+    found = []
+    for name in ("httpx", "httpx2"):
+        module = sys.modules.get(name)
+        error = getattr(module, "TransportError", None)
+        if isinstance(error, type) and issubclass(error, BaseException):
+            found.append(error)
+    return tuple(found)
 
 
 def check_on_delta(on_delta: Any) -> None:

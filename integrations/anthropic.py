@@ -65,7 +65,7 @@ from guardstack.integrations._provider import (
     report_delta,
     retry_after_s,
     status_error,
-    tokens,
+    usage_reported,
 )
 from guardstack.pipeline import (
     MODEL_FAILED,
@@ -323,17 +323,20 @@ def _error_type(body: object) -> str | None:
 def _usage(usage: Any) -> Usage | None:
     if usage is None:
         return None
-    plain = tokens(getattr(usage, "input_tokens", 0))
-    read = tokens(getattr(usage, "cache_read_input_tokens", None))
-    written = tokens(getattr(usage, "cache_creation_input_tokens", None))
     details = getattr(usage, "output_tokens_details", None)
-    return Usage(
-        input_tokens=plain + read + written,
-        output_tokens=tokens(getattr(usage, "output_tokens", 0)),
-        cached_input_tokens=read,
-        reasoning_tokens=tokens(getattr(details, "thinking_tokens", None)),
-        cache_write_tokens=written,
+    counted = usage_reported(
+        getattr(usage, "input_tokens", None),
+        getattr(usage, "output_tokens", None),
+        cached_input_tokens=getattr(usage, "cache_read_input_tokens", None),
+        reasoning_tokens=getattr(details, "thinking_tokens", None),
+        cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None),
+        source="Anthropic",
     )
+    if counted is None:
+        return None
+    # Anthropic's input_tokens leaves out what was read from or written to the cache
+    read, written = counted.cached_input_tokens, counted.cache_write_tokens
+    return attrs.evolve(counted, input_tokens=counted.input_tokens + read + written)
 
 
 def _block_dict(block: Any) -> dict[str, Any]:

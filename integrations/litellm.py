@@ -17,6 +17,10 @@ guardstack's model seam::
   the OpenAI-style clients it builds) when a model-stage ``Retry`` owns retries:
   otherwise LiteLLM retries inside one guardstack attempt, out of sight of your
   stack's timeouts, metrics and budgets.
+* **Nothing printed**: creating a ``LiteLLMModel`` sets ``litellm.suppress_debug_info``,
+  so a provider error is not announced on stdout with a "Give Feedback" banner (an
+  agent's stdout may be its protocol); the error itself reaches your stack as a
+  ``ModelError`` and LiteLLM's own logging is untouched.
 * **asyncio only**: LiteLLM's async API runs on asyncio, not trio; on trio
   ``complete`` raises ``RuntimeError`` saying so.
 
@@ -81,6 +85,7 @@ class LiteLLMModel:
     ) -> None:
         self._litellm = require("litellm", EXTRA)
         self._openai = require("openai", EXTRA)
+        self._litellm.suppress_debug_info = True  # type: ignore[attr-defined]
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a LiteLLM model name, got {cut(model)}")
         own = sorted({"messages", "tools", "model"}.intersection(params))
@@ -173,9 +178,31 @@ def model_error(error: BaseException) -> ModelError:
             f"the provider is overloaded: {message}", MODEL_OVERLOADED, retry_after_s(headers)
         )
     status = getattr(error, "status_code", None)
+    if isinstance(error, litellm.InternalServerError) and not _upstream_answered(error):
+        # LiteLLM's own 500 for a reply it could not read: the provider answered (200),
+        # so sending the request again buys the same reply
+        return ModelError(
+            f"the provider's reply could not be read (by LiteLLM): {cut(message, 300)}",
+            MODEL_FAILED,
+        )
     if isinstance(status, int) and not isinstance(status, bool):
         return status_error(status, message, headers)
     return ModelError(f"{type(error).__name__}: {message}", MODEL_FAILED)
+
+
+def _upstream_answered(error: BaseException) -> bool:
+    """Whether a LiteLLM status error carries the provider's own error status: an HTTP
+    status error in its chain, or a response with the provider's headers (LiteLLM's own
+    500s for replies it could not parse carry a made-up response without any)."""
+    seen: BaseException | None = error
+    for _ in range(16):
+        if seen is None:
+            return False
+        headers = getattr(getattr(seen, "response", None), "headers", None)
+        if type(seen).__name__ == "HTTPStatusError" or (isinstance(headers, Mapping) and headers):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _headers(error: BaseException) -> Mapping[str, str] | None:

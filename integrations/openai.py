@@ -48,7 +48,7 @@ from guardstack.integrations._provider import (
     error_message,
     report_delta,
     status_error,
-    tokens,
+    usage_reported,
 )
 from guardstack.pipeline import (
     MODEL_FAILED,
@@ -180,13 +180,13 @@ def _usage(usage: Any) -> Usage | None:
     cached = getattr(prompt_details, "cached_tokens", None)
     if cached is None:  # DeepSeek reports its context cache this way
         cached = getattr(usage, "prompt_cache_hit_tokens", None)
-    return Usage(
-        input_tokens=tokens(getattr(usage, "prompt_tokens", 0)),
-        output_tokens=tokens(getattr(usage, "completion_tokens", 0)),
-        cached_input_tokens=tokens(cached),
-        reasoning_tokens=tokens(getattr(completion_details, "reasoning_tokens", None)),
+    return usage_reported(
+        getattr(usage, "prompt_tokens", None),
+        getattr(usage, "completion_tokens", None),
+        cached_input_tokens=cached,
+        reasoning_tokens=getattr(completion_details, "reasoning_tokens", None),
         # LiteLLM reports Anthropic's cache writes this way
-        cache_write_tokens=tokens(getattr(usage, "cache_creation_input_tokens", None)),
+        cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None),
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 import json
 import math
@@ -295,10 +296,41 @@ def _hints(owner: Any) -> dict[str, Any]:
         raise ConfigError(f"{owner!r}: its annotations cannot be resolved ({error})") from error
 
 
+@functools.cache
+def _qualifiers() -> tuple[set[Any], set[Any], set[Any]]:
+    """``Required``, ``NotRequired`` and ``ReadOnly`` as ``typing`` and, when installed,
+    ``typing_extensions`` spell them."""
+    spellings = [typing]
+    try:
+        import typing_extensions
+    except ImportError:  # pragma: no cover - a dependency of anyio and attrs' peers
+        pass
+    else:
+        spellings.append(typing_extensions)
+    return tuple(  # type: ignore[return-value]
+        {getattr(module, name) for module in spellings if hasattr(module, name)}
+        for name in ("Required", "NotRequired", "ReadOnly")
+    )
+
+
+def _key(hint: Any, required: bool) -> tuple[Any, bool]:
+    """A TypedDict key's type without its qualifiers, and whether the key is required:
+    ``Required[...]``/``NotRequired[...]`` decide, or else what the class says (which
+    is wrong in Python 3.11 for a class whose annotations are strings)."""
+    must, may, read_only = _qualifiers()
+    while (origin := typing.get_origin(hint)) in must | may | read_only:
+        if origin in must:
+            required = True
+        elif origin in may:
+            required = False
+        hint = typing.get_args(hint)[0]
+    return hint, required
+
+
 def _typed_dict(kind: Any, where: str, defs: dict[str, Any]) -> _Field:
-    hints = _hints(kind)
-    properties = {name: _field(hint, f"{where}.{name}", defs) for name, hint in hints.items()}
-    required = [name for name in hints if name in kind.__required_keys__]
+    keys = {name: _key(hint, name in kind.__required_keys__) for name, hint in _hints(kind).items()}
+    properties = {name: _field(hint, f"{where}.{name}", defs) for name, (hint, _) in keys.items()}
+    required = [name for name, (_, needed) in keys.items() if needed]
     return _object(properties, required, dict)
 
 

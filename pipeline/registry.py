@@ -484,6 +484,45 @@ class ToolRegistry:
             if order is not None:
                 order.leave("post_execute")
 
+    async def decide(
+        self, call: ToolCall, *, tool: ToolDefinition | None = None
+    ) -> ToolCall | ToolOutcome:
+        """The pre-execute half of ``execute``, for hosts that run the tool themselves
+        between two hooks (the Claude Agent SDK's ``PreToolUse`` and ``PostToolUse``): the
+        call to run (with the arguments a person edited, if one did), or the outcome
+        that answers it instead — a denial (after post-execute, as ``execute`` answers
+        it), a call waiting for a person (``pending``), a broken layer's failure."""
+        resolved = self._tools.get(call.name) if tool is None else tool
+        if call.tool is not resolved:
+            call = call.resolved(resolved)
+        early = _check_arguments(call.arguments)
+        decided: _Early | ToolCall | None = None if early is None else _Early(early)
+        if decided is None:
+            agent = call.agent
+            caps = getattr(agent, "tree_caps", ()) if agent is not None else TREE_CAPS.get()
+            if caps:
+                decided = await self._pre_execute(call, _under_ancestors(call, caps, self))
+            elif self.pre_execute.layered:
+                decided = await self._pre_execute(call, self.pre_execute._chain)
+        if decided is None:
+            return call
+        if type(decided) is ToolCall:
+            return decided
+        assert isinstance(decided, _Early)
+        if decided.pending is not None:
+            return ToolOutcome(decided.result, (), False, decided.pending)
+        return await self._finalize(call, decided)
+
+    async def review(
+        self, call: ToolCall, result: ToolResult, *, tool: ToolDefinition | None = None
+    ) -> ToolOutcome:
+        """The post-execute half of ``execute``: ``result`` — the tool's, run by the host
+        after ``decide`` let it — through the post-execute stage (reminders, blocks)."""
+        resolved = self._tools.get(call.name) if tool is None else tool
+        if call.tool is not resolved:
+            call = call.resolved(resolved)
+        return await self._finalize(call, _Early(result))
+
     async def _pre_execute(self, call: ToolCall, chain: PreNext) -> _Early | ToolCall | None:
         """``None`` to dispatch (or the call to dispatch, its arguments edited by a
         person); else a denial, a call waiting for a person, or a broken layer's final

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 from werkzeug import Response
 
-from tests.integrations.chat_server import Fail, Hang, Raw, ScriptedServer
+from tests.integrations.chat_server import Broken, Fail, Hang, Raw, ScriptedServer
 
 PATH = "/v1/messages"
 SECRET = b"loopback-thinking-key"
@@ -64,7 +64,7 @@ class Cut:
     text: str = "partial"
 
 
-Step = Reply | StreamError | Cut | Fail | Hang | Raw
+Step = Reply | StreamError | Cut | Broken | Fail | Hang | Raw
 
 
 def signature(thinking: str) -> str:
@@ -198,6 +198,8 @@ class MessagesServer(ScriptedServer):
             return Response(_failing_events(step), mimetype="text/event-stream")
         if isinstance(step, Cut):
             return Response(_cut_events(step), mimetype="text/event-stream")
+        if isinstance(step, Broken):
+            return Response(_broken_events(step), mimetype="text/event-stream")
         raise TypeError(f"not a step: {step!r}")
 
     def _content(self, step: Reply) -> list[dict[str, Any]]:
@@ -331,6 +333,13 @@ def _events(step: Reply, content: list[dict[str, Any]]) -> Iterator[str]:
 def _failing_events(step: StreamError) -> Iterator[str]:
     yield _start(None)
     yield _event("error", {"error": {"type": step.kind, "message": step.message}})
+
+
+def _broken_events(step: Broken) -> Iterator[str]:
+    """The stream's first events, then the connection dropped mid-body (the client sees
+    a chunked body that never ends: httpx's ``RemoteProtocolError``)."""
+    yield from _cut_events(Cut(step.text))
+    raise ConnectionAbortedError("the stream breaks here (the test asked it to)")
 
 
 def _cut_events(step: Cut) -> Iterator[str]:

@@ -35,7 +35,7 @@ from guardstack.pipeline import (
     tool,
 )
 from guardstack.wrappers import Retry, Timeout
-from tests.integrations.chat_server import Fail, Hang, Raw
+from tests.integrations.chat_server import Broken, Fail, Hang, Raw
 from tests.integrations.messages_server import (
     Cut,
     MessagesServer,
@@ -320,6 +320,9 @@ async def test_http_failures_map_to_model_error_codes(
         (StreamError("api_error", "Internal"), MODEL_UNAVAILABLE, "Internal"),
         (StreamError("invalid_request_error", "bad"), MODEL_UNAVAILABLE, "bad"),
         (Cut(), MODEL_UNAVAILABLE, "no message_stop"),
+        # the connection dropped mid-body: httpx's RemoteProtocolError, retried as a
+        # dropped connection is (the OpenAI-compatible adapter's meaning too)
+        (Broken(), MODEL_UNAVAILABLE, "the connection broke mid-reply"),
         (Raw("event: message_start\ndata: {not json\n\n", "text/event-stream"), MODEL_FAILED, ""),
     ],
 )
@@ -519,3 +522,20 @@ async def test_a_whole_guarded_agent_against_a_real_server(
     assert json.loads(again.bodies[-1])["messages"][1]["content"][0]["signature"] == signature(
         "Search and read."
     )
+
+
+@pytest.mark.parametrize(
+    "usage", [(10**400, 5, 0, 0), (10, 10**400, 0, 0), (10, 5, 10**400, 0), (10, 5, 0, -1)]
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_token_count_no_call_could_report_is_unknown_usage(
+    messages_server: MessagesServer, usage: tuple[int, int, int, int], stream: bool
+) -> None:
+    """400 digits (or a negative cache count) is garbage: the reply's usage is unknown,
+    which a spend cap charges at its reservation; nothing overflows adding it up."""
+    messages_server.script = [Reply("Hello.", usage=usage)]
+    async with client_for(messages_server) as client:
+        reply = await AnthropicModel(client, "claude-x", max_tokens=64, stream=stream).complete(
+            USER, []
+        )
+    assert (reply.text, reply.usage) == ("Hello.", None)

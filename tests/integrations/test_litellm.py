@@ -12,6 +12,7 @@ import pytest
 
 from guardstack.integrations.litellm import LiteLLMModel
 from guardstack.pipeline import (
+    MODEL_FAILED,
     MODEL_OVERLOADED,
     MODEL_RATE_LIMITED,
     MODEL_REJECTED,
@@ -25,8 +26,8 @@ from guardstack.pipeline import (
     Usage,
     tool,
 )
-from guardstack.wrappers import Retry
-from tests.integrations.chat_server import Answer, ChatServer, Fail, Hang
+from guardstack.wrappers import Retry, no_backoff
+from tests.integrations.chat_server import Answer, ChatServer, Fail, Hang, Raw
 from tests.integrations.messages_server import MessagesServer, Reply, signature
 
 # LiteLLM's streaming code trips pydantic's warnings about LiteLLM's own types (its
@@ -211,3 +212,34 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "litellm", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install 'guardstack\[litellm\]'"):
         LiteLLMModel("openai/m")
+
+
+@pytest.mark.parametrize(
+    "body",
+    ['{"id": "c", "choices": "not a list"}', "<html>not json</html>", '{"choices": [{}]}'],
+)
+async def test_a_200_reply_litellm_cannot_read_is_a_model_failure_not_retried(
+    chat_server: ChatServer, body: str
+) -> None:
+    """LiteLLM raises its own 500 for a reply it cannot parse; the provider answered,
+    so it is MODEL_FAILED (docs/models.md), and a model Retry does not send it again."""
+    chat_server.script = [Raw(body), Raw(body), Raw(body)]
+    harness = Harness(over(chat_server))
+    harness.plugin(Retry(stage="model", attempts=3, backoff_ms=1))
+    with no_backoff():
+        result = await harness.loop.create("s").prompt("hi")
+    assert result.reason == "error"
+    assert result.error is not None
+    assert MODEL_FAILED in result.error, result.error
+    assert len(chat_server.requests) == 1
+
+
+async def test_a_429_prints_nothing_litellms_chatter_goes_to_logging(
+    chat_server: ChatServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    chat_server.script = [Fail(429, "Rate limit reached", {"retry-after": "2"})]
+    with pytest.raises(ModelError):
+        await over(chat_server).complete(USER, [])
+    printed = capfd.readouterr()
+    assert printed.out == ""
+    assert "Give Feedback" not in printed.err

@@ -32,8 +32,9 @@ from guardstack.pipeline import (
     Usage,
     UserMessage,
 )
-from guardstack.wrappers import Retry, Timeout
+from guardstack.wrappers import Metrics, Retry, Timeout
 from tests.integrations.chat_server import Answer, ChatServer, Fail, Hang, Raw
+from tests.wrappers.otel import MetricRig
 
 USER = [{"role": "user", "content": "hi"}]
 TOOL = {
@@ -323,3 +324,26 @@ async def test_the_server_refuses_a_thinking_conversation_without_its_reasoning(
             await OpenAIChatModel(client, "deepseek-reasoner").complete(forgetful, [TOOL])
     assert raised.value.code == MODEL_REJECTED
     assert "Missing `reasoning_content` field" in raised.value.message
+
+
+@pytest.mark.parametrize("usage", [(10**400, 5), (10, 10**400)])
+async def test_a_400_digit_token_count_is_unknown_usage_not_an_overflow(
+    chat_server: ChatServer, usage: tuple[int, int]
+) -> None:
+    """A count no call could report is garbage: the reply's usage is unknown (a spend cap
+    charges its reservation), and neither the metrics nor a usage limit overflow on it."""
+    chat_server.script = [Answer("Hello.", usage=usage), Answer("Again.")]
+    async with client_for(chat_server) as client:
+        harness = Harness(OpenAIChatModel(client, "m"))
+        meters = MetricRig()
+        harness.plugin(Metrics(stage="model", meter_provider=meters.provider))
+        harness.plugin(UsageLimit(tokens_per_turn=10_000, estimate_output_tokens=1))
+        agent = harness.loop.create("huge")
+        first = await agent.prompt("hi")
+        second = await agent.prompt("again")
+    assert (first.reason, first.text) == ("completed", "Hello.")
+    assert first.usage == Usage(0, 0)
+    assert (second.reason, second.text, second.usage) == ("completed", "Again.", Usage(10, 5, 5))
+    assert meters.total("gen_ai.client.operation.duration") == 2
+    # only the second reply's usage was counted
+    assert [p.sum for p in meters.points("gen_ai.client.token.usage")] == [10, 5]

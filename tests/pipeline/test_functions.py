@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, NotRequired, Required, TypedDict
 
 import pytest
 
@@ -119,6 +119,48 @@ async def test_bad_arguments_are_invalid_arguments_naming_the_field(
     result = (await harness.tools.execute(call("forecast", arguments))).result
     assert result.code == INVALID_ARGUMENTS
     assert message in result.content
+
+
+class Query(TypedDict):
+    q: str
+    limit: NotRequired[int]
+
+
+class Options(TypedDict, total=False):
+    depth: Required[Annotated[int, "how deep"]]
+    note: str
+
+
+def lookup(query: Query, options: Options) -> str:
+    return f"{query} {options}"
+
+
+async def test_a_typed_dicts_required_and_not_required_keys_are_what_it_says() -> None:
+    """``NotRequired``/``Required`` decide, even in a module whose annotations are strings
+    (this one: Python 3.11's own ``__required_keys__`` gets them wrong there)."""
+    definition = ToolDefinition.from_function(lookup)
+    properties = definition.parameters["properties"]
+    assert properties["query"]["properties"] == {
+        "q": {"type": "string"},
+        "limit": {"type": "integer"},
+    }
+    assert properties["query"]["required"] == ["q"]
+    assert properties["options"]["properties"] == {
+        "depth": {"type": "integer"},
+        "note": {"type": "string"},
+    }
+    assert properties["options"]["required"] == ["depth"]
+    harness = Harness()
+    harness.tools.register(definition)
+    ok = await harness.tools.execute(call("lookup", {"query": {"q": "x"}, "options": {"depth": 2}}))
+    assert ok.result.content == "{'q': 'x'} {'depth': 2}"
+    missing = await harness.tools.execute(call("lookup", {"query": {"q": "x"}, "options": {}}))
+    assert missing.result.code == INVALID_ARGUMENTS
+    assert "argument 'options.depth' is required" in missing.result.content
+    wrong = await harness.tools.execute(
+        call("lookup", {"query": {"q": "x", "limit": "ten"}, "options": {"depth": 1}})
+    )
+    assert "argument 'query.limit' must be an integer" in wrong.result.content
 
 
 async def test_async_functions_the_call_parameter_and_the_decorator() -> None:
