@@ -11,11 +11,15 @@ Three measurements, GC on as users run:
 * **a parallel step** — one step of 64 tool calls at 64-way parallelism, against a
   hand-written task group doing the same logging; CPU per call, median of
   ``--runs`` runs with the range.
+* **with LoopDetector** — the long turns again with ``LoopDetector`` (its defaults)
+  watching every call, against the same loop without it: what the detector adds per
+  step, and whether that stays flat as the turn grows (``--detector`` runs this
+  alone; run it on two checkouts to compare releases);
 * **many agents** — 1,000 and 10,000 agents running a 5-step guarded turn at once;
   CPU per tool call with CPython's default GC thresholds and with a raised
   generation-0 threshold, which shows what the growth is.
 
-    python -m benchmarks.loop [--rounds 3] [--runs 3]
+    python -m benchmarks.loop [--rounds 3] [--runs 3] [--detector]
 """
 
 from __future__ import annotations
@@ -59,6 +63,63 @@ class _Model:
 
 async def _read(arguments: Any, call: Any) -> str:
     return "content"
+
+
+class _Reader:
+    """A model double for the detector: ``steps`` reads of distinct files, then an answer."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.calls = 0
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        self.calls += 1
+        if self.calls > self.steps:
+            return ModelReply("done")
+        arguments = {"path": f"src/module_{self.calls}.py"}
+        return ModelReply(tool_calls=[ToolCallRequest("read", arguments, f"c{self.calls}")])
+
+
+async def _read_file(arguments: Any, call: Any) -> str:
+    return f"def f(): return {len(arguments['path']) * 7}  # {arguments['path']}"
+
+
+async def detector_turn(steps: int, watched: bool = True) -> list[dict[str, Any]]:
+    from guardstack.guards import LoopDetector
+
+    harness = Harness(_Reader(steps), max_steps=steps + 1)
+    harness.tools.register(ToolDefinition("read", _read_file))
+    if watched:
+        harness.plugin(LoopDetector())
+    agent = harness.loop.create("s")
+    await agent.prompt("go")
+    return agent.session.messages()
+
+
+async def unwatched_turn(steps: int) -> list[dict[str, Any]]:
+    return await detector_turn(steps, watched=False)
+
+
+async def detector_turns(rounds: int) -> None:
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(rounds):
+        for steps in LENGTHS:
+            for name, turn in (("on", detector_turn), ("off", unwatched_turn)):
+                elapsed = await _time(turn, steps)
+                best[(name, steps)] = min(best.get((name, steps), math.inf), elapsed)
+    rows = [
+        [
+            f"{steps:,}",
+            f"{best[('on', steps)] / steps * 1e6:,.1f}",
+            f"{best[('off', steps)] / steps * 1e6:,.1f}",
+            f"{(best[('on', steps)] - best[('off', steps)]) / steps * 1e6:,.1f}",
+        ]
+        for steps in LENGTHS
+    ]
+    print(table(["steps", "with LoopDetector µs/step", "without µs/step", "its share"], rows))
+    first, last = LENGTHS[0], LENGTHS[-1]
+    exponent = math.log(best[("on", last)] / best[("on", first)]) / math.log(last / first)
+    print(f"with LoopDetector: growth exponent {exponent:.2f} (1.0 = constant per step)")
 
 
 async def guardstack_turn(steps: int) -> list[dict[str, Any]]:
@@ -263,8 +324,13 @@ async def long_turns(rounds: int) -> None:
         )
 
 
-async def main(rounds: int, runs: int) -> None:
+async def main(rounds: int, runs: int, detector: bool = False) -> None:
+    if detector:
+        await detector_turns(rounds)
+        return
     await long_turns(rounds)
+    print()
+    await detector_turns(rounds)
     print()
     await parallel(runs)
     print()
@@ -275,5 +341,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--detector", action="store_true", help="only the LoopDetector turns")
     arguments = parser.parse_args()
-    anyio.run(main, arguments.rounds, arguments.runs)
+    anyio.run(main, arguments.rounds, arguments.runs, arguments.detector)

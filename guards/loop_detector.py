@@ -9,12 +9,16 @@ or the other, or both with distinct thresholds.
 
 **Comparing calls.** Calls are compared by tool name and canonical arguments (key
 order never matters), results by content — both after normalising what is
-volatile (``volatile=True``, the default; see ``guardstack.guards.volatile``):
-values under volatile keys (``ts``, ``*_at``, ``request_id``, ``attempt``…, or your
-own patterns: ``volatile=["ts", "nonce"]``), case and whitespace in free text,
-counters that step by one from the previous call of the same tool, and times, ids
-and durations in results. Nothing else is ever merged: two calls that differ in a
-path, a page that returned results or a refined query stay two calls.
+volatile (``volatile=True``, the default; see ``guardstack.guards.volatile``), found
+by how values look and behave, never by key names alone: date-times, epoch
+timestamps, UUIDs and long hex ids wherever they are; a field that changes on every
+repeat while the result stays the same (key names such as ``nonce`` or
+``request_id`` are hints there, never the rule); counters that step by one from the
+previous call of the same tool, and in the result of the same call made again;
+case and whitespace in free text; times, ids and durations in results. Your own
+patterns (``volatile=["nonce"]``) are masked outright. Nothing else is ever merged:
+two calls that differ in a path, a plain date, a page that returned results or a
+refined query stay two calls.
 
 **Patterns** (each an int threshold, or ``None`` for off), over the calls of one
 conversation's turn:
@@ -24,7 +28,9 @@ conversation's turn:
 * ``cycle=N`` — a sequence of k calls and their results (2 ≤ k ≤ 5, not itself one
   call repeated) repeated N times back to back, at call k·N;
 * ``no_progress=N`` — the same call returning the same result N times in a row;
-* ``repeated_error=N`` — the same call failing the same way N times in a row;
+* ``repeated_error=N`` — the same call failing the same way N times, other calls
+  between them allowed (counted back to the same call, or the same tool, answered
+  otherwise);
 * ``poll=N`` — the same call answered the same *pending* status ("running",
   "queued", "in progress"…) N times in a row: a poll is given longer than
   ``no_progress``, whatever the tool is called;
@@ -36,11 +42,17 @@ conversation's turn:
   differ after it are not near-identical.
 
 **Bookkeeping** is recognised without naming it: a call of another tool whose result
-is an acknowledgement ("ok", "noted", "plan updated"…) gives the next calls nothing
-to depend on, so the patterns look through it (an ``update_plan`` between the rounds
-of a cycle does not hide the cycle). ``exclude`` (and ``include``) stay for tools
+is empty (a ``think`` that returns nothing, a search that found nothing), constant
+(what that tool answered last time to other arguments) or an acknowledgement
+("ok", "noted", "plan updated"…) gives the next calls nothing to depend on, so the
+patterns look through it (an ``update_plan`` between the rounds of a cycle does not
+hide the cycle). ``exclude`` (and ``include``) stay for tools
 you want ignored outright. With ``count_parallel_once`` (the default), identical
 calls made in the same parallel step count once.
+
+**Across turns** (``across_turns=True``, the default) a person's prompt starts the
+ladder again but keeps the evidence: the same call answered the same way once a turn
+for three turns is a loop. ``across_turns=False`` starts each turn from nothing.
 
 **The ladder** counts detections per conversation within a turn: at detection
 ``remind`` the model gets an advisory message naming the loop and the fields
@@ -53,10 +65,11 @@ Each detection is logged on the ``guardstack`` logger (INFO) and is a span event
 naming the pattern and the volatile fields. It never raises on any arguments or
 results.
 
-Defaults were chosen on the tuning half of the labelled corpus
-(``python -m benchmarks.loops --set tuning``) and are reported on the validation
-half, which the tuning never saw, and on the shipped corpus; the README gives the
-tables.
+Defaults were chosen on the tuning halves of the generated corpus and of real
+conversations (tau-bench's published airline runs; ``python -m benchmarks.loops
+--tune``) and are reported on the validation halves, which the tuning never saw,
+and on the shipped corpus; the README gives the tables. Three identical calls with
+identical results are a loop at the defaults (``no_progress=3``).
 """
 
 from __future__ import annotations
@@ -133,8 +146,11 @@ def _exclude(value: object) -> tuple[str, ...]:
     return patterns(PLUGIN, "exclude", value)
 
 
-def _flag(_: Any, __: Any, value: Any) -> None:
-    boolean(PLUGIN, "count_parallel_once", value)
+def _flag(key: str) -> Any:
+    def check(_: Any, __: Any, value: Any) -> None:
+        boolean(PLUGIN, key, value)
+
+    return check
 
 
 def _volatile(value: object) -> bool | tuple[str, ...]:
@@ -175,6 +191,11 @@ class _Entry:
     pending: bool = False
     #: Whether this result advanced: one the same call had not returned before.
     fresh: bool = True
+    #: A call the patterns look through: its result is empty, an acknowledgement, or
+    #: what the same tool answered last time to other arguments (constant).
+    bookkeeping: bool = False
+    #: The result as the tool gave it (what a predicted repeat is assumed to answer).
+    outcome: ToolResult | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
@@ -209,22 +230,24 @@ class LoopDetector:
 
     identical: int | None = attrs.field(default=5, validator=_threshold("identical"))
     cycle: int | None = attrs.field(default=3, validator=_threshold("cycle"))
-    no_progress: int | None = attrs.field(default=4, validator=_threshold("no_progress"))
+    no_progress: int | None = attrs.field(default=3, validator=_threshold("no_progress"))
     repeated_error: int | None = attrs.field(default=3, validator=_threshold("repeated_error"))
     remind: int | None = attrs.field(default=1, validator=optional_integer(PLUGIN, "remind"))
     deny: int | None = attrs.field(default=5, validator=optional_integer(PLUGIN, "deny"))
     end_turn: int | None = attrs.field(default=10, validator=optional_integer(PLUGIN, "end_turn"))
     include: tuple[str, ...] = attrs.field(default=(), converter=_include)
     exclude: tuple[str, ...] = attrs.field(default=(), converter=_exclude)
-    count_parallel_once: bool = attrs.field(default=True, validator=_flag)
+    count_parallel_once: bool = attrs.field(default=True, validator=_flag("count_parallel_once"))
     volatile: bool | tuple[str, ...] = attrs.field(default=True, converter=_volatile)
     walking: int | None = attrs.field(default=4, validator=_threshold("walking"))
     poll: int | None = attrs.field(default=12, validator=_threshold("poll"))
     monologue: int | None = attrs.field(default=None, validator=_threshold("monologue"))
     continue_prompts: tuple[str, ...] = attrs.field(default=(), converter=_prompts)
+    across_turns: bool = attrs.field(default=True, validator=_flag("across_turns"))
     _include: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _volatile_keys: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
+    _hinted_keys: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _resets: Resettable = attrs.field(init=False, repr=False, eq=False, factory=Resettable)
 
     def __attrs_post_init__(self) -> None:
@@ -252,12 +275,16 @@ class LoopDetector:
                 raise invalid(PLUGIN, high, high_at, f">= `{low}` ({low_at}): the ladder climbs")
         object.__setattr__(self, "_include", compile_patterns(self.include))
         object.__setattr__(self, "_exclude", compile_patterns(self.exclude))
+        # volatile=True: values by their form, fields by behaviour (names only hint);
+        # volatile=[...]: those keys are masked outright as well
         keys: tuple[str, ...] = ()
+        hints: tuple[str, ...] = ()
         if self.volatile is True:
-            keys = vol.VOLATILE_KEYS
+            hints = vol.HINTED_KEYS
         elif self.volatile:
-            keys = tuple(key.lower() for key in self.volatile)
+            keys = hints = tuple(key.lower() for key in self.volatile)
         object.__setattr__(self, "_volatile_keys", compile_patterns(keys))
+        object.__setattr__(self, "_hinted_keys", compile_patterns(hints))
 
     def tracks(self, tool_name: str) -> bool:
         """Whether calls to ``tool_name`` are watched (others are transparent)."""
@@ -285,22 +312,23 @@ class LoopDetector:
         self, call: ToolCall, result: ToolResult, step: object, previous: list[_Entry]
     ) -> _Entry:
         """A call and its result as the patterns compare them (``previous``: the turn's
-        entries so far, for step-by-one counters and whether the result advanced)."""
+        entries so far, for what varies across repeats and whether the result advanced)."""
         normalise = self.volatile is not False
         fields = vol.top_level(call.arguments)
         keys = self._volatile_keys
         stable = (
-            {k: v for k, v in fields.items() if keys is None or not keys.fullmatch(k.lower())}
+            {
+                k: _MASKED if normalise and vol.volatile_value(v) else v
+                for k, v in fields.items()
+                if keys is None or not keys.fullmatch(k.lower())
+            }
             if fields is not None
             else None
         )
-        key = f"{len(call.name)}:{call.name}" + vol.arguments_key(
+        exact = f"{len(call.name)}:{call.name}" + vol.arguments_key(
             call.arguments, self._volatile_keys, normalise
         )
-        if normalise and stable is not None:
-            last = next((e for e in reversed(previous[-16:]) if e.name == call.name), None)
-            if last is not None and last.key != key and _counted_on(last.stable, stable):
-                key = last.key  # the same call with a counter one further on
+        key = exact
         if result.is_error:
             error = result.error
             code = error.code if error is not None else None
@@ -311,8 +339,37 @@ class LoopDetector:
             raw = result.content
             content = vol.result_key(raw) if normalise else raw
             failure = None
-        seen = (e for e in previous[-WINDOW:] if e.key == key)
-        fresh = all(e.result != content or e.error != failure for e in seen)
+        last = next((e for e in reversed(previous[-16:]) if e.name == call.name), None)
+        if normalise and last is not None:
+            if (
+                previous[-1] is last
+                and last.key == exact
+                and failure is None
+                and last.error is None
+            ):
+                # an id the tool steps on each identical call is not news; a pending
+                # status whose count moves on is (a poll's rows processed)
+                if not vol.is_pending(raw) and _counted_text(last.raw_result, raw):
+                    content = last.result  # the same call, its result's counter one on
+            elif stable is not None and _counted_on(last.stable, stable):
+                key = last.key  # the same call with a counter one further on
+            elif (
+                stable is not None
+                and (last.result, last.error) == (content, failure)
+                and self._varies_only_in_hinted(last.stable, stable)
+            ):
+                key = last.key  # a request id, a nonce: new each time, the result the same
+        same = [e for e in previous[-WINDOW:] if e.key == key]
+        fresh = all(e.result != content or e.error != failure for e in same)
+        empty = failure is None and (not raw.strip() or vol.is_empty(raw))
+        acknowledgement = failure is None and vol.is_acknowledgement(raw)
+        constant = (
+            last is not None
+            and last.key != key
+            and failure is None
+            and last.error is None
+            and last.raw_result == raw
+        )
         return _Entry(
             key,
             call.name,
@@ -322,11 +379,22 @@ class LoopDetector:
             fields,
             raw,
             stable=stable,
-            acknowledgement=failure is None and vol.is_acknowledgement(raw),
-            empty=failure is None and vol.is_empty(raw),
+            acknowledgement=acknowledgement,
+            empty=empty,
             pending=failure is None and vol.is_pending(raw),
             fresh=fresh,
+            bookkeeping=acknowledgement or empty or constant,
+            outcome=result,
         )
+
+    def _varies_only_in_hinted(
+        self, before: dict[str, Hashable] | None, after: dict[str, Hashable]
+    ) -> bool:
+        hints = self._hinted_keys
+        if hints is None or before is None or before.keys() != after.keys():
+            return False
+        moved = [key for key in after if after[key] != before[key]]
+        return bool(moved) and all(hints.fullmatch(key.lower()) for key in moved)
 
     # -- the patterns ---------------------------------------------------------------------
 
@@ -336,8 +404,9 @@ class LoopDetector:
             return None
         entries = entries[-WINDOW:]
         last = entries[-1]
-        # Bookkeeping (another tool's acknowledged call) is looked through.
-        view = [e for e in entries if e.name == last.name or not e.acknowledgement]
+        # Bookkeeping (another tool's call that answered nothing to depend on) is looked
+        # through: an empty or constant result, an acknowledgement.
+        view = [e for e in entries if e.name == last.name or not e.bookkeeping]
         found = self._detect(view, last)
         if found is None:
             return None
@@ -347,7 +416,7 @@ class LoopDetector:
     def _detect(self, entries: list[_Entry], last: _Entry) -> Detection | None:
         same_call = _run_length(entries, lambda e: e.key == last.key)
         if self.repeated_error and last.error is not None:
-            same = _run_length(entries, lambda e: e.key == last.key and e.error == last.error)
+            same = _same_failures(entries, last)
             if same >= self.repeated_error:
                 return Detection("repeated_error", (last.name,), same, 0)
         if self.poll and last.error is None and last.pending:
@@ -428,6 +497,38 @@ class LoopDetector:
             f"in a row without progress{besides}. Step back and try a different approach, "
             "or finish with what you have."
         )
+
+
+def _same_failures(entries: list[_Entry], last: _Entry) -> int:
+    """How many times the last call failed the same way, other calls between them
+    allowed: counted back to the same call answered otherwise, or the same tool
+    answered otherwise (a changed attempt that changed the outcome). The same tool
+    failing the same way with other arguments is passed over, not counted."""
+    count = 0
+    for entry in reversed(entries):
+        if entry.key == last.key:
+            if entry.error != last.error:
+                break
+            count += 1
+        elif entry.name == last.name and entry.error != last.error:
+            break
+    return count
+
+
+def _counted_text(before: str, after: str) -> bool:
+    """Whether ``after`` is ``before`` with its whole numbers one further on (an id or a
+    counter the tool steps on each call) and nothing else changed."""
+    if before == after or len(after) > 4_000:
+        return False
+    old, new = _NUMBER.split(before), _NUMBER.split(after)
+    if old[::2] != new[::2] or len(old) != len(new):
+        return False
+    moved = [(a, b) for a, b in zip(old[1::2], new[1::2], strict=True) if a != b]
+    return bool(moved) and all(int(b) == int(a) + 1 for a, b in moved)
+
+
+_NUMBER: Final = re.compile(r"(\d{1,18})")
+_MASKED: Final = "\x00volatile\x00"
 
 
 def _run_length(entries: list[_Entry], same: Any) -> int:
@@ -615,7 +716,12 @@ class _Watcher:
         }
         monologue = self.monologues.get(agent)
         if not automatic:
-            await self.turns.reset_on_prompt(agent, text, _echo)
+            turn = self.turns.of_agent(agent) if config.across_turns else None
+            if turn is not None:  # the ladder starts again; the evidence stays
+                turn.detections = 0
+                turn.looping.clear()
+            else:
+                await self.turns.reset_on_prompt(agent, text, _echo)
             self.monologues.pop(agent, None)
             return await call_next(agent, text)
         if monologue is None:
@@ -664,8 +770,10 @@ class _Watcher:
         ):
             return await call_next(call)
         # Would this call continue a loop detected on its previous repetition? Assume it
-        # answers as that one did (a call whose last result advanced is never stopped).
-        probe = ToolResult("")
+        # answers as the tool's last call did (a call whose last result advanced is
+        # never stopped).
+        last = next((e for e in reversed(turn.entries) if e.name == call.name), None)
+        probe = last.outcome if last is not None and last.outcome is not None else ToolResult("")
         predicted = config.entry(call, probe, _step(call), turn.entries)
         previous = next((e for e in reversed(turn.entries) if e.key == predicted.key), None)
         if previous is None or previous.key not in turn.looping or previous.fresh:

@@ -1,25 +1,27 @@
 """What ``LoopDetector`` treats as volatile: the parts of a call or result that change
 from one repetition of a loop to the next without meaning anything.
 
-Real agents rarely repeat byte for byte: a fresh ``ts`` on every call, a random
-``request_id``, an ``attempt`` counter, a query retyped in another case, a test run
-that reports "1 failed in 0.53s" and then "in 0.61s". Calls and results are compared
-after normalising exactly these, and nothing else:
+Real agents rarely repeat byte for byte: a fresh timestamp on every call, a random
+request id, an attempt counter, a query retyped in another case, a test run that
+reports "1 failed in 0.53s" and then "in 0.61s". What is volatile is decided by how
+values look and behave, never by what a key is called:
 
-* **arguments**, by key: a value under a volatile key (``ts``, ``timestamp``,
-  ``*_at``, ``nonce``, ``request_id``, ``attempt``, … — ``VOLATILE_KEYS``, or your own
-  patterns) is replaced by a marker; free text (a string with a space in it, or under
-  a query-like key: ``q``, ``query``, ``search``, ``text``, ``prompt``, ``question``)
-  is compared ignoring case and runs of whitespace. Paths, ids under other keys and
-  every other value are compared exactly, so two calls that differ in anything else
-  are never merged. Counters that step by one across consecutive calls are the
-  detector's (it needs the previous call to see them);
+* **arguments**, by value: a date-time with its time of day, an epoch timestamp, a
+  UUID or a long hex id is replaced by a marker wherever it is (a plain date such as
+  ``2024-05-13`` is not: a day-by-day search differs in it); free text (a string with
+  a space in it, or under a query-like key: ``q``, ``query``, ``search``…) is
+  compared ignoring case and runs of whitespace. The detector adds what it sees
+  across calls: a field that changes on every repeat while everything else *and the
+  result* stay the same, and counters stepping by one. ``VOLATILE_KEYS`` are hints
+  there (a short token under ``request_id`` or ``nonce`` is taken for volatile once
+  it behaves so), never the rule. Paths and every other value are compared exactly;
 * **results**, by value: ISO dates and times, times of day, epoch timestamps, UUIDs,
-  long hex ids and durations (``0.53s``, ``120 ms``) are replaced by markers.
+  long hex ids and durations (``0.53s``, ``120 ms``) are replaced by markers, and the
+  detector masks counters stepping by one from the same call's previous result.
 
 It also names three kinds of result the rules read: *empty* (``[]``, "no results"…),
-an *acknowledgement* (``ok``, "noted", "plan updated"…: nothing a later call could
-depend on) and a *pending status* (``running``, ``queued``, "in progress"…).
+an *acknowledgement* (``ok``, "noted"…) and a *pending status* (``running``,
+``queued``…) — hints, beside what the detector sees a result do.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from guardstack.guards.canonical import canonical_json
 
 __all__ = [
     "FREE_TEXT_KEYS",
+    "HINTED_KEYS",
     "VOLATILE_KEYS",
     "arguments_key",
     "is_acknowledgement",
@@ -40,6 +43,7 @@ __all__ = [
     "is_pending",
     "result_key",
     "top_level",
+    "volatile_value",
 ]
 
 #: Argument keys whose values change on every call of a loop (fnmatch, any case).
@@ -75,6 +79,12 @@ VOLATILE_KEYS: Final = (
     "retries",
     "try",
     "tries",
+)
+#: The keys whose values the detector may take for volatile from behaviour alone (any
+#: value, once it changes on every repeat while the result stays the same): the
+#: volatile names without the ones a real argument means (``date``, ``time``).
+HINTED_KEYS: Final = tuple(
+    key for key in VOLATILE_KEYS if key not in {"date", "time", "datetime", "now", "_"}
 )
 #: Argument keys that hold free text, compared ignoring case and whitespace.
 FREE_TEXT_KEYS: Final = frozenset({"q", "query", "search", "text", "prompt", "question", "term"})
@@ -123,12 +133,35 @@ _PENDING = re.compile(
 )
 
 
+_VOLATILE_VALUE = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+    r"|(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{16,}"
+    r"|1[5-9]\d{8}(?:\d{3})?(?:\.\d+)?"
+)
+
+
+def volatile_value(value: object) -> bool:
+    """Whether a value looks like one that changes on every call by its form: a
+    date-time with its time of day, an epoch timestamp (seconds or milliseconds), a
+    UUID or a long hex id — never a plain date, a path or a word."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return 1.5e9 <= value < 2e9 or 1.5e12 <= value < 2e12
+    return (
+        isinstance(value, str) and len(value) <= 64 and _VOLATILE_VALUE.fullmatch(value) is not None
+    )
+
+
 def _volatile_key(key: str, patterns: re.Pattern[str] | None) -> bool:
     return patterns is not None and patterns.fullmatch(key.lower()) is not None
 
 
 def _normalised(value: Any, key: str | None, patterns: re.Pattern[str] | None, depth: int) -> Any:
     if key is not None and _volatile_key(key, patterns):
+        return _MARK
+    if volatile_value(value):
         return _MARK
     if isinstance(value, str):
         if key is not None and (key.lower() in FREE_TEXT_KEYS or " " in value.strip()):

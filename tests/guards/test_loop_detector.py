@@ -187,17 +187,22 @@ async def test_the_ladder_reminds_then_denies_then_ends_the_turn() -> None:
     assert "loop-detector: Potential loop detected" in outcomes[3].result.content
 
 
-async def test_a_persons_prompt_resets_the_ladder_in_the_agent_loop() -> None:
+async def test_a_persons_prompt_resets_the_ladder_but_not_the_evidence() -> None:
+    """Two identical reads a turn: across the person's prompt they are four in a row, so
+    the second turn's first read is the third and is reminded (the ladder starts again
+    at ``remind``); with ``across_turns=False`` each turn starts from nothing."""
     same = ModelReply(tool_calls=[ToolCallRequest("read", {"a": 1})])
-    model = ScriptedModel([same, same, ModelReply("done"), same, same, ModelReply("done")])
-    tools = Tools()
-    built = detector_harness(LoopDetector(identical=3), tools)
-    built.loop.model = model
-    agent = built.loop.create("s")
-    await agent.prompt("one")
-    turn = await agent.prompt("two")  # four identical reads in the session, two per turn
-    assert turn.reason == "completed"
-    assert not any(m["role"] == "user" and "loop" in m["content"] for m in agent.session.messages())
+    for across, reminded in ((True, True), (False, False)):
+        model = ScriptedModel([same, same, ModelReply("done"), same, same, ModelReply("done")])
+        built = detector_harness(LoopDetector(identical=3, across_turns=across), Tools())
+        built.loop.model = model
+        agent = built.loop.create("s")
+        first = await agent.prompt("one")
+        assert not any("loop" in str(m["content"]) for m in agent.session.messages())
+        turn = await agent.prompt("two")
+        assert (first.reason, turn.reason) == ("completed", "completed")
+        texts = [str(m["content"]) for m in agent.session.messages() if m["role"] != "system"]
+        assert any("Potential loop" in text for text in texts) is reminded
 
 
 async def test_identical_calls_in_one_parallel_step_count_once() -> None:

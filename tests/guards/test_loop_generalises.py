@@ -53,12 +53,12 @@ async def test_a_call_repeated_with_only_a_volatile_field_changing_is_a_loop(
     built = detector_harness(quiet(), tools)
     outcomes = await calls(built, *[("read", arguments(n)) for n in range(6)])
     found = first_detection(outcomes)
-    assert found == 4  # no_progress at its default, 4
+    assert found == 3  # no_progress at its default, 3
     text = outcomes[found - 1].contexts[0].text
     assert f"differing only in {field}" in text
 
 
-async def test_volatile_off_compares_exactly_and_custom_keys_replace_the_defaults() -> None:
+async def test_volatile_off_compares_exactly_and_custom_keys_are_masked_outright() -> None:
     tools = Tools()
     tools.answers["read"] = "same"
     stamped = [("read", {"ts": f"2026-11-30T09:00:{n:02d}Z"}) for n in range(8)]
@@ -66,10 +66,18 @@ async def test_volatile_off_compares_exactly_and_custom_keys_replace_the_default
         first_detection(await calls(detector_harness(quiet(volatile=False), tools), *stamped))
         is None
     )
+    # a date-time is volatile by its form, whatever the key; a key you name, whatever
+    # its values and results (here each answer differs, and it is still one call)
     only_nonce = quiet(volatile=["nonce"])
-    assert first_detection(await calls(detector_harness(only_nonce, tools), *stamped)) is None
-    nonced = [("read", {"nonce": str(n * 37)}) for n in range(8)]
-    assert first_detection(await calls(detector_harness(only_nonce, tools), *nonced)) == 4
+    assert first_detection(await calls(detector_harness(only_nonce, tools), *stamped)) == 3
+    numbered = iter(range(100))
+    tools.answers["read"] = lambda a: f"same ({next(numbered) * 7})"
+    nonced = [("read", {"nonce": f"n{n * 37}"}) for n in range(8)]
+    assert first_detection(await calls(detector_harness(quiet(), tools), *nonced)) is None
+    found = first_detection(await calls(detector_harness(only_nonce, tools), *nonced))
+    assert found is None  # each answer differs: the result advanced, never a loop
+    tools.answers["read"] = "same"
+    assert first_detection(await calls(detector_harness(only_nonce, tools), *nonced)) == 3
 
 
 @pytest.mark.parametrize(
@@ -95,7 +103,7 @@ async def test_durations_and_times_in_results_count_as_the_same_result() -> None
     timings = iter(f"1 failed in {0.5 + n / 10:.2f}s at 12:00:{n:02d}" for n in range(10))
     tools.answers["test"] = lambda a: next(timings)
     built = detector_harness(quiet(), tools)
-    assert first_detection(await calls(built, *[("test", {})] * 6)) == 4
+    assert first_detection(await calls(built, *[("test", {})] * 6)) == 3
 
 
 async def test_paging_past_the_end_is_walking_and_pagination_with_results_is_not() -> None:
@@ -127,7 +135,7 @@ async def test_bookkeeping_between_the_rounds_is_looked_through_without_exclude(
     for n in range(6):
         sequence += [("read", {"path": "api.py"}), ("todo", {"item": f"check api {n}"})]
     outcomes = await calls(detector_harness(quiet(), tools), *sequence)
-    assert first_detection(outcomes) == 7  # the 4th read: no_progress, todo looked through
+    assert first_detection(outcomes) == 5  # the 3rd read: no_progress, todo looked through
     # a planning call whose answer says something is not bookkeeping
     tools.answers["todo"] = lambda a: f"next: {a['item']} needs the db schema"
     assert first_detection(await calls(detector_harness(quiet(), tools), *sequence)) is None
@@ -221,7 +229,8 @@ async def test_a_call_whose_result_advanced_is_never_denied(
     tools = Tools()
     fresh = itertools.count()
     for name in ("read", "poll", "grep"):
-        tools.answers[name] = lambda a: f"result {next(fresh)}"  # every answer is new
+        # every answer is new (not a counter stepping by one, which is masked)
+        tools.answers[name] = lambda a: f"result {next(fresh) * 7}"
     built = detector_harness(LoopDetector(identical=2, cycle=2, deny=1, end_turn=2), tools)
     outcomes = await calls(built, *[(name, {"n": n}) for name, n in sequence])
     assert not any(o.result.code == TOOL_DENIED or o.ends_turn for o in outcomes)
