@@ -440,17 +440,9 @@ class ToolRegistry:
             await order.enter("pre_execute")
             placed = CALL_ORDER.set(order)
         try:
-            early = _check_arguments(call.arguments)
-            decided: _Early | ToolCall | None = None if early is None else _Early(early)
-            if decided is None:
-                agent = call.agent
-                caps = getattr(agent, "tree_caps", ()) if agent is not None else TREE_CAPS.get()
-                if caps:
-                    decided = await self._pre_execute(call, _under_ancestors(call, caps, self))
-                elif self.pre_execute.layered:
-                    decided = await self._pre_execute(call, self.pre_execute._chain)
-                if type(decided) is ToolCall:  # a person edited the arguments
-                    call, decided = decided, None
+            decided = await self._pre_executed(call)
+            if type(decided) is ToolCall:  # a person edited the arguments
+                call, decided = decided, None
         finally:
             if order is not None:
                 CALL_ORDER.reset(placed)
@@ -484,6 +476,20 @@ class ToolRegistry:
             if order is not None:
                 order.leave("post_execute")
 
+    async def _pre_executed(self, call: ToolCall) -> _Early | ToolCall | None:
+        """The arguments checked and the pre-execute stage run (under the ancestors' tree
+        caps): ``None`` to run the call, the edited call, or what answers it instead."""
+        early = _check_arguments(call.arguments)
+        if early is not None:
+            return _Early(early)
+        agent = call.agent
+        caps = getattr(agent, "tree_caps", ()) if agent is not None else TREE_CAPS.get()
+        if caps:
+            return await self._pre_execute(call, _under_ancestors(call, caps, self))
+        if self.pre_execute.layered:
+            return await self._pre_execute(call, self.pre_execute._chain)
+        return None
+
     async def decide(
         self, call: ToolCall, *, tool: ToolDefinition | None = None
     ) -> ToolCall | ToolOutcome:
@@ -495,15 +501,7 @@ class ToolRegistry:
         resolved = self._tools.get(call.name) if tool is None else tool
         if call.tool is not resolved:
             call = call.resolved(resolved)
-        early = _check_arguments(call.arguments)
-        decided: _Early | ToolCall | None = None if early is None else _Early(early)
-        if decided is None:
-            agent = call.agent
-            caps = getattr(agent, "tree_caps", ()) if agent is not None else TREE_CAPS.get()
-            if caps:
-                decided = await self._pre_execute(call, _under_ancestors(call, caps, self))
-            elif self.pre_execute.layered:
-                decided = await self._pre_execute(call, self.pre_execute._chain)
+        decided = await self._pre_executed(call)
         if decided is None:
             return call
         if type(decided) is ToolCall:

@@ -23,9 +23,10 @@ from guardstack.pipeline import (
     ToolCallRequest,
     ToolDefinition,
     ToolError,
-    ToolOutcome,
     ToolResult,
 )
+from tests.guards.test_loop_detector import calls as run
+from tests.guards.test_loop_detector import first_detection
 
 _ids = itertools.count()
 
@@ -43,21 +44,6 @@ def harness_with(answers: Mapping[str, Any], detector: LoopDetector | None = Non
         built.tools.register(ToolDefinition(name, run))
     built.plugin(detector or LoopDetector())
     return built
-
-
-async def run(built: Harness, *sequence: tuple[str, Any]) -> list[ToolOutcome]:
-    outcomes = []
-    for name, arguments in sequence:
-        call = ToolCall(name, arguments, f"c{next(_ids)}", conversation="conversation")
-        outcomes.append(await built.tools.execute(call))
-    return outcomes
-
-
-def first_detection(outcomes: list[ToolOutcome]) -> int | None:
-    for index, outcome in enumerate(outcomes, start=1):
-        if outcome.contexts or outcome.result.code == TOOL_DENIED or outcome.ends_turn:
-            return index
-    return None
 
 
 def failed(message: str) -> ToolResult:
