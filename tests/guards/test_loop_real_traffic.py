@@ -86,7 +86,7 @@ async def test_the_same_failing_call_with_a_think_or_a_calculation_between_is_a_
             "calculate": lambda a: next(sums),
         }
     )
-    sequence = [
+    sequence: list[tuple[str, dict[str, Any]]] = [
         ("book_reservation", booking),
         ("think", {"thought": "recalculate the payment"}),
         ("book_reservation", booking),
