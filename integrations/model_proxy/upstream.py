@@ -157,6 +157,8 @@ class Upstream:
         pending = b""
         usage: Usage | None = None
         seen_usage = False
+        # the blank line that ends a stripped usage event may arrive in the next chunk
+        skip_blank = False
         try:
             async for chunk in response.aiter_raw():
                 if not chunk:
@@ -174,7 +176,6 @@ class Upstream:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 out: list[bytes] = []
-                skip_blank = False
                 for line in lines:
                     event = _event_of(line)
                     if event is not None:

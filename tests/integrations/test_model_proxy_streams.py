@@ -88,6 +88,9 @@ async def relay(wire: Wire, chunks: list[bytes], strip: bool) -> tuple[bytes, Us
     strip=st.booleans(),
 )
 @example(texts=["a\nb"], usage=(1, 2), cuts=[5, 6, 7], strip=True)
+@example(
+    texts=[], usage=(100, 100), cuts=[275], strip=True
+)  # between the usage event's two newlines
 def test_any_split_relays_the_same_bytes_and_reads_the_same_usage(
     texts: list[str], usage: tuple[int, int] | None, cuts: list[int], strip: bool
 ) -> None:
