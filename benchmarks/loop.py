@@ -48,36 +48,24 @@ LENGTHS = (10, 100, 1_000, 5_000)
 
 
 class _Model:
-    """A model double that costs nothing: asks for ``steps`` calls, then answers."""
+    """A model double that costs nothing: asks for ``steps`` calls (``read`` with the
+    arguments ``arguments(n)`` gives for the n-th), then answers."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, arguments: Any = None) -> None:
         self.steps = steps
         self.calls = 0
+        self.arguments = arguments or (lambda n: {"n": n})
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
         self.calls += 1
         if self.calls > self.steps:
             return ModelReply("done")
-        return ModelReply(tool_calls=[ToolCallRequest("read", {"n": self.calls}, f"c{self.calls}")])
+        arguments = self.arguments(self.calls)
+        return ModelReply(tool_calls=[ToolCallRequest("read", arguments, f"c{self.calls}")])
 
 
 async def _read(arguments: Any, call: Any) -> str:
     return "content"
-
-
-class _Reader:
-    """A model double for the detector: ``steps`` reads of distinct files, then an answer."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-        self.calls = 0
-
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
-        self.calls += 1
-        if self.calls > self.steps:
-            return ModelReply("done")
-        arguments = {"path": f"src/module_{self.calls}.py"}
-        return ModelReply(tool_calls=[ToolCallRequest("read", arguments, f"c{self.calls}")])
 
 
 async def _read_file(arguments: Any, call: Any) -> str:
@@ -87,7 +75,8 @@ async def _read_file(arguments: Any, call: Any) -> str:
 async def detector_turn(steps: int, watched: bool = True) -> list[dict[str, Any]]:
     from guardstack.guards import LoopDetector
 
-    harness = Harness(_Reader(steps), max_steps=steps + 1)
+    files = _Model(steps, lambda n: {"path": f"src/module_{n}.py"})  # distinct reads
+    harness = Harness(files, max_steps=steps + 1)
     harness.tools.register(ToolDefinition("read", _read_file))
     if watched:
         harness.plugin(LoopDetector())

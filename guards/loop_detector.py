@@ -318,7 +318,7 @@ class LoopDetector:
         keys = self._volatile_keys
         stable = (
             {
-                k: _MASKED if normalise and vol.volatile_value(v) else v
+                k: vol.MARK if normalise and vol.volatile_value(v) else v
                 for k, v in fields.items()
                 if keys is None or not keys.fullmatch(k.lower())
             }
@@ -528,7 +528,6 @@ def _counted_text(before: str, after: str) -> bool:
 
 
 _NUMBER: Final = re.compile(r"(\d{1,18})")
-_MASKED: Final = "\x00volatile\x00"
 
 
 def _run_length(entries: list[_Entry], same: Any) -> int:

@@ -36,6 +36,7 @@ from guardstack.guards.canonical import canonical_json
 __all__ = [
     "FREE_TEXT_KEYS",
     "HINTED_KEYS",
+    "MARK",
     "VOLATILE_KEYS",
     "arguments_key",
     "is_acknowledgement",
@@ -89,7 +90,8 @@ HINTED_KEYS: Final = tuple(
 #: Argument keys that hold free text, compared ignoring case and whitespace.
 FREE_TEXT_KEYS: Final = frozenset({"q", "query", "search", "text", "prompt", "question", "term"})
 
-_MARK: Final = "\x00volatile\x00"
+#: What a volatile value is replaced by, wherever it is compared.
+MARK: Final = "\x00volatile\x00"
 _SPACE = re.compile(r"\s+")
 _RESULT_PARTS = (
     (
@@ -160,9 +162,9 @@ def _volatile_key(key: str, patterns: re.Pattern[str] | None) -> bool:
 
 def _normalised(value: Any, key: str | None, patterns: re.Pattern[str] | None, depth: int) -> Any:
     if key is not None and _volatile_key(key, patterns):
-        return _MARK
+        return MARK
     if volatile_value(value):
-        return _MARK
+        return MARK
     if isinstance(value, str):
         if key is not None and (key.lower() in FREE_TEXT_KEYS or " " in value.strip()):
             return _SPACE.sub(" ", value).strip().casefold()
