@@ -359,8 +359,8 @@ class LoopDetector:
                 and self._varies_only_in_hinted(last.stable, stable)
             ):
                 key = last.key  # a request id, a nonce: new each time, the result the same
-        same = [e for e in previous[-WINDOW:] if e.key == key]
-        fresh = all(e.result != content or e.error != failure for e in same)
+        seen = (e for e in previous[-WINDOW:] if e.key == key)
+        fresh = all(e.result != content or e.error != failure for e in seen)
         empty = failure is None and (not raw.strip() or vol.is_empty(raw))
         acknowledgement = failure is None and vol.is_acknowledgement(raw)
         constant = (
@@ -521,7 +521,7 @@ def _counted_text(before: str, after: str) -> bool:
     if before == after or len(after) > 4_000:
         return False
     old, new = _NUMBER.split(before), _NUMBER.split(after)
-    if old[::2] != new[::2] or len(old) != len(new):
+    if old[::2] != new[::2]:  # the same text around the numbers (so as many numbers)
         return False
     moved = [(a, b) for a, b in zip(old[1::2], new[1::2], strict=True) if a != b]
     return bool(moved) and all(int(b) == int(a) + 1 for a, b in moved)
