@@ -74,9 +74,26 @@ async def session(store: RedisStore, seconds: float) -> None:
             group.start_soon(agent, n)
 
 
-async def storm(store: RedisStore, start_at: float) -> None:
-    """One 429 storm seen by every process at once: eight calls each, all admitted
-    before any answers, all overloaded."""
+async def barrier(url: str, name: str, count: int) -> None:
+    """Wait until ``count`` processes have arrived (a counter on the same server), so
+    every process starts its calls within a few milliseconds of the others, however
+    long each took to start."""
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        await client.incr(name)
+        while int(await client.get(name) or 0) < count:
+            await anyio.sleep(0.005)
+    finally:
+        await client.aclose()
+
+
+async def storm(store: RedisStore, url: str, prefix: str, processes: int) -> None:
+    """One 429 storm seen by every process at once: four calls each, so the four
+    processes' sixteen fill the shared limit of 16 and are all admitted before any
+    answers (every process past the barrier first), all overloaded. (More calls would
+    wait for slots, be admitted after the decrease, and fail again: a second storm.)"""
     from guardstack.pipeline import TOOL_RATE_LIMITED, ToolError, ToolResult
     from guardstack.wrappers import AdaptiveConcurrencyLimit
 
@@ -92,9 +109,9 @@ async def storm(store: RedisStore, start_at: float) -> None:
     async def one(call: ToolCall) -> None:
         await harness.tools.execute(call)
 
-    await anyio.sleep(max(0.0, start_at - time.time()))
+    await barrier(url, f"{prefix}barrier", processes)
     async with anyio.create_task_group() as group:
-        for n in range(8):
+        for n in range(4):
             group.start_soon(one, ToolCall("llm", {}, f"c{n}", conversation="x"))
     say(event="limit", value=limit.current())
 
@@ -103,8 +120,10 @@ async def main(mode: str, url: str, prefix: str, seconds: float) -> None:
     store = RedisStore(url, prefix=prefix, timeout_ms=1000, lease_ms=600)
     if mode in ("spend", "session", "storm"):
         say(event="ready")
-        run = {"spend": spend, "session": session, "storm": storm}[mode]
-        await run(store, seconds)
+        if mode == "storm":
+            await storm(store, url, prefix, int(seconds))
+        else:
+            await {"spend": spend, "session": session}[mode](store, seconds)
         await store.aclose()
         return
     harness = Harness(store=store)

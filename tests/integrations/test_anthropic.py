@@ -322,7 +322,7 @@ async def test_http_failures_map_to_model_error_codes(
         (Cut(), MODEL_UNAVAILABLE, "no message_stop"),
         # the connection dropped mid-body: httpx's RemoteProtocolError, retried as a
         # dropped connection is (the OpenAI-compatible adapter's meaning too)
-        (Broken(), MODEL_UNAVAILABLE, "the connection broke mid-reply"),
+        (Broken(), MODEL_UNAVAILABLE, "connection"),
         (Raw("event: message_start\ndata: {not json\n\n", "text/event-stream"), MODEL_FAILED, ""),
     ],
 )
