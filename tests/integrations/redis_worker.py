@@ -83,7 +83,7 @@ async def barrier(url: str, name: str, count: int) -> None:
     client = redis.asyncio.Redis.from_url(url)
     try:
         await client.incr(name)
-        while int(await client.get(name) or 0) < count:
+        while int(await client.get(name) or 0) < count:  # noqa: ASYNC110 (another process)
             await anyio.sleep(0.005)
     finally:
         await client.aclose()
