@@ -73,6 +73,7 @@ from guardstack.pipeline import (
     MODEL_RATE_LIMITED,
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
+    ChunkListener,
     ModelError,
     ModelReply,
     ToolCallRequest,
@@ -131,11 +132,19 @@ class AnthropicModel:
         self.on_delta = on_delta
         self.request_params = request_params
 
+    #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
+    #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.
+    reports_chunks = True
+
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model!r}, max_tokens={self.max_tokens}, stream={self.stream})"
 
     async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        on_chunk: ChunkListener | None = None,
     ) -> ModelReply:
         params = {
             "model": self.model,
@@ -143,18 +152,28 @@ class AnthropicModel:
             **anthropic_request(messages, tools, self.request_params.get("system")),
         }
         params |= {key: value for key, value in self.request_params.items() if key != "system"}
-        call = self._streamed if self.stream else self._once
-        return await answer(lambda: call(params), self._anthropic.AnthropicError, model_error)
+        if self.stream:
+            return await answer(
+                lambda: self._streamed(params, on_chunk),
+                self._anthropic.AnthropicError,
+                model_error,
+            )
+        return await answer(lambda: self._once(params), self._anthropic.AnthropicError, model_error)
 
     async def _once(self, params: dict[str, Any]) -> ModelReply:
         return _reply_from_message(await self.client.messages.create(**params))
 
-    async def _streamed(self, params: dict[str, Any]) -> ModelReply:
+    async def _streamed(
+        self, params: dict[str, Any], on_chunk: ChunkListener | None = None
+    ) -> ModelReply:
         stream = await self.client.messages.create(**params, stream=True)
         parts = _StreamedMessage()
         try:
             async for event in stream:
-                await report_delta(self.on_delta, parts.add(event))
+                text = parts.add(event)
+                if on_chunk is not None:
+                    on_chunk(text or "")
+                await report_delta(self.on_delta, text)
         finally:
             await stream.close()
         return parts.reply()

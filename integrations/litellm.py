@@ -62,6 +62,7 @@ from guardstack.pipeline import (
     MODEL_REJECTED,
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
+    ChunkListener,
     ModelError,
     ModelReply,
 )
@@ -109,11 +110,19 @@ class LiteLLMModel:
                 return value
         return None
 
+    #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
+    #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.
+    reports_chunks = True
+
     def __repr__(self) -> str:
         return f"LiteLLMModel({self.model!r}, stream={self.stream})"
 
     async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        on_chunk: ChunkListener | None = None,
     ) -> ModelReply:
         try:
             asyncio.get_running_loop()
@@ -129,18 +138,26 @@ class LiteLLMModel:
         }
         if tools:
             params["tools"] = tools
-        call = self._streamed if self.stream else self._once
-        return await answer(lambda: call(params), self._openai.OpenAIError, model_error)
+        if self.stream:
+            return await answer(
+                lambda: self._streamed(params, on_chunk), self._openai.OpenAIError, model_error
+            )
+        return await answer(lambda: self._once(params), self._openai.OpenAIError, model_error)
 
     async def _once(self, params: dict[str, Any]) -> ModelReply:
         return _reply(await self._litellm.acompletion(**params), self._litellm)
 
-    async def _streamed(self, params: dict[str, Any]) -> ModelReply:
+    async def _streamed(
+        self, params: dict[str, Any], on_chunk: ChunkListener | None = None
+    ) -> ModelReply:
         params.setdefault("stream_options", {"include_usage": True})
         stream = await self._litellm.acompletion(**params, stream=True)
         parts = StreamedReply()
         async for chunk in stream:
-            await report_delta(self.on_delta, parts.add(chunk))
+            text = parts.add(chunk)
+            if on_chunk is not None:
+                on_chunk(text or "")
+            await report_delta(self.on_delta, text)
         return parts.reply()
 
 

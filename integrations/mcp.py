@@ -248,15 +248,19 @@ _PROGRESS: contextvars.ContextVar[tuple[Any, str | int, Any] | None] = contextva
 )
 
 
-def _forward_progress() -> Any:
-    """A ``progress_callback`` that relays the downstream's progress to the proxy's
-    client, or ``None`` when no client asked for progress."""
+def _forward_progress(call: ToolCall) -> Any:
+    """A ``progress_callback`` that tells the call (a ``Timeout(idle_ms=…)`` then bounds
+    the gaps between the server's reports) and relays the downstream's progress to the
+    proxy's client; ``None`` when nobody listens (the server is then asked for none)."""
     wanted = _PROGRESS.get()
-    if wanted is None:
+    if wanted is None and call.on_progress is None:
         return None
-    session, token, request_id = wanted
 
     async def relay(progress: float, total: float | None, message: str | None) -> None:
+        call.progress()
+        if wanted is None:
+            return
+        session, token, request_id = wanted
         try:
             await session.send_progress_notification(
                 token, progress, total, message, related_request_id=request_id
@@ -300,7 +304,7 @@ def _caller(session: ClientSession, name: str, tracer: Any = None) -> Any:
             token = otel_context.attach(trace.set_span_in_context(span))
         try:
             result = await session.call_tool(
-                name, dict(arguments), progress_callback=_forward_progress()
+                name, dict(arguments), progress_callback=_forward_progress(call)
             )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
             _span_failed(span, "connection_closed")

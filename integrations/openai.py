@@ -54,6 +54,7 @@ from guardstack.pipeline import (
     MODEL_FAILED,
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
+    ChunkListener,
     ModelError,
     ModelReply,
     ToolCallRequest,
@@ -111,11 +112,19 @@ class OpenAIChatModel:
         a spend cap reserves for each call; ``None`` when none is given."""
         return _output_limit(self.request_params)
 
+    #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
+    #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.
+    reports_chunks = True
+
     def __repr__(self) -> str:
         return f"OpenAIChatModel({self.model!r}, stream={self.stream})"
 
     async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        on_chunk: ChunkListener | None = None,
     ) -> ModelReply:
         params: dict[str, Any] = {
             "model": self.model,
@@ -124,20 +133,28 @@ class OpenAIChatModel:
         }
         if tools:
             params["tools"] = tools
-        call = self._streamed if self.stream else self._once
-        return await answer(lambda: call(params), self._openai.OpenAIError, model_error)
+        if self.stream:
+            return await answer(
+                lambda: self._streamed(params, on_chunk), self._openai.OpenAIError, model_error
+            )
+        return await answer(lambda: self._once(params), self._openai.OpenAIError, model_error)
 
     async def _once(self, params: dict[str, Any]) -> ModelReply:
         response = await self.client.chat.completions.create(**params)
         return _reply_from_completion(response, self._openai)
 
-    async def _streamed(self, params: dict[str, Any]) -> ModelReply:
+    async def _streamed(
+        self, params: dict[str, Any], on_chunk: ChunkListener | None = None
+    ) -> ModelReply:
         params.setdefault("stream_options", {"include_usage": True})
         stream = await self.client.chat.completions.create(**params, stream=True)
         parts = StreamedReply()
         try:
             async for chunk in stream:
-                await report_delta(self.on_delta, parts.add(chunk))
+                text = parts.add(chunk)
+                if on_chunk is not None:
+                    on_chunk(text or "")
+                await report_delta(self.on_delta, text)
         finally:
             await stream.close()
         return parts.reply()

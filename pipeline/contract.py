@@ -44,6 +44,7 @@ from guardstack.pipeline.deadline import (
     model_within_budget,
     timed,
     timed_dispatch,
+    watched,
     within,
     within_budget,
 )
@@ -150,6 +151,7 @@ __all__ = [
     "store_key",
     "timed",
     "timed_dispatch",
+    "watched",
     "within",
     "within_budget",
 ]

@@ -15,8 +15,9 @@ it propagates untouched and is never relabelled.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import anyio.lowlevel
@@ -29,10 +30,12 @@ from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 
 __all__ = [
     "OVERRUN_ATTRIBUTE",
+    "Watch",
     "budget_of",
     "model_within_budget",
     "timed",
     "timed_dispatch",
+    "watched",
     "within",
     "within_budget",
 ]
@@ -142,3 +145,114 @@ def _report_overrun(what: str, ms: int, elapsed_s: float) -> None:
     span = trace.get_current_span()
     if span.is_recording():
         span.set_attribute(OVERRUN_ATTRIBUTE, ran_ms)
+
+
+#: How much of a cut stream's text a timeout keeps for the log (characters).
+_KEEP_CHARS: Final = 65_536
+
+
+class Watch:
+    """One call's progress as a ``Timeout`` with ``first_byte_ms`` or ``idle_ms`` sees it.
+
+    Each piece of a streamed reply (each progress report of a tool) moves the deadline
+    of the layer's scope: before the first, it is ``first_byte`` after the start; from
+    each piece on, ``idle`` after that piece; never past the whole call's ``until``.
+    ``until_first`` is the whole bound before the first piece when it differs (a
+    tool's declared budget holds until the tool first says it is working). A watch
+    chains to the listener the call already had (an outer timeout's), so every
+    layer sees every piece."""
+
+    __slots__ = ("idle_s", "kept", "outer", "phase", "pieces", "scope", "text", "until")
+
+    def __init__(
+        self,
+        scope: anyio.CancelScope,
+        until: float,
+        idle_s: float | None,
+        outer: Callable[[str], None] | None,
+    ) -> None:
+        self.scope = scope
+        self.until = until
+        self.idle_s = idle_s
+        self.outer = outer
+        #: Which bound the scope's deadline is now: ``first_byte``, ``idle`` or ``whole``.
+        self.phase = "whole"
+        self.pieces = 0
+        self.text: list[str] = []
+        self.kept = 0
+
+    def __call__(self, text: str) -> None:
+        self.pieces += 1
+        if text and self.kept < _KEEP_CHARS:
+            piece = text[: _KEEP_CHARS - self.kept]
+            self.text.append(piece)
+            self.kept += len(piece)
+        idle_s = self.idle_s
+        if idle_s is None:
+            self.phase = "whole"
+            self.scope.deadline = self.until
+        else:
+            moved = now() + idle_s
+            if moved < self.until:
+                self.phase = "idle"
+                self.scope.deadline = moved
+            else:
+                self.phase = "whole"
+                self.scope.deadline = self.until
+        outer = self.outer
+        if outer is not None:
+            outer(text)
+
+    def why(self, first_byte_ms: int | None, idle_ms: int | None, tool: bool) -> str | None:
+        """What ran out, in words (``None``: the whole call's budget)."""
+        if self.phase == "first_byte":
+            if tool:
+                return f"no progress report within {first_byte_ms}ms"
+            return f"no first byte within {first_byte_ms}ms"
+        if self.phase == "idle":
+            if tool:
+                return f"no progress report for {idle_ms}ms"
+            return f"the stream stalled: no chunk for {idle_ms}ms after {self.pieces} chunks"
+        return None
+
+
+async def watched(
+    stage: StageAdapter[Any, Any],
+    item: Any,
+    call_next: Callable[[Any], Awaitable[Any]],
+    ms: int | None,
+    first_byte_ms: int | None,
+    idle_ms: int | None,
+    code: str,
+    layer: str = "timeout",
+) -> Any:
+    """``call_next(item)`` under a whole budget and bounds on its progress (see ``Watch``).
+
+    ``ms=None`` is the called thing's declared budget, which — for a tool that reports
+    progress while ``idle_ms`` bounds the gaps — holds only until its first report:
+    a long tool that keeps working is not cut at a fixed budget. An explicit ``ms``
+    bounds the whole call, always. Whose timer fired is read from the scope, as in
+    ``within``; a stream cut after its first piece carries the text that arrived."""
+    declared = ms is None
+    if declared:
+        ms = stage.budget_ms(item)
+    started = now()
+    whole = started + ms / 1000 if ms is not None else math.inf
+    after_first = math.inf if declared and idle_ms is not None else whole
+    scope = anyio.CancelScope(deadline=whole)
+    watch = Watch(scope, after_first, None if idle_ms is None else idle_ms / 1000,
+                  stage.listener_of(item))  # fmt: skip
+    if first_byte_ms is not None and started + first_byte_ms / 1000 < whole:
+        scope.deadline = started + first_byte_ms / 1000
+        watch.phase = "first_byte"
+    with scope:
+        outcome = await stage.attempt(call_next, stage.with_listener(item, watch))
+    if not scope.cancel_called:
+        return stage.deliver(outcome)
+    await anyio.lowlevel.checkpoint_if_cancelled()  # the caller's cancel wins, as in ``within``
+    tool = stage.has_names
+    why = watch.why(first_byte_ms, idle_ms, tool)
+    partial = "".join(watch.text) if watch.pieces and not tool else None
+    return stage.deliver(
+        stage.timed_out(item, ms or 0, code, layer, why=why, partial=partial or None)
+    )

@@ -70,6 +70,7 @@ from guardstack.pipeline.model import (
     ModelRequest,
     ToolCallRequest,
     Usage,
+    reports_chunks,
 )
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.registry import Phase
@@ -137,8 +138,16 @@ async def _submit(agent: Agent, text: str) -> str:
 
 
 async def _complete(request: ModelRequest) -> ModelReply:
-    """The innermost ``model_call`` layer: the agent's model itself."""
+    """The innermost ``model_call`` layer: the agent's model itself (told of each piece
+    of its reply when a layer listens and the model reports them)."""
     model = request.model if request.model is not None else request.agent.model
+    on_chunk = request.on_chunk
+    if on_chunk is not None and reports_chunks(model):
+        streaming: Any = model
+        reply: ModelReply = await streaming.complete(
+            request.messages, request.tools, on_chunk=on_chunk
+        )
+        return reply
     return await model.complete(request.messages, request.tools)
 
 
@@ -394,6 +403,9 @@ class Agent:
         #: Whose calendar windows this agent's model calls count in when a ``UsageLimit``
         #: names no tenant of its own (the model proxy sets each client key's).
         self.tenant: str | None = None
+        #: Its calls' place in the admission layers' queues (higher first), unless a
+        #: call names its own: a person's interactive agent above a batch.
+        self.priority = 0
         #: The agent whose tool started this one (``AgentTool``), and its depth in the
         #: tree (the root is 1).
         self.parent: Agent | None = None
@@ -519,6 +531,9 @@ class Agent:
                     log(TurnEnd(turn, "blocked", message_of(blocked)))
                     return self._result("blocked", last_text, message_of(blocked), step)
                 except Exception as error:
+                    partial = getattr(error, "partial", None)
+                    if isinstance(partial, str) and partial:  # a stream cut mid-reply
+                        log(AssistantMessage(turn, step, partial, ()))
                     log(StepEnd(turn, step))
                     message = f"{type(error).__name__}: {message_of(error)}"
                     log(TurnEnd(turn, "error", message))

@@ -15,8 +15,8 @@ Every model call goes through the loop's ``model_call`` stage as a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
@@ -32,6 +32,7 @@ __all__ = [
     "MODEL_REJECTED",
     "MODEL_TIMEOUT",
     "MODEL_UNAVAILABLE",
+    "ChunkListener",
     "Model",
     "ModelError",
     "ModelReply",
@@ -40,6 +41,7 @@ __all__ = [
     "Usage",
     "arguments_text",
     "model_error_code",
+    "reports_chunks",
 ]
 
 #: The provider refused for now: too many requests (HTTP 429). Worth retrying later.
@@ -61,7 +63,9 @@ class ModelError(Exception):
 
     ``layer`` names the guardstack layer that raised it (``None``: the model or its
     adapter did); ``refused`` marks a guardstack layer's own refusal (an open breaker,
-    a full limit), which no breaker counts as the provider failing.
+    a full limit), which no breaker counts as the provider failing. ``partial`` is the
+    text a stream had delivered when a ``Timeout`` cut it (the loop logs it when the
+    failure ends the turn).
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class ModelError(Exception):
         *,
         layer: str | None = None,
         refused: bool = False,
+        partial: str | None = None,
     ):
         super().__init__(message)
         self.message = message
@@ -79,6 +84,7 @@ class ModelError(Exception):
         self.retry_after_s = retry_after_s
         self.layer = layer
         self.refused = refused
+        self.partial = partial
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -304,12 +310,34 @@ class ModelRequest:
     #: The model that answers, when not the agent's own (a child agent's call charged
     #: to its parent's caps: ``AgentTool``).
     model: Model | None = attrs.field(default=None, kw_only=True)
+    #: Its place in the admission layers' queues: higher is served first, first come
+    #: first served within a priority (``None``: the agent's priority).
+    priority: int | None = attrs.field(default=None, kw_only=True)
+    #: Told of each piece of a streamed reply as it arrives (its text, ``""`` for a
+    #: piece without text): set by a ``Timeout`` with ``first_byte_ms`` or ``idle_ms``,
+    #: and handed to a model that ``reports_chunks``.
+    on_chunk: ChunkListener | None = attrs.field(default=None, kw_only=True, repr=False)
+
+
+#: What a streamed reply's pieces are told to: a plain callable taking each piece's text.
+ChunkListener: TypeAlias = Callable[[str], None]
 
 
 @runtime_checkable
 class Model(Protocol):
-    """Anything that answers a chat request."""
+    """Anything that answers a chat request.
+
+    A model that streams may also report each piece of its reply as it arrives, so a
+    ``Timeout(first_byte_ms=…, idle_ms=…)`` can tell a stream that never starts or that
+    stalls from one that is simply long: it sets ``reports_chunks = True`` and takes
+    ``complete(messages, tools, *, on_chunk=None)``, calling ``on_chunk(text)`` (a plain
+    callable; ``""`` for a piece without text) for every piece it receives."""
 
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> ModelReply: ...
+
+
+def reports_chunks(model: object) -> bool:
+    """Whether ``model`` takes ``on_chunk=`` and reports the pieces of its reply."""
+    return getattr(model, "reports_chunks", False) is True

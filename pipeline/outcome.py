@@ -59,6 +59,7 @@ from guardstack.pipeline.values import (
 )
 
 __all__ = [
+    "DEFAULT_TENANT",
     "DISPATCH",
     "MODEL",
     "UNKNOWN_KEY",
@@ -99,6 +100,8 @@ _MODEL_CODES: Final = {
     "TIMEOUT": MODEL_TIMEOUT,
     "FAILED": MODEL_FAILED,
 }
+#: The tenant of a call that names none, and whose agent names none.
+DEFAULT_TENANT: Final = "default"
 #: Results the loop and the registry make for guardstack's own reasons, never a tool's failure.
 _CONTROL_CODES: Final = frozenset({TOOL_DENIED, TOOL_ABORTED, TOOL_ABORTED_BEFORE_DISPATCH})
 
@@ -179,8 +182,18 @@ class StageAdapter(Generic[ItemT, ValueT]):
         """A layer's own refusal (an open breaker, a full limit), marked as guardstack's."""
         raise NotImplementedError
 
-    def timed_out(self, item: ItemT, ms: int, code: str, layer: str) -> Outcome:
-        """What a call gets when a timeout layer's own deadline fired."""
+    def timed_out(
+        self,
+        item: ItemT,
+        ms: int,
+        code: str,
+        layer: str,
+        *,
+        why: str | None = None,
+        partial: str | None = None,
+    ) -> Outcome:
+        """What a call gets when a timeout layer's own deadline fired: after ``ms`` in
+        all, or ``why`` (no first byte, a stalled stream), with the text that arrived."""
         raise NotImplementedError
 
     def failure(self, item: ItemT, code: str, message: str, name: str) -> Outcome:
@@ -229,6 +242,22 @@ class StageAdapter(Generic[ItemT, ValueT]):
         raise NotImplementedError
 
     def with_hedge(self, item: ItemT, hedge: int) -> ItemT:
+        raise NotImplementedError
+
+    def priority_of(self, item: ItemT) -> int:
+        """Its place in an admission queue: its own priority, else its agent's, else 0."""
+        raise NotImplementedError
+
+    def tenant_of(self, item: ItemT) -> str:
+        """Whose call it is, for fair shares: its own tenant, its agent's, or ``default``."""
+        raise NotImplementedError
+
+    def listener_of(self, item: ItemT) -> Callable[[str], None] | None:
+        """What is told of its progress (a tool's reports, a stream's pieces) already."""
+        raise NotImplementedError
+
+    def with_listener(self, item: ItemT, listener: Callable[[str], None]) -> ItemT:
+        """The item with ``listener`` told of its progress instead (the caller chains)."""
         raise NotImplementedError
 
 
@@ -289,8 +318,19 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
         error = _result_error(message, name, _TOOL_CODES[kind], retry_after_s)
         return ToolResult(f"Error: {message}", True, error, Refusal(layer, retry_after_s))
 
-    def timed_out(self, item: ToolCall, ms: int, code: str, layer: str) -> Outcome:
-        return timeout_result(ms, code)
+    def timed_out(
+        self,
+        item: ToolCall,
+        ms: int,
+        code: str,
+        layer: str,
+        *,
+        why: str | None = None,
+        partial: str | None = None,
+    ) -> Outcome:
+        if why is None:
+            return timeout_result(ms, code)
+        return ToolResult.failure(f"tool call timed out: {why}", name="ToolTimeoutError", code=code)
 
     def failure(self, item: ToolCall, code: str, message: str, name: str) -> Outcome:
         return ToolResult.failure(message, name=name, code=code)
@@ -340,6 +380,26 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
 
     def with_hedge(self, item: ToolCall, hedge: int) -> ToolCall:
         return item if item.hedge == hedge else attrs.evolve(item, hedge=hedge)
+
+    def priority_of(self, item: ToolCall) -> int:
+        priority = item.priority
+        if priority is not None:
+            return priority
+        agent = item.agent
+        return agent.priority if agent is not None else 0
+
+    def tenant_of(self, item: ToolCall) -> str:
+        agent = item.agent
+        return item.tenant or (agent.tenant if agent is not None else None) or DEFAULT_TENANT
+
+    def listener_of(self, item: ToolCall) -> Callable[[str], None] | None:
+        reported = item.on_progress
+        if reported is None:
+            return None
+        return lambda _: reported()
+
+    def with_listener(self, item: ToolCall, listener: Callable[[str], None]) -> ToolCall:
+        return attrs.evolve(item, on_progress=lambda: listener(""))
 
 
 async def _caught(
@@ -405,8 +465,20 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply]):
     ) -> Outcome:
         return ModelError(message, _MODEL_CODES[kind], retry_after_s, layer=layer, refused=True)
 
-    def timed_out(self, item: ModelRequest, ms: int, code: str, layer: str) -> Outcome:
-        return ModelError(f"model call timed out after {ms}ms", code, layer=layer)
+    def timed_out(
+        self,
+        item: ModelRequest,
+        ms: int,
+        code: str,
+        layer: str,
+        *,
+        why: str | None = None,
+        partial: str | None = None,
+    ) -> Outcome:
+        message = (
+            f"model call timed out after {ms}ms" if why is None else f"model call timed out: {why}"
+        )
+        return ModelError(message, code, layer=layer, partial=partial)
 
     def failure(self, item: ModelRequest, code: str, message: str, name: str) -> Outcome:
         return ModelError(message, code)
@@ -451,6 +523,19 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply]):
 
     def with_hedge(self, item: ModelRequest, hedge: int) -> ModelRequest:
         return item if item.hedge == hedge else attrs.evolve(item, hedge=hedge)
+
+    def priority_of(self, item: ModelRequest) -> int:
+        priority = item.priority
+        return priority if priority is not None else item.agent.priority
+
+    def tenant_of(self, item: ModelRequest) -> str:
+        return item.agent.tenant or DEFAULT_TENANT
+
+    def listener_of(self, item: ModelRequest) -> Callable[[str], None] | None:
+        return item.on_chunk
+
+    def with_listener(self, item: ModelRequest, listener: Callable[[str], None]) -> ModelRequest:
+        return attrs.evolve(item, on_chunk=listener)
 
 
 DISPATCH: Final = ToolStage()

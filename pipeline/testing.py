@@ -36,6 +36,7 @@ __all__ = [
     "ScriptStep",
     "ScriptedModel",
     "ScriptedTool",
+    "Streamed",
     "ToolRun",
     "ToolStep",
 ]
@@ -156,9 +157,35 @@ class RecordingLayer:
         return f"RecordingLayer({self.name!r})"
 
 
+@attrs.frozen
+class Streamed:
+    """A ``ScriptedModel`` step that streams: each piece ``(wait_s, text)`` arrives
+    ``wait_s`` after the one before (in the test's virtual time) and is reported to a
+    listening ``Timeout``; then the reply (``reply``, else the pieces' text), or
+    ``fail`` raised. A long wait is a stream that stalls; a long first wait, one that
+    never starts."""
+
+    pieces: tuple[tuple[float, str], ...] = attrs.field(converter=tuple)
+    reply: ModelReply | None = None
+    #: Raised after the pieces instead of replying (a stream that breaks).
+    fail: BaseException | None = None
+
+    async def play(self, on_chunk: Callable[[str], None] | None) -> ModelReply:
+        for wait_s, text in self.pieces:
+            await anyio.sleep(wait_s)
+            if on_chunk is not None:
+                on_chunk(text)
+        if self.fail is not None:
+            raise self.fail
+        if self.reply is not None:
+            return self.reply
+        return ModelReply("".join(text for _, text in self.pieces))
+
+
 ScriptStep: TypeAlias = (
     ModelReply
     | BaseException
+    | Streamed
     | Callable[[list[dict[str, Any]]], ModelReply | Awaitable[ModelReply]]
 )
 
@@ -230,6 +257,8 @@ class ScriptedModel:
     #: The model its replies report (a reply naming none is given this name), and the name
     #: priced caps read as the model asked for; ``None``: replies name none.
     model: str | None = None
+    #: Its ``Streamed`` steps report their pieces to ``on_chunk``.
+    reports_chunks = True
 
     def __init__(self, replies: Sequence[ScriptStep], *, model: str | None = None) -> None:
         self._script = list(replies)
@@ -243,7 +272,11 @@ class ScriptedModel:
         return len(self._script) - len(self.requests)
 
     async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        on_chunk: Callable[[str], None] | None = None,
     ) -> ModelReply:
         index = len(self.requests)
         self.requests.record(messages)
@@ -258,6 +291,8 @@ class ScriptedModel:
             raise step
         if isinstance(step, ModelReply):
             return self._named(step)
+        if isinstance(step, Streamed):
+            return self._named(await step.play(on_chunk))
         reply = step(messages)
         if inspect.isawaitable(reply):
             reply = await reply

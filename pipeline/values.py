@@ -475,6 +475,23 @@ class ToolCall:
     #: Set by a ``Hedge`` for the layers inside it: 0 is the first attempt, 1… its hedges
     #: (``attempt`` stays Retry's, so inner layers can tell the two apart).
     hedge: int = 0
+    #: Its place in the admission layers' queues: higher is served first, first come
+    #: first served within a priority (``None``: the agent's priority, 0 without one).
+    priority: int | None = None
+    #: Whose call it is, for fair shares between tenants (``None``: the agent's tenant,
+    #: else ``default``).
+    tenant: str | None = None
+    #: What ``progress()`` tells: set by a ``Timeout`` with ``idle_ms`` for the layers
+    #: and the tool inside it.
+    on_progress: Callable[[], None] | None = attrs.field(default=None, repr=False)
+
+    def progress(self) -> None:
+        """Say the tool is still working: a ``Timeout(idle_ms=…)`` around it then bounds
+        the time between two reports, not the whole call. Cheap, and a no-op when
+        nothing listens; a tool that never reports is bounded as before."""
+        listener = self.on_progress
+        if listener is not None:
+            listener()
 
     def resolved(self, tool: ToolDefinition | None) -> ToolCall:
         """The same call with ``tool`` set (cheaper than ``attrs.evolve`` on the hot path)."""
@@ -487,6 +504,9 @@ class ToolCall:
             self.attempt,
             self.conversation,
             self.hedge,
+            self.priority,
+            self.tenant,
+            self.on_progress,
         )
 
 

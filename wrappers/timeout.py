@@ -28,6 +28,24 @@ is not this layer's: it propagates untouched and is never relabelled.
 
 Cancellation is cooperative: the layer never abandons a running call. A tool that
 ignores cancellation is waited for, then still reported as ``TOOL_TIMEOUT``.
+
+Streams and long tools (``first_byte_ms``, ``idle_ms``). A budget for the whole call
+cannot tell a stream that never starts, one that stalls half-way and one that is
+simply long apart. On a streamed model call (a model that ``reports_chunks``: the
+OpenAI-compatible, Anthropic and LiteLLM adapters with ``stream=True``, and the model
+proxy) ``first_byte_ms`` bounds the wait for the first piece and ``idle_ms`` the gap
+between two pieces; ``ms`` (optional then) still bounds the whole. Before the first
+byte the call fails ``MODEL_TIMEOUT`` (a ``Retry`` outside may send it again); after
+it the stream is cut and its failure carries the text that had arrived
+(``ModelError.partial``, logged when it ends the turn). A tool that reports progress
+(``call.progress()``; MCP tools' progress notifications) is bounded by ``idle_ms``
+between reports: with ``ms=None`` its declared budget holds only until its first
+report, so a tool that keeps working is not cut at a fixed budget; a tool that never
+reports is bounded as before. Order keeps its meaning: outside a ``Retry`` these
+bound the whole operation, inside it each attempt::
+
+    harness.plugin(Retry(stage="model"))
+    harness.plugin(Timeout(stage="model", first_byte_ms=5_000, idle_ms=2_000))
 """
 
 from __future__ import annotations
@@ -37,7 +55,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from guardstack.pipeline.contract import Scope, StageAdapter, adapter_for, timed
+from guardstack.pipeline.contract import Scope, StageAdapter, adapter_for, timed, watched
 from guardstack.pipeline.validate import StageName, invalid, non_empty_text, stage
 from guardstack.pipeline.values import validate_timeout_ms
 from guardstack.wrappers._keyed import register
@@ -47,9 +65,9 @@ __all__ = ["Timeout"]
 PLUGIN = "timeout"
 
 
-def _check_ms(_: object, __: attrs.Attribute[int | None], value: int | None) -> None:
+def _check_ms(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
     if value is not None:
-        validate_timeout_ms(PLUGIN, "ms", value)
+        validate_timeout_ms(PLUGIN, attribute.name, value)
 
 
 def _check_code(_: object, __: attrs.Attribute[str], value: object) -> None:
@@ -76,16 +94,40 @@ class Timeout:
     code: str = attrs.field(
         default=attrs.Factory(_default_code, takes_self=True), validator=_check_code
     )
+    #: The longest wait for a stream's first piece (a tool's first progress report).
+    first_byte_ms: int | None = attrs.field(default=None, validator=_check_ms, kw_only=True)
+    #: The longest gap between two pieces of a stream (two progress reports of a tool).
+    idle_ms: int | None = attrs.field(default=None, validator=_check_ms, kw_only=True)
 
     _stage: StageAdapter[Any, Any] = attrs.field(init=False, repr=False, eq=False)
+    _watches: bool = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         adapter = adapter_for(self.stage)
-        if adapter.needs_budget and self.ms is None:
-            raise invalid(PLUGIN, "ms", None, "set on the model stage (a model declares no budget)")
+        watches = self.first_byte_ms is not None or self.idle_ms is not None
+        if adapter.needs_budget and self.ms is None and not watches:
+            raise invalid(
+                PLUGIN,
+                "ms",
+                None,
+                "set on the model stage (a model declares no budget), or first_byte_ms or "
+                "idle_ms for streams",
+            )
         object.__setattr__(self, "_stage", adapter)
+        object.__setattr__(self, "_watches", watches)
 
     def __call__(self, item: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Awaitable[Any]:
+        if self._watches:
+            return watched(
+                self._stage,
+                item,
+                call_next,
+                self.ms,
+                self.first_byte_ms,
+                self.idle_ms,
+                self.code,
+                PLUGIN,
+            )
         return timed(self._stage, item, call_next, self.ms, self.code, PLUGIN)
 
     def apply(self, scope: Scope) -> None:

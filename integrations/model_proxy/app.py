@@ -18,6 +18,7 @@ from guardstack.integrations.model_proxy.upstream import DEFAULT, Target, Upstre
 from guardstack.integrations.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
 from guardstack.pipeline import (
     MODEL_FAILED,
+    MODEL_TIMEOUT,
     Agent,
     Harness,
     ModelError,
@@ -238,8 +239,8 @@ class ModelProxy:
             reply = await exchange.until_done(request.receive)
         except TurnBlocked as blocked:
             return exchange.stopped(blocked)
-        except ModelError:
-            return exchange.failed()
+        except ModelError as error:
+            return exchange.failed(error)
         if reply is None:  # the client went away and the upstream did not answer in time
             return Response(b"", 499)
         status, content, media = upstream.answer or (502, b"", None)
@@ -368,12 +369,15 @@ class _Exchange:
         text = str(blocked)
         return _stop(self.upstream.wire, (_plugin_of(text), text), self.data, self.upstream.stream)
 
-    def failed(self) -> Any:
-        """The upstream's own error, status and body, or 502 in the API's shape when
-        none answered (unreachable, or its reply cut short)."""
+    def failed(self, error: ModelError) -> Any:
+        """The upstream's own error, status and body, or in the API's shape when none
+        answered: 504 when a timeout ended the wait, else 502 (unreachable, or its reply
+        cut short)."""
         from starlette.responses import Response
 
         if self.upstream.answer is None:
+            if error.code == MODEL_TIMEOUT:
+                return self.proxy._error(self.upstream.wire, 504, "upstream", error.message)
             return self.proxy._error(
                 self.upstream.wire, 502, "upstream", "the upstream did not answer in full"
             )
@@ -389,8 +393,8 @@ class _Exchange:
             await self.until_done(receive)
         except TurnBlocked as blocked:
             instead = self.stopped(blocked)
-        except ModelError:
-            instead = self.failed()
+        except ModelError as error:
+            instead = self.failed(error)
         if self.upstream.gone:
             return
         if not self.upstream.started:

@@ -24,7 +24,14 @@ import anyio
 
 from guardstack.integrations._provider import status_error
 from guardstack.integrations.model_proxy.wires import Wire
-from guardstack.pipeline import MODEL_FAILED, MODEL_UNAVAILABLE, ModelError, ModelReply, Usage
+from guardstack.pipeline import (
+    MODEL_FAILED,
+    MODEL_UNAVAILABLE,
+    ChunkListener,
+    ModelError,
+    ModelReply,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from guardstack.integrations.model_proxy.app import ModelProxy
@@ -79,8 +86,14 @@ class Upstream:
         """The same request to the upstream ``name`` (``Fallback(to={"upstream": …})``)."""
         return Via(self, name, model)
 
-    async def complete(self, messages: Any, tools: Any) -> ModelReply:
-        return await self.post(self.proxy.upstreams[DEFAULT], None, messages)
+    #: A stream's pieces are reported as they arrive (a ``Timeout``'s ``first_byte_ms``
+    #: and ``idle_ms`` bound them); a reply that does not stream is one piece.
+    reports_chunks = True
+
+    async def complete(
+        self, messages: Any, tools: Any, *, on_chunk: ChunkListener | None = None
+    ) -> ModelReply:
+        return await self.post(self.proxy.upstreams[DEFAULT], None, messages, on_chunk)
 
     def _body(self, model: str | None, messages: Any) -> bytes:
         added = (
@@ -100,7 +113,13 @@ class Upstream:
             data["model"] = model
         return json.dumps(data).encode()
 
-    async def post(self, target: Target, model: str | None, messages: Any = None) -> ModelReply:
+    async def post(
+        self,
+        target: Target,
+        model: str | None,
+        messages: Any = None,
+        on_chunk: ChunkListener | None = None,
+    ) -> ModelReply:
         if self.started:
             raise ModelError(
                 "the reply had begun reaching the client: the request is not made again",
@@ -138,7 +157,7 @@ class Upstream:
                         response.headers,
                     )
                 return self.wire.reply_of(content)
-            return await self._relay(response)
+            return await self._relay(response, on_chunk)
         finally:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
@@ -151,7 +170,7 @@ class Upstream:
         except OSError:  # the client went away under us
             self.gone = True
 
-    async def _relay(self, response: Any) -> ModelReply:
+    async def _relay(self, response: Any, on_chunk: ChunkListener | None = None) -> ModelReply:
         """The upstream's stream to the client as it arrives; the usage it reports."""
         wire = self.wire
         pending = b""
@@ -163,6 +182,8 @@ class Upstream:
             async for chunk in response.aiter_raw():
                 if not chunk:
                     continue
+                if on_chunk is not None:
+                    on_chunk("")
                 if not self.started:
                     self.started = True
                     media = response.headers.get("content-type", "text/event-stream")
@@ -226,8 +247,12 @@ class Via:
         self.upstream, self.name, self.model = upstream, name, model
         self.max_tokens = upstream.max_tokens
 
-    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+    reports_chunks = True
+
+    async def complete(
+        self, messages: Any, tools: Any, *, on_chunk: ChunkListener | None = None
+    ) -> ModelReply:
         target = self.upstream.proxy.upstreams.get(self.name)
         if target is None:
             raise ModelError(f"no upstream named {self.name!r}", MODEL_FAILED)
-        return await self.upstream.post(target, self.model, messages)
+        return await self.upstream.post(target, self.model, messages, on_chunk)

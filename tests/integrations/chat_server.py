@@ -64,7 +64,18 @@ class Broken:
     text: str = "partial"
 
 
-Step = Answer | Fail | Hang | Raw | Broken
+@attrs.frozen
+class Paused:
+    """Another step's streamed answer with a pause before its chunk number ``at`` (0:
+    before the first byte, headers included): a stream that is slow to start, or one
+    that stalls half-way. The pause ends early when the test ends."""
+
+    step: Any
+    at: int
+    pause_s: float
+
+
+Step = Answer | Fail | Hang | Raw | Broken | Paused
 
 
 class ScriptedServer:
@@ -138,6 +149,18 @@ class ScriptedServer:
             return self.error(step.status, step.message, step.headers)
         if isinstance(step, Raw):
             return Response(step.body, content_type=step.content_type)
+        if isinstance(step, Paused):
+            answered = self.answer(step.step, parsed)
+            chunks = answered.response
+            released = self._released
+
+            def paused() -> Iterator[Any]:
+                for index, chunk in enumerate(chunks):
+                    if index == step.at:
+                        released.wait(step.pause_s)
+                    yield chunk
+
+            return Response(paused(), mimetype=answered.mimetype)
         return self.answer(step, parsed)
 
 

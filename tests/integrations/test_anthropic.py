@@ -35,7 +35,7 @@ from guardstack.pipeline import (
     tool,
 )
 from guardstack.wrappers import Retry, Timeout
-from tests.integrations.chat_server import Broken, Fail, Hang, Raw
+from tests.integrations.chat_server import Broken, Fail, Hang, Paused, Raw
 from tests.integrations.messages_server import (
     Cut,
     MessagesServer,
@@ -539,3 +539,32 @@ async def test_a_token_count_no_call_could_report_is_unknown_usage(
             USER, []
         )
     assert (reply.text, reply.usage) == ("Hello.", None)
+
+
+# -- streams that stall (Timeout's first_byte_ms and idle_ms) ---------------------------
+
+
+async def test_a_messages_stream_that_does_not_start_is_retried_and_one_that_stalls_is_cut(
+    messages_server: MessagesServer,
+) -> None:
+    text = "The answer is forty-two, as computed by the long method."
+    messages_server.script = [
+        Paused(Reply("never seen"), at=0, pause_s=3.0),
+        Paused(Reply(text), at=4, pause_s=3.0),
+    ]
+    async with client_for(messages_server) as client:
+        harness = Harness(AnthropicModel(client, "m", max_tokens=100, stream=True))
+        harness.plugin(Retry(stage="model", attempts=2, backoff_ms=1, jitter=False))
+        harness.plugin(Timeout(stage="model", first_byte_ms=300, idle_ms=300))
+        agent = harness.loop.create("stalls")
+        started = anyio.current_time()
+        result = await agent.prompt("go")
+        elapsed = anyio.current_time() - started
+    assert result.reason == "error"
+    assert result.error is not None
+    assert "MODEL_TIMEOUT" in result.error
+    assert "the stream stalled: no chunk for 300ms after" in result.error  # the SDK's events
+    assert len(messages_server.requests) == 2
+    assert elapsed < 2.0
+    said = [e.text for e in agent.session.events if isinstance(e, AssistantMessage)]
+    assert said and said[-1] and text.startswith(said[-1])

@@ -21,6 +21,7 @@ from guardstack.pipeline import (
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
     TOOL_TIMEOUT,
+    AssistantMessage,
     Harness,
     ModelError,
     ModelReply,
@@ -33,7 +34,7 @@ from guardstack.pipeline import (
     UserMessage,
 )
 from guardstack.wrappers import Metrics, Retry, Timeout
-from tests.integrations.chat_server import Answer, ChatServer, Fail, Hang, Raw
+from tests.integrations.chat_server import Answer, ChatServer, Fail, Hang, Paused, Raw
 from tests.wrappers.otel import MetricRig
 
 USER = [{"role": "user", "content": "hi"}]
@@ -347,3 +348,45 @@ async def test_a_400_digit_token_count_is_unknown_usage_not_an_overflow(
     assert meters.total("gen_ai.client.operation.duration") == 2
     # only the second reply's usage was counted
     assert [p.sum for p in meters.points("gen_ai.client.token.usage")] == [10, 5]
+
+
+# -- streams that stall (Timeout's first_byte_ms and idle_ms) ---------------------------
+
+
+async def test_a_stream_that_does_not_start_is_retried_and_one_that_stalls_is_cut(
+    chat_server: ChatServer,
+) -> None:
+    """Against real streams: the first is paused before its first byte (a retryable
+    MODEL_TIMEOUT, sent again by the Retry outside); the second stalls after a few
+    chunks (cut by idle_ms; the text that had arrived is logged)."""
+    text = "The answer is forty-two, as computed."
+    chat_server.script = [
+        Paused(Answer("never seen"), at=0, pause_s=3.0),
+        Paused(Answer(text), at=4, pause_s=3.0),
+    ]
+    async with client_for(chat_server) as client:
+        harness = Harness(OpenAIChatModel(client, "m", stream=True))
+        harness.plugin(Retry(stage="model", attempts=2, backoff_ms=1, jitter=False))
+        harness.plugin(Timeout(stage="model", first_byte_ms=300, idle_ms=300))
+        agent = harness.loop.create("stalls")
+        started = anyio.current_time()
+        result = await agent.prompt("go")
+        elapsed = anyio.current_time() - started
+    assert result.reason == "error"
+    assert result.error is not None
+    assert "MODEL_TIMEOUT" in result.error
+    assert "the stream stalled: no chunk for 300ms after 4 chunks" in result.error
+    assert len(chat_server.requests) == 2  # the first attempt never started: sent again
+    assert elapsed < 2.0  # neither pause was waited out
+    said = [e.text for e in agent.session.events if isinstance(e, AssistantMessage)]
+    assert said and said[-1] and text.startswith(said[-1])  # what arrived, logged
+
+
+async def test_a_long_stream_that_keeps_coming_is_not_cut(chat_server: ChatServer) -> None:
+    chat_server.script = [Paused(Answer("slow but steady"), at=2, pause_s=0.15)]
+    async with client_for(chat_server) as client:
+        harness = Harness(OpenAIChatModel(client, "m", stream=True))
+        harness.plugin(Timeout(stage="model", first_byte_ms=1_000, idle_ms=1_000))
+        result = await harness.loop.create("steady").prompt("go")
+    assert result.reason == "completed"
+    assert result.text == "slow but steady"
