@@ -567,4 +567,5 @@ async def test_a_messages_stream_that_does_not_start_is_retried_and_one_that_sta
     assert len(messages_server.requests) == 2
     assert elapsed < 2.0
     said = [e.text for e in agent.session.events if isinstance(e, AssistantMessage)]
-    assert said and said[-1] and text.startswith(said[-1])
+    assert said[-1]
+    assert text.startswith(said[-1])
