@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, overload
 
 import anyio
@@ -157,6 +157,10 @@ class RecordingLayer:
         return f"RecordingLayer({self.name!r})"
 
 
+def _pieces(pieces: Iterable[tuple[float, str]]) -> tuple[tuple[float, str], ...]:
+    return tuple(pieces)
+
+
 @attrs.frozen
 class Streamed:
     """A ``ScriptedModel`` step that streams: each piece ``(wait_s, text)`` arrives
@@ -165,7 +169,7 @@ class Streamed:
     ``fail`` raised. A long wait is a stream that stalls; a long first wait, one that
     never starts."""
 
-    pieces: tuple[tuple[float, str], ...] = attrs.field(converter=tuple)
+    pieces: tuple[tuple[float, str], ...] = attrs.field(converter=_pieces)
     reply: ModelReply | None = None
     #: Raised after the pieces instead of replying (a stream that breaks).
     fail: BaseException | None = None

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 from werkzeug import Response
 
-from tests.integrations.chat_server import Broken, Fail, Hang, Raw, ScriptedServer
+from tests.integrations.chat_server import Broken, Fail, Hang, Paused, Raw, ScriptedServer
 
 PATH = "/v1/messages"
 SECRET = b"loopback-thinking-key"
@@ -64,7 +64,7 @@ class Cut:
     text: str = "partial"
 
 
-Step = Reply | StreamError | Cut | Broken | Fail | Hang | Raw
+Step = Reply | StreamError | Cut | Broken | Fail | Hang | Raw | Paused
 
 
 def signature(thinking: str) -> str:
