@@ -44,6 +44,7 @@ from guardstack.wrappers._keyed import (
     check_store,
     register,
 )
+from guardstack.wrappers._line import Fairness, fairness
 from guardstack.wrappers.concurrency_limit import SlotQueue, _Overloaded, overloaded
 
 __all__ = ["AIMD", "AdaptiveConcurrencyLimit", "ExpAvg", "Gradient2"]
@@ -58,6 +59,10 @@ BACKOFF: Final = 0.9
 
 def _stage(value: object) -> StageName:
     return stage(PLUGIN, value)
+
+
+def _fair(value: object) -> Fairness:
+    return fairness(PLUGIN, value)
 
 
 def _key(value: object) -> str | None:
@@ -188,6 +193,8 @@ class AdaptiveConcurrencyLimit:
     store: StateStore | None = attrs.field(
         default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
     )
+    #: Tenants take weighted turns in the queue within a priority (``True``: equal weights).
+    fair: Fairness = attrs.field(default=None, converter=_fair, kw_only=True)
     _applied: list[_Limits] = attrs.field(init=False, factory=list, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
@@ -251,7 +258,7 @@ class _Limits:
         self.namespace = namespace
         self.keys = StateKeys(namespace, config.key, self.stage, "slots")
         self.limit_keys = StateKeys(namespace, config.key, self.stage, "limit")
-        self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN))
+        self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN), config.fair)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         #: Each name's (tool's, model's, or the shared key's) state, least recently used first.
         self.states: dict[str, _State] = {}
@@ -346,6 +353,8 @@ class _Limits:
                 UNBOUNDED if config.queue is None else config.queue,
                 None if timeout_ms is None else timeout_ms / 1000,
                 lambda: self._clamped(state.limit),  # a waiter sees the limit as it is now
+                stage.priority_of(item),
+                stage.tenant_of(item),
             )
         except _Overloaded as full:
             return stage.deliver(self._refusal(item, full.reason))

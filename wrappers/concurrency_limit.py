@@ -9,15 +9,19 @@ is held for the whole retried operation, backoff included; inside it, each
 attempt queues for a slot of its own.
 
 Per tool (per model; one shared limit with ``key=``), at most ``max_concurrent``
-calls run; up to ``queue`` more wait, first come first served, each for at most
-``queue_timeout_ms`` (``None``: as long as it takes, or until cancelled). Beyond
-that a call gets ``TOOL_OVERLOADED`` at once, a text the model can act on. On the
-model stage the same refusal is ``ModelError(MODEL_OVERLOADED)``.
+calls run; up to ``queue`` more wait, each for at most ``queue_timeout_ms`` (``None``:
+as long as it takes, or until cancelled) — the highest priority first
+(``ToolCall.priority``, ``ModelRequest.priority``, else the agent's), first come first
+served within a priority, or with ``fair=True`` (or ``{tenant: weight}``) tenants in
+weighted turns, so one tenant's batch cannot starve another's interactive calls
+(``wrappers/_line.py``). Beyond that a call gets ``TOOL_OVERLOADED`` at once, a text
+the model can act on. On the model stage the same refusal is
+``ModelError(MODEL_OVERLOADED)``.
 
 A thousand agents sharing one harness share its limit: the slots are kept in the
 harness's ``StateStore`` (or ``store=``; with a shared store the count holds across
 processes, as leases, and the queue is per process), and waiters are served in
-arrival order, so none starves: a newcomer never takes a slot while others wait. A
+line, so none starves: a newcomer never takes a slot while others wait. A
 waiter that is cancelled leaves the queue; a slot is always given back, even when
 the call is cancelled. A store that fails lets calls through (its ``on_error`` may
 say otherwise).
@@ -25,7 +29,6 @@ say otherwise).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -45,6 +48,7 @@ from guardstack.wrappers._keyed import (
     register,
     suspends,
 )
+from guardstack.wrappers._line import Fairness, Waiter, WaitLine, fairness
 
 __all__ = ["ConcurrencyLimit"]
 
@@ -67,6 +71,10 @@ def _queue(_: Any, __: Any, value: Any) -> None:
     integer(PLUGIN, "queue", value, minimum=0)
 
 
+def _fair(value: object) -> Fairness:
+    return fairness(PLUGIN, value)
+
+
 @attrs.frozen
 class ConcurrencyLimit:
     """At most ``max_concurrent`` calls at once, ``queue`` more waiting, the rest overloaded."""
@@ -85,6 +93,8 @@ class ConcurrencyLimit:
     store: StateStore | None = attrs.field(
         default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
     )
+    #: Tenants take weighted turns within a priority (``True``: equal weights).
+    fair: Fairness = attrs.field(default=None, converter=_fair, kw_only=True)
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of limits (all slots free) on the stage it names."""
@@ -99,15 +109,9 @@ class _Overloaded(Exception):
         self.reason = reason
 
 
-class _Waiter:
-    __slots__ = ("event",)
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-
-
 class SlotQueue:
-    """Slots in a store and a first-come-first-served queue of this process's waiters.
+    """Slots in a store and a line of this process's waiters (``WaitLine``: priority,
+    then first come first served or fair shares).
 
     Shared with ``AdaptiveConcurrencyLimit``: ``acquire(key, limit, queue, timeout_s)``
     gives a lease or raises ``_Overloaded``; ``release`` gives it back and wakes the
@@ -115,13 +119,14 @@ class SlotQueue:
     again every ``store.poll_s`` seconds (slots freed elsewhere wake no one here).
     """
 
-    __slots__ = ("metrics", "queues", "shield", "store")
+    __slots__ = ("fair", "metrics", "queues", "shield", "store")
 
-    def __init__(self, store: StateStore, metrics: QueueMetrics) -> None:
+    def __init__(self, store: StateStore, metrics: QueueMetrics, fair: Fairness = None) -> None:
         self.store = store
         self.shield = suspends(store)
-        self.queues: dict[str, deque[_Waiter]] = {}
+        self.queues: dict[str, WaitLine] = {}
         self.metrics = metrics
+        self.fair = fair
 
     def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
         """``guardstack.limiter.queue``: the calls waiting, per key that has a queue."""
@@ -134,6 +139,8 @@ class SlotQueue:
         queue: int,
         timeout_s: float | None,
         current: Callable[[], int] | None = None,
+        priority: int = 0,
+        tenant: str = "default",
     ) -> str:
         """A lease on one of ``limit`` slots; ``current()``, if given, is the limit as it
         is now, asked again each time a waiter tries (an adaptive limit moves)."""
@@ -145,7 +152,7 @@ class SlotQueue:
             # another caller may have started a line while the store answered: join it
             waiting = self.queues.get(key)
             if waiting is None:
-                waiting = self.queues[key] = deque()
+                waiting = self.queues[key] = WaitLine(self.fair)
         if len(waiting) >= queue:
             if not waiting and self.queues.get(key) is waiting:
                 del self.queues[key]
@@ -153,8 +160,7 @@ class SlotQueue:
                 f"{limit} calls are running and {len(waiting)} waiting, the most "
                 "allowed. Try again shortly, or do something else first."
             )
-        waiter = _Waiter()
-        waiting.append(waiter)
+        waiter = waiting.join(priority, tenant)
         started = anyio.current_time()
         admitted = False
         try:
@@ -164,13 +170,12 @@ class SlotQueue:
                 return lease
         finally:
             self.metrics.waited(key, started, admitted)
-            at_head = waiting[0] is waiter
-            waiting.remove(waiter)
+            at_head = waiting.leave(waiter)
             if not waiting:
                 if self.queues.get(key) is waiting:
                     del self.queues[key]
             elif at_head:
-                waiting[0].event.set()  # the next in line asks for the slot now
+                waiting.wake_head()  # the next in line asks for the slot now
         raise _Overloaded(
             f"it waited {round((timeout_s or 0) * 1000)}ms for one of its "
             f"{limit} slots. Try again shortly, or do something else first."
@@ -180,15 +185,16 @@ class SlotQueue:
         self,
         key: str,
         limit: int,
-        waiting: deque[_Waiter],
-        waiter: _Waiter,
+        waiting: WaitLine,
+        waiter: Waiter,
         current: Callable[[], int] | None,
     ) -> str:
         poll_s: float | None = getattr(self.store, "poll_s", None)
         while True:
-            if waiting[0] is waiter:
+            if waiting.head() is waiter:
                 lease = await self.store.acquire(key, limit if current is None else current())
                 if lease is not None:
+                    waiting.admitted(waiter)
                     return lease
             waiter.event = anyio.Event()
             with anyio.move_on_after(poll_s if poll_s is not None else float("inf")):
@@ -202,7 +208,7 @@ class SlotQueue:
             await self.store.release_slot(key, lease)
         waiting = self.queues.get(key)
         if waiting:
-            waiting[0].event.set()
+            waiting.wake_head()
 
 
 class _Limits:
@@ -216,7 +222,7 @@ class _Limits:
         self.config = config
         self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
         self.keys = StateKeys(namespace, config.key, self.stage, "slots")
-        self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN))
+        self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN), config.fair)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
 
     def __repr__(self) -> str:
@@ -232,6 +238,9 @@ class _Limits:
                 config.max_concurrent,
                 config.queue,
                 None if timeout_ms is None else timeout_ms / 1000,
+                None,
+                stage.priority_of(item),
+                stage.tenant_of(item),
             )
         except _Overloaded as overloaded:
             return stage.deliver(self._refusal(item, overloaded.reason))

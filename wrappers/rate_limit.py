@@ -9,7 +9,8 @@ does, and a call may time out still waiting.
 
 Per tool (per model; one shared bucket with ``key=``) the bucket holds up to
 ``burst`` tokens and refills at ``per_second``. A call takes one; with none left it
-waits its turn in a queue (first come, first served; cancellably) or, with
+waits its turn in a queue (cancellably; the highest priority first, first come first
+served within a priority, or tenants in weighted turns with ``fair=``) or, with
 ``wait=False``, gets ``TOOL_RATE_LIMITED`` at once with the time to wait (and
 ``retry_after_s``). On the model stage that is ``ModelError(MODEL_RATE_LIMITED,
 retry_after_s=…)``, which a model-stage ``Retry`` outside honours.
@@ -25,7 +26,6 @@ process). A store that fails lets calls through (its ``on_error`` may say otherw
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any, ClassVar
 
 import anyio
@@ -44,6 +44,7 @@ from guardstack.wrappers._keyed import (
     positive,
     register,
 )
+from guardstack.wrappers._line import Fairness, WaitLine, fairness
 
 __all__ = ["RateLimit"]
 
@@ -67,6 +68,10 @@ def _wait(_: Any, __: Any, value: Any) -> None:
     boolean(PLUGIN, "wait", value)
 
 
+def _fair(value: object) -> Fairness:
+    return fairness(PLUGIN, value)
+
+
 @attrs.frozen
 class RateLimit:
     """``per_second`` calls on average, ``burst`` at once; wait for a token or refuse."""
@@ -83,6 +88,8 @@ class RateLimit:
     store: StateStore | None = attrs.field(
         default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
     )
+    #: Tenants take weighted turns in the queue within a priority (``True``: equal weights).
+    fair: Fairness = attrs.field(default=None, converter=_fair, kw_only=True)
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of buckets (full) on the stage it names."""
@@ -105,8 +112,8 @@ class _Buckets:
         self.keys = StateKeys(namespace, config.key, self.stage, "bucket")
         self.metrics = QueueMetrics(signals, self.keys, PLUGIN)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
-        #: Waiters per key, head first; a key is here only while someone waits.
-        self.queues: dict[str, deque[anyio.Event]] = {}
+        #: Waiters per key; a key is here only while someone waits.
+        self.queues: dict[str, WaitLine] = {}
 
     def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
         """``guardstack.limiter.queue``: the calls waiting, per key that has a queue."""
@@ -119,32 +126,33 @@ class _Buckets:
         config = self.config
         return await self.store.take(key, config.per_second, config.burst)
 
-    async def _wait_in_line(self, key: str, queue: deque[anyio.Event]) -> None:
-        """Wait for this caller's turn at the head of the queue, then for a token."""
-        turn = anyio.Event()
-        queue.append(turn)
+    async def _wait_in_line(self, key: str, queue: WaitLine, priority: int, tenant: str) -> None:
+        """Wait for this caller's turn at the head of the line, then for a token."""
+        waiter = queue.join(priority, tenant)
         started = anyio.current_time()
         admitted = False
         try:
-            if queue[0] is not turn:
-                await turn.wait()  # set when the waiter ahead leaves, with a token or not
             while True:
+                while queue.head() is not waiter:
+                    waiter.event = anyio.Event()
+                    await waiter.event.wait()  # set when this caller becomes the head
                 wait_s = await self._take(key)
                 if wait_s <= 0:
+                    queue.admitted(waiter)
                     admitted = True
                     return
                 # Never a wait shorter than the clock can add: at a large (virtual) time a
-                # wait of 1e-10 s does not move it, and the waiter would spin.
+                # wait of 1e-10 s does not move it, and the waiter would spin. A caller of a
+                # higher priority may have come first meanwhile: then this one waits again.
                 await anyio.sleep(max(wait_s, _SHORTEST_WAIT_S))
         finally:
             self.metrics.waited(key, started, admitted)
-            at_head = queue[0] is turn
-            queue.remove(turn)
+            at_head = queue.leave(waiter)
             if not queue:
                 if self.queues.get(key) is queue:  # the line this waiter stood in, not a newer
                     del self.queues[key]
             elif at_head:
-                queue[0].set()  # the next waiter moves up and asks the bucket itself
+                queue.wake_head()  # the next waiter moves up and asks the bucket itself
 
     async def __call__(self, item: Any, call_next: Any) -> Any:
         stage = self.stage
@@ -152,8 +160,8 @@ class _Buckets:
         refusal = None
         try:
             queue = self.queues.get(key)
-            if queue is not None:  # others are waiting: join the line behind them
-                await self._wait_in_line(key, queue)
+            if queue is not None:  # others are waiting: join the line
+                await self._wait_in_line(key, queue, stage.priority_of(item), stage.tenant_of(item))
             else:
                 wait_s = await self._take(key)
                 if wait_s > 0:
@@ -164,8 +172,10 @@ class _Buckets:
                         # (a shared store suspends): join it rather than start a second.
                         queue = self.queues.get(key)
                         if queue is None:
-                            queue = self.queues[key] = deque()
-                        await self._wait_in_line(key, queue)
+                            queue = self.queues[key] = WaitLine(self.config.fair)
+                        await self._wait_in_line(
+                            key, queue, stage.priority_of(item), stage.tenant_of(item)
+                        )
         except Exception as error:
             if not self.failures.fails_open(error):
                 refusal = self._refusal(item, 0.0, self.failures.reason())
