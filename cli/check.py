@@ -62,6 +62,7 @@ from guardstack.wrappers import (
     RateLimit,
     Retry,
     Timeout,
+    TokenRateLimit,
     Tracing,
 )
 
@@ -136,6 +137,8 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
         ms = getattr(plugin, "ms", None)
         budget = f"{ms} ms" if ms is not None else "the tool's own declared budget"
         name = plugin.name
+        if isinstance(plugin, Timeout) and (plugin.first_byte_ms or plugin.idle_ms):
+            budget += _stream_bounds(plugin, stage)
         if outside:
             return f"{name}: bounds the whole retried operation, backoff included, at {budget}"
         if inside:
@@ -267,6 +270,30 @@ def _tree_warnings(harness: Harness, plugins: list[object]) -> list[str]:
     return found
 
 
+def _line_order(fair: object) -> str:
+    """How a limiter's waiting calls are served."""
+    if fair is None:
+        return "; waiters by priority, then first come first served"
+    return "; waiters by priority, then tenants in weighted turns (fair)"
+
+
+def _stream_bounds(plugin: Timeout, stage: str) -> str:
+    """What a timeout's first-byte and idle bounds add to its explanation."""
+    piece = "chunk" if stage == "model" else "progress report"
+    parts = []
+    if plugin.first_byte_ms is not None:
+        first = "the first byte" if stage == "model" else "the first progress report"
+        parts.append(f"{first} within {plugin.first_byte_ms} ms")
+    if plugin.idle_ms is not None:
+        parts.append(f"no gap over {plugin.idle_ms} ms between one {piece} and the next")
+    tail = (
+        "; a tool that reports progress outlives its declared budget"
+        if stage != "model" and plugin.ms is None and plugin.idle_ms is not None
+        else ""
+    )
+    return f" (and {' and '.join(parts)}{tail})"
+
+
 def _those_set(template: str, **values: int | None) -> str:
     """``template`` filled with each name and value that is set, comma-separated."""
     return ", ".join(
@@ -288,18 +315,33 @@ def _explain_resilience(plugin: object, inside: bool, outside: bool, what: str) 
         return (
             f"adaptive-concurrency-limit: {plugin.algorithm}, from {plugin.initial} within "
             f"[{plugin.min}, {plugin.max}]; falls on rate limits, overloads and timeouts and "
-            f"pauses for a Retry-After; {held}; {waits}"
+            f"pauses for a Retry-After; {held}; {waits}" + _line_order(plugin.fair)
         )
     if isinstance(plugin, ConcurrencyLimit):
         held = "each attempt queues for a slot" if inside else "one slot per operation"
         return (
             f"concurrency-limit: {plugin.max_concurrent} at once, {plugin.queue} queued; "
             f"{held}; queue time counts against timeouts outside it, not inside"
+            + _line_order(plugin.fair)
         )
     if isinstance(plugin, RateLimit):
         paid = "every attempt takes a token" if inside else "one token per operation"
         how = "waits for a token" if plugin.wait else "answers TOOL_RATE_LIMITED at once"
-        return f"rate-limit: {plugin.per_second:g}/s, burst {plugin.burst}; {paid}; {how}"
+        line = f"rate-limit: {plugin.per_second:g}/s, burst {plugin.burst}; {paid}; {how}"
+        return line + _line_order(plugin.fair)
+    if isinstance(plugin, TokenRateLimit):
+        limits = _those_set(
+            "{1} {0}",
+            tokens=plugin.tokens_per_minute,
+            requests=plugin.requests_per_minute,
+        )
+        paid = "every attempt reserves" if inside else "one reservation per operation"
+        how = "waits for room" if plugin.wait else "answers RATE_LIMITED with when to come back"
+        return (
+            f"token-rate-limit: at most {limits} in any sliding minute, each request's "
+            f"estimate reserved before it is sent and its usage settled after; {paid}; {how}"
+            + _line_order(plugin.fair)
+        )
     if isinstance(plugin, Fallback):
         when = "after each failed attempt" if inside else "once, after every attempt failed"
         return f"fallback: answers with {plugin!r} {when}"
@@ -348,6 +390,7 @@ def _retry_warnings(plugins: list[object], budgets: dict[str, int]) -> list[str]
             (ConcurrencyLimit, TOOL_OVERLOADED),
             (AdaptiveConcurrencyLimit, TOOL_OVERLOADED),
             (RateLimit, TOOL_RATE_LIMITED),
+            (TokenRateLimit, TOOL_RATE_LIMITED),
         )
         if isinstance(p, kind)
     }

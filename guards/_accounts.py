@@ -28,17 +28,12 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from guardstack.guards.agent_state import new_turn_token
 from guardstack.pipeline.contract import (
-    MODEL,
-    MODEL_OVERLOADED,
-    MODEL_RATE_LIMITED,
-    MODEL_REJECTED,
-    ModelError,
     Reservation,
     Scope,
     StoreLedger,
@@ -51,12 +46,9 @@ from guardstack.pipeline.ledger import DAY_S, SESSION_TTL_S
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
 
-__all__ = ["Accounts", "StoreDown", "check_ledger_store", "never_reached"]
+__all__ = ["Accounts", "StoreDown", "check_ledger_store"]
 
 logger = logging.getLogger("guardstack")
-
-#: A provider's clear refusal before doing any work: nothing to pay for.
-_REFUSED_BY_PROVIDER: Final = frozenset({MODEL_RATE_LIMITED, MODEL_OVERLOADED, MODEL_REJECTED})
 
 
 class StoreDown(Exception):
@@ -65,14 +57,6 @@ class StoreDown(Exception):
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def never_reached(error: BaseException) -> bool:
-    """Whether a model call that raised ``error`` certainly never reached the provider's
-    billing: guardstack's own control flow, or a provider's clear refusal."""
-    if isinstance(error, ModelError):
-        return error.refused or error.code in _REFUSED_BY_PROVIDER
-    return MODEL.is_control(error)
 
 
 def check_ledger_store(plugin: str) -> Callable[[Any, Any, Any], None]:

@@ -18,9 +18,6 @@ creates its own state, so one guard applied to two harnesses keeps two.
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
-import uuid
 import warnings
 import weakref
 from collections import OrderedDict
@@ -28,6 +25,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Final, Generic, TypeVar
 from weakref import ref
 
+from guardstack.pipeline.contract import new_token
 from guardstack.pipeline.errors import GuardstackWarning
 from guardstack.pipeline.values import ToolCall
 
@@ -42,30 +40,9 @@ T = TypeVar("T")
 MAX_CONVERSATIONS: Final = 10_000
 
 
-class _TurnTokens:
-    """Tokens naming a turn in a store shared across processes: a random prefix per
-    process (drawn again in a forked child, which would otherwise repeat its parent's)
-    and a counter, instead of a uuid per turn."""
-
-    def __init__(self) -> None:
-        self.renew()
-        if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-            os.register_at_fork(after_in_child=self.renew)
-
-    def renew(self) -> None:
-        self.prefix = uuid.uuid4().hex
-        self.counter = itertools.count()
-
-    def new(self) -> str:
-        return f"{self.prefix}{next(self.counter):x}"
-
-
-_TURN_TOKENS: Final = _TurnTokens()
-
-
 def new_turn_token() -> str:
     """A token no other turn, in this process or another, has: a turn's key prefix."""
-    return _TURN_TOKENS.new()
+    return new_token()
 
 
 class _Anonymous:

@@ -30,8 +30,15 @@ from typing import TYPE_CHECKING, ClassVar, Final
 
 import attrs
 
-from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store, never_reached
-from guardstack.pipeline.contract import ModelNext, ModelReply, ModelRequest, Scope, StateStore
+from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
+from guardstack.pipeline.contract import (
+    ModelNext,
+    ModelReply,
+    ModelRequest,
+    Scope,
+    StateStore,
+    never_reached,
+)
 from guardstack.pipeline.errors import TurnBlocked
 from guardstack.pipeline.validate import invalid, optional_integer
 

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
 
-from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store, never_reached
+from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
 from guardstack.pipeline.contract import (
     ModelNext,
     ModelReply,
@@ -63,7 +63,10 @@ from guardstack.pipeline.contract import (
     StateStore,
     Usage,
     Window,
+    input_estimate,
     key_parts,
+    never_reached,
+    stated_output_limit,
     store_key,
 )
 from guardstack.pipeline.errors import ConfigError, GuardstackWarning, TurnBlocked
@@ -240,14 +243,8 @@ class UsageLimit:
         of the request, the stated rule) and its output (the answering model's
         ``max_tokens``, else ``estimate_output_tokens``), in tokens and, at the model's
         price (the highest known when it names none that is priced), in dollars."""
-        characters = sum(len(str(message.get("content") or "")) for message in request.messages)
-        input_tokens = characters // 4 + 1
-        stated = getattr(_answering(request), "max_tokens", None)
-        output = (
-            stated
-            if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0
-            else self.estimate_output_tokens
-        )
+        input_tokens = input_estimate(request.messages)
+        output = stated_output_limit(_answering(request)) or self.estimate_output_tokens
         usd = 0.0
         if self.prices is not None and self.prices_needed:
             prices = self.prices

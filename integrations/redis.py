@@ -227,54 +227,100 @@ return {value, version}
 )
 
 # KEYS: operation hash, then the windows. ARGV: lease (ms), then per window: amount,
-# limit ('' for none), floor, ttl (ms), unit. Answers {granted, refusing window, its value}:
-# 1 reserved now, 0 refused, 2 this operation had reserved already, 3 it had ended.
+# limit ('' for none), floor, ttl (ms), unit, slide (s; '' for a plain window). Answers
+# {granted, refusing window, its value, wait}: 1 reserved now, 0 refused (a sliding
+# window's wait until there is room, '' for never), 2 this operation had reserved
+# already, 3 it had ended. A sliding window is a hash of 60 buckets (index -> amount).
 _RESERVE: Final = (
-    _FMT
+    _NOW
+    + _FMT
     + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state then
-  if state == 'x' then return {3, 0, '0'} end
-  return {2, 0, '0'}
+  if state == 'x' then return {3, 0, '0', ''} end
+  return {2, 0, '0', ''}
 end
-local values = {}
+local values, buckets = {}, {}
 for i = 2, #KEYS do
-  local base = 1 + (i - 2) * 5
+  local base = 1 + (i - 2) * 6
   local amount, limit, floor = tonumber(ARGV[base + 1]), ARGV[base + 2], tonumber(ARGV[base + 3])
-  local value = tonumber(redis.call('GET', KEYS[i]) or '0')
+  local slide = ARGV[base + 6]
+  local value = 0
+  local live = {}
+  if slide == '' then
+    value = tonumber(redis.call('GET', KEYS[i]) or '0')
+  else
+    local current = math.floor(now * 60 / tonumber(slide))
+    buckets[i] = current
+    local all = redis.call('HGETALL', KEYS[i])
+    for j = 1, #all, 2 do
+      local index = tonumber(all[j])
+      if index < current - 60 then
+        redis.call('HDEL', KEYS[i], all[j])
+      else
+        value = value + tonumber(all[j + 1])
+        live[#live + 1] = {index, tonumber(all[j + 1])}
+      end
+    end
+  end
   if value < floor then value = floor end
   if limit ~= '' and amount > 0 and value + amount > tonumber(limit) + 1e-9 then
-    return {0, i - 1, fmt(value)}
+    local wait = ''
+    if slide ~= '' and amount <= tonumber(limit) then
+      table.sort(live, function(a, b) return a[1] < b[1] end)
+      local excess, freed, width = value + amount - tonumber(limit), 0, tonumber(slide) / 60
+      for _, bucket in ipairs(live) do
+        freed = freed + bucket[2]
+        if freed >= excess - 1e-9 then
+          wait = fmt(math.max(0, (bucket[1] + 61) * width - now))
+          break
+        end
+      end
+    end
+    return {0, i - 1, fmt(value), wait}
   end
   values[i] = value
 end
 redis.call('HSET', KEYS[1], 'state', 'r', 'n', #KEYS - 1)
 for i = 2, #KEYS do
-  local base = 1 + (i - 2) * 5
+  local base = 1 + (i - 2) * 6
   local amount, ttl = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 4])
-  redis.call('SET', KEYS[i], fmt(values[i] + amount), 'KEEPTTL')
-  local left = redis.call('PTTL', KEYS[i])
-  if left < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+  if buckets[i] then
+    redis.call('HINCRBYFLOAT', KEYS[i], buckets[i], fmt(amount))
+    redis.call('PEXPIRE', KEYS[i], math.ceil(tonumber(ARGV[base + 6]) * 2000))
+    redis.call('HSET', KEYS[1], 'b' .. (i - 1), buckets[i])
+  else
+    redis.call('SET', KEYS[i], fmt(values[i] + amount), 'KEEPTTL')
+    local left = redis.call('PTTL', KEYS[i])
+    if left < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+  end
   redis.call('HSET', KEYS[1], 'k' .. (i - 1), KEYS[i], 'a' .. (i - 1), fmt(amount),
     'u' .. (i - 1), ARGV[base + 5])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
-return {1, 0, '0'}
+return {1, 0, '0', ''}
 """
 )
 
 # The windows an operation reserved in, changed by ``delta(i, reserved, unit)``; a window
-# that has gone (closed, expired) is not made again.
+# that has gone (closed, expired) is not made again. A sliding window's change goes to
+# the bucket the reservation fell in.
 _EACH_WINDOW = """
 local function each_window(delta)
   local n = tonumber(redis.call('HGET', KEYS[1], 'n')) or 0
   for i = 1, n do
-    local f = redis.call('HMGET', KEYS[1], 'k' .. i, 'a' .. i, 'u' .. i)
+    local f = redis.call('HMGET', KEYS[1], 'k' .. i, 'a' .. i, 'u' .. i, 'b' .. i)
     local change = delta(tonumber(f[2]), f[3])
     if change ~= 0 and redis.call('EXISTS', f[1]) == 1 then
-      local value = tonumber(redis.call('GET', f[1])) + change
-      if value < 0 then value = 0 end
-      redis.call('SET', f[1], fmt(value), 'KEEPTTL')
+      if f[4] then
+        local held = tonumber(redis.call('HGET', f[1], f[4]) or '0') + change
+        if held < 0 then held = 0 end
+        redis.call('HSET', f[1], f[4], fmt(held))
+      else
+        local value = tonumber(redis.call('GET', f[1])) + change
+        if value < 0 then value = 0 end
+        redis.call('SET', f[1], fmt(value), 'KEEPTTL')
+      end
     end
   end
 end
@@ -320,7 +366,23 @@ return 'released'
 """
 )
 
+# KEYS: a sliding window. ARGV: slide (s). What it holds now.
+_SLIDING_BALANCE: Final = (
+    _NOW
+    + _FMT
+    + """
+local current = math.floor(now * 60 / tonumber(ARGV[1]))
+local all = redis.call('HGETALL', KEYS[1])
+local value = 0
+for j = 1, #all, 2 do
+  if tonumber(all[j]) >= current - 60 then value = value + tonumber(all[j + 1]) end
+end
+return fmt(value)
+"""
+)
+
 _SCRIPTS: Final = {
+    "sliding_balance": _SLIDING_BALANCE,
     "take": _TAKE,
     "admit": _ADMIT,
     "record": _RECORD,
@@ -660,16 +722,18 @@ class RedisStore:
                 window.floor,
                 max(1, math.ceil(window.ttl_s * 1000)),
                 window.unit,
+                "" if window.slide_s is None else window.slide_s,
             ]
         keys = [self._owned(op_id), *(self._owned(window.key) for window in windows)]
         answer = await self._run("reserve", keys, args, idempotent=True)
         try:
-            status, index, used = answer
+            status, index, used, wait = answer
             status, index = int(status), int(index)
         except (TypeError, ValueError) as error:
             raise StoreError(f"redis answered {cut(answer)} to a reservation") from error
         if status == 0:
-            return Reservation(op_id, False, windows[index - 1], _number(used))
+            retry_after = _number(wait) if wait not in ("", b"") else None
+            return Reservation(op_id, False, windows[index - 1], _number(used), False, retry_after)
         return Reservation(op_id, status in (1, 2), duplicate=status != 1)
 
     async def settle(self, op_id: str, actual: Mapping[str, float]) -> Settlement:
@@ -689,6 +753,11 @@ class RedisStore:
         return _settlement(answer)
 
     async def balance(self, window: Window) -> float:
+        if window.slide_s is not None:
+            held = await self._run(
+                "sliding_balance", [self._owned(window.key)], [window.slide_s], idempotent=True
+            )
+            return max(_number(held), window.floor)
         value = await self._answer(
             lambda: self.client.get(self._owned(window.key)), idempotent=True
         )

@@ -49,7 +49,7 @@ from guardstack.pipeline.deadline import (
     within_budget,
 )
 from guardstack.pipeline.errors import ConfigError
-from guardstack.pipeline.keys import key_parts, store_key
+from guardstack.pipeline.keys import key_parts, new_token, store_key
 from guardstack.pipeline.ledger import Ledger, Reservation, Settlement, Window
 from guardstack.pipeline.model import (
     MODEL_FAILED,
@@ -62,7 +62,10 @@ from guardstack.pipeline.model import (
     ModelReply,
     ModelRequest,
     Usage,
+    answering_model,
+    input_estimate,
     model_error_code,
+    stated_output_limit,
 )
 from guardstack.pipeline.onion import Instrumentation, Layer, LayerInfo, Pipeline, Registration
 from guardstack.pipeline.outcome import (
@@ -77,6 +80,7 @@ from guardstack.pipeline.outcome import (
     StageAdapter,
     ToolStage,
     adapter_for,
+    never_reached,
 )
 from guardstack.pipeline.signals import Signals
 from guardstack.pipeline.store import Admission, BreakerState, MemoryStore, StateStore, StoreError
@@ -141,13 +145,18 @@ __all__ = [
     "Usage",
     "Window",
     "adapter_for",
+    "answering_model",
     "as_pre_decision",
     "call_digest",
     "decision_kind",
+    "input_estimate",
     "key_parts",
     "model_error_code",
     "model_within_budget",
+    "never_reached",
+    "new_token",
     "outside_call_order",
+    "stated_output_limit",
     "store_key",
     "timed",
     "timed_dispatch",

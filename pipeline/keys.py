@@ -17,10 +17,13 @@ server-side script never spans two shards.
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
+import uuid
 from typing import Final
 
-__all__ = ["key_parts", "store_key"]
+__all__ = ["key_parts", "new_token", "store_key"]
 
 _PLAIN: Final = re.compile(r"[A-Za-z0-9._~-]*")
 _SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~-")
@@ -54,3 +57,30 @@ def key_parts(key: str) -> list[str]:
         )
         for part in key.split(":")
     ]
+
+
+class _Tokens:
+    """Tokens naming an operation or a turn in a store shared across processes: a random
+    prefix per process (drawn again in a forked child, which would otherwise repeat its
+    parent's) and a counter, instead of a uuid each."""
+
+    def __init__(self) -> None:
+        self.renew()
+        if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+            os.register_at_fork(after_in_child=self.renew)
+
+    def renew(self) -> None:
+        self.prefix = uuid.uuid4().hex
+        self.counter = itertools.count()
+
+    def new(self) -> str:
+        return f"{self.prefix}{next(self.counter):x}"
+
+
+_TOKENS: Final = _Tokens()
+
+
+def new_token() -> str:
+    """A token no other, in this process or another, has (only ``[0-9a-f]``: a key part
+    that needs no escaping)."""
+    return _TOKENS.new()

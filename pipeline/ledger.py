@@ -27,6 +27,14 @@ quotas — is a promise to stop loss. It goes through this seam, the ``Ledger``:
   session's entry (a Redis restart) counts on from the larger of the two.
 * Ledger entries are never evicted to make room: ``MemoryStore``'s bound applies to
   soft state only.
+* A **sliding** window (``Window(slide_s=60)``: a rate per minute) holds what was
+  reserved in the last ``slide_s`` seconds, kept in sixty buckets of ``slide_s / 60``;
+  it counts the bucket a reservation fell in for a whole ``slide_s`` after that
+  bucket ended, so in any ``slide_s`` seconds at most its limit is admitted (a
+  settlement that spent more than was reserved aside). A reservation it refuses says
+  when enough of what it holds will have slid out (``Reservation.retry_after_s``).
+  Sliding windows count in the store's monotonic clock (anyio's in memory, the
+  server's on Redis).
 
 ``MemoryStore`` and ``RedisStore`` implement both seams (one object,
 ``Harness(store=…)``). Amounts are floats; a unit is a name (``calls``, ``tokens``,
@@ -42,6 +50,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
 
+import anyio
 import attrs
 
 from guardstack.pipeline.frozen import quick_init
@@ -49,11 +58,14 @@ from guardstack.pipeline.frozen import quick_init
 __all__ = [
     "DAY_S",
     "SESSION_TTL_S",
+    "SLIDING_BUCKETS",
     "Ledger",
     "MemoryLedger",
     "Reservation",
     "Settlement",
     "Window",
+    "bucket_of",
+    "sliding_wait",
 ]
 
 #: How long a session's entries live after their last use, unless the store says.
@@ -84,17 +96,51 @@ def _optional_limit(_: object, attribute: attrs.Attribute[float | None], value: 
         _non_negative(_, attribute, value)  # type: ignore[arg-type]
 
 
+def _optional_slide(_: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+    if value is not None:
+        _non_negative(_, attribute, value)  # type: ignore[arg-type]
+        if not value:
+            raise ValueError(f"Window.slide_s must be > 0, got {value!r}")
+
+
 @attrs.frozen
 class Window:
     """One counter an operation reserves in: its key, the unit it counts, its limit
     (``None``: counted, never refused), how long it lives from now at least, and the
-    least it holds (a session log's count, for a store that lost it)."""
+    least it holds (a session log's count, for a store that lost it). With
+    ``slide_s`` it holds only what was reserved in the last ``slide_s`` seconds."""
 
     key: str
     unit: str
     limit: float | None = attrs.field(default=None, validator=_optional_limit)
     ttl_s: float = attrs.field(default=SESSION_TTL_S, validator=_non_negative)
     floor: float = attrs.field(default=0.0, validator=_non_negative)
+    slide_s: float | None = attrs.field(default=None, validator=_optional_slide, kw_only=True)
+
+
+#: How many buckets a sliding window is cut into.
+SLIDING_BUCKETS: Final = 60
+
+
+def bucket_of(now: float, slide_s: float) -> int:
+    """The bucket a moment falls in (buckets of ``slide_s / 60``)."""
+    return math.floor(now * SLIDING_BUCKETS / slide_s)
+
+
+def sliding_wait(
+    buckets: Mapping[int, float], current: int, slide_s: float, now: float, excess: float
+) -> float | None:
+    """How long until buckets holding ``excess`` have slid out of the window (``None``:
+    they never will: what is asked is more than the limit)."""
+    freed = 0.0
+    width = slide_s / SLIDING_BUCKETS
+    for index in sorted(buckets):
+        if index < current - SLIDING_BUCKETS:
+            continue
+        freed += buckets[index]
+        if freed >= excess - _EPSILON:
+            return max(0.0, (index + SLIDING_BUCKETS + 1) * width - now)
+    return None
 
 
 @quick_init
@@ -109,6 +155,8 @@ class Reservation:
     window: Window | None = None
     used: float = 0.0
     duplicate: bool = False
+    #: A sliding window's refusal: how long until there is room (``None``: never).
+    retry_after_s: float | None = None
 
 
 @runtime_checkable
@@ -154,15 +202,42 @@ class _Counter:
         self.expires = expires
 
 
+class _Sliding:
+    """A sliding window's buckets (index -> amount), oldest first."""
+
+    __slots__ = ("buckets", "expires")
+
+    def __init__(self, expires: float) -> None:
+        self.buckets: dict[int, float] = {}
+        self.expires = expires
+
+    def total(self, current: int) -> float:
+        buckets = self.buckets
+        oldest = current - SLIDING_BUCKETS
+        for index in [index for index in buckets if index < oldest]:
+            del buckets[index]
+        return sum(buckets.values())
+
+    def add(self, index: int, amount: float) -> None:
+        buckets = self.buckets
+        buckets[index] = max(0.0, buckets.get(index, 0.0) + amount)
+
+
 class _Operation:
-    __slots__ = ("expires", "reserved", "state")
+    __slots__ = ("expires", "reserved", "sliding", "state")
 
     def __init__(
-        self, state: str, reserved: list[tuple[_Counter, str, float]], expires: float
+        self,
+        state: str,
+        reserved: list[tuple[_Counter, str, float]],
+        expires: float,
+        sliding: list[tuple[_Sliding, str, float, int]] | None = None,
     ) -> None:
         self.state = state  # "reserved", "settled" or "released"
         self.reserved = reserved  # (the window's counter, unit, amount)
         self.expires = expires
+        #: (a sliding window, unit, amount, the bucket it was reserved in)
+        self.sliding = sliding
 
 
 class MemoryLedger:
@@ -186,6 +261,9 @@ class MemoryLedger:
         self.lease_s = lease_s
         self.session_ttl_s = session_ttl_s
         self._windows: dict[str, _Counter] = {}
+        #: Sliding windows, by key (their own lifetimes: a window idle for longer than
+        #: it slides holds nothing, and goes).
+        self._sliding: dict[str, _Sliding] = {}
         #: Operation records in the order made: with one lease for all, also the order
         #: they expire in (settled and released ones leave at once).
         self._operations: dict[str, _Operation] = {}
@@ -242,8 +320,14 @@ class MemoryLedger:
             return Reservation(op_id, operation.state != "released", duplicate=True)
         found = self._windows
         counters = []
+        sliding: list[tuple[Window, _Sliding | None, int, float]] = []
         for window in windows:
             amount = amounts.get(window.unit, 0.0)
+            if window.slide_s is not None:
+                refused = self._slide(window, amount, sliding)
+                if refused is not None:
+                    return Reservation(op_id, *refused)
+                continue
             counter = found.get(window.key)
             if counter is not None and counter.expires <= now:
                 del found[window.key]
@@ -255,6 +339,14 @@ class MemoryLedger:
             if limit is not None and amount > 0 and value + amount > limit + _EPSILON:
                 return Reservation(op_id, False, window, value)
             counters.append((window, counter, value, amount))
+        slid = []
+        for window, slider, index, amount in sliding:
+            assert window.slide_s is not None
+            if slider is None:
+                slider = self._sliding[window.key] = _Sliding(0.0)
+            slider.expires = now + 2 * window.slide_s
+            slider.add(index, amount)
+            slid.append((slider, window.unit, amount, index))
         reserved = []
         for window, counter, value, amount in counters:
             expires = now + window.ttl_s
@@ -266,8 +358,37 @@ class MemoryLedger:
             counter.value = value + amount
             reserved.append((counter, window.unit, amount))
         lease = self.lease_s if lease_s is None else lease_s
-        operations[op_id] = _Operation("reserved", reserved, now + lease)
+        operations[op_id] = _Operation("reserved", reserved, now + lease, slid or None)
         return Reservation(op_id, True)
+
+    def _slide(
+        self,
+        window: Window,
+        amount: float,
+        sliding: list[tuple[Window, _Sliding | None, int, float]],
+    ) -> tuple[bool, Window, float, bool, float | None] | None:
+        """Check a sliding window (in the monotonic clock); the refusal's fields, or
+        ``None`` with the window noted in ``sliding``."""
+        slide_s = window.slide_s
+        assert slide_s is not None
+        now = anyio.current_time()
+        if len(self._sliding) > 1_024:  # windows of keys no longer used: dropped
+            for key in [k for k, known in self._sliding.items() if known.expires <= now]:
+                del self._sliding[key]
+        index = bucket_of(now, slide_s)
+        slider = self._sliding.get(window.key)
+        if slider is not None and slider.expires <= now:
+            del self._sliding[window.key]
+            slider = None
+        value = slider.total(index) if slider is not None else 0.0
+        limit = window.limit
+        if limit is not None and amount > 0 and value + amount > limit + _EPSILON:
+            wait = None
+            if slider is not None and amount <= limit:
+                wait = sliding_wait(slider.buckets, index, slide_s, now, value + amount - limit)
+            return False, window, value, False, wait
+        sliding.append((window, slider, index, amount))
+        return None
 
     async def settle(self, op_id: str, actual: Mapping[str, float]) -> Settlement:
         operation = self._operations.get(op_id)
@@ -281,6 +402,10 @@ class MemoryLedger:
             spent = actual.get(unit, amount)
             if spent != amount:
                 counter.value = max(0.0, counter.value + spent - amount)
+        for slider, unit, amount, index in operation.sliding or ():
+            spent = actual.get(unit, amount)
+            if spent != amount:
+                slider.add(index, spent - amount)
         del self._operations[op_id]
         return "settled"
 
@@ -297,10 +422,18 @@ class MemoryLedger:
             return "duplicate" if operation.state == "released" else "settled"
         for counter, _, amount in operation.reserved:
             counter.value = max(0.0, counter.value - amount)
+        for slider, _, amount, index in operation.sliding or ():
+            slider.add(index, -amount)
         del self._operations[op_id]
         return "released"
 
     async def balance(self, window: Window) -> float:
+        if window.slide_s is not None:
+            slider = self._sliding.get(window.key)
+            now = anyio.current_time()
+            if slider is None or slider.expires <= now:
+                return window.floor
+            return max(slider.total(bucket_of(now, window.slide_s)), window.floor)
         counter = self._window(window.key, self.wall_clock())
         return max(counter.value if counter is not None else 0.0, window.floor)
 
@@ -308,6 +441,7 @@ class MemoryLedger:
         windows = self._windows
         for key in keys:
             windows.pop(key, None)
+            self._sliding.pop(key, None)
         if len(self._expiries) > 2 * len(windows) + 64:  # closed windows' items: rebuilt
             self._expiries = [(counter.expires, key) for key, counter in windows.items()]
             heapq.heapify(self._expiries)

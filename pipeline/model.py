@@ -39,9 +39,12 @@ __all__ = [
     "ModelRequest",
     "ToolCallRequest",
     "Usage",
+    "answering_model",
     "arguments_text",
+    "input_estimate",
     "model_error_code",
     "reports_chunks",
+    "stated_output_limit",
 ]
 
 #: The provider refused for now: too many requests (HTTP 429). Worth retrying later.
@@ -336,6 +339,25 @@ class Model(Protocol):
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> ModelReply: ...
+
+
+def answering_model(request: ModelRequest) -> object:
+    """The model that answers a request (a child's own, for a call charged to its parent)."""
+    return request.model if request.model is not None else request.agent.model
+
+
+def input_estimate(messages: Iterable[Mapping[str, Any]]) -> int:
+    """A request's input tokens before a provider counts them: a token per four
+    characters of its messages' content, plus one (the stated rule caps reserve by)."""
+    return sum(len(str(message.get("content") or "")) for message in messages) // 4 + 1
+
+
+def stated_output_limit(model: object) -> int | None:
+    """The output limit a model states for its requests (its ``max_tokens``), if any."""
+    stated = getattr(model, "max_tokens", None)
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
+        return stated
+    return None
 
 
 def reports_chunks(model: object) -> bool:

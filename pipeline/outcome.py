@@ -34,6 +34,7 @@ from guardstack.pipeline.model import (
     MODEL_FAILED,
     MODEL_OVERLOADED,
     MODEL_RATE_LIMITED,
+    MODEL_REJECTED,
     MODEL_TIMEOUT,
     MODEL_UNAVAILABLE,
     ModelError,
@@ -71,6 +72,7 @@ __all__ = [
     "StageAdapter",
     "ToolStage",
     "adapter_for",
+    "never_reached",
 ]
 
 ItemT = TypeVar("ItemT")
@@ -545,3 +547,17 @@ MODEL: Final = ModelStage()
 def adapter_for(stage: str) -> StageAdapter[Any, Any]:
     """The adapter of a stage name as users write it (``dispatch`` or ``model``)."""
     return MODEL if stage == "model" else DISPATCH
+
+
+#: A provider's clear refusal before doing any work: nothing to pay for.
+_REFUSED_BY_PROVIDER: Final = frozenset({MODEL_RATE_LIMITED, MODEL_OVERLOADED, MODEL_REJECTED})
+
+
+def never_reached(error: BaseException) -> bool:
+    """Whether a model call that raised ``error`` certainly never reached the provider's
+    billing: guardstack's own control flow, or a provider's clear refusal (a 429, a 529,
+    a 400). Anything else — a timeout, a cancelled caller, a dropped connection — may
+    have been billed, and a reservation for it stays charged."""
+    if isinstance(error, ModelError):
+        return error.refused or error.code in _REFUSED_BY_PROVIDER
+    return MODEL.is_control(error)

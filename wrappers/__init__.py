@@ -10,6 +10,7 @@ from guardstack.wrappers.metrics import CALLS_METRIC, DURATION_METRIC, Metrics
 from guardstack.wrappers.rate_limit import RateLimit
 from guardstack.wrappers.retry import Retry, RetryBudget, no_backoff, seeded_draws
 from guardstack.wrappers.timeout import Timeout
+from guardstack.wrappers.token_rate_limit import TokenRateLimit
 from guardstack.wrappers.tracing import BLOCKED_EVENT, CONTEXT_EVENT, DENIED_EVENT, Tracing
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Retry",
     "RetryBudget",
     "Timeout",
+    "TokenRateLimit",
     "Tracing",
     "no_backoff",
     "seeded_draws",

@@ -340,3 +340,56 @@ def test_one_storm_seen_by_four_processes_lowers_the_shared_limit_once() -> None
     limits = [e["value"] for run in runs for e in run if e["event"] == "limit"]
     assert len(limits) == 4
     assert limits == [8] * 4  # 16 halved once, fleet-wide; never below min=2
+
+
+# -- sliding windows and TokenRateLimit on Redis ------------------------------------------
+
+
+async def test_a_sliding_window_on_redis_refuses_with_when_and_slides(store: RedisStore) -> None:
+    """A one-second sliding window (buckets of 1/60 s, in the server's clock): full, it
+    refuses with the wait until its oldest bucket slides out; a settlement moves the
+    bucket the reservation fell in; a release gives it back; then it has room again."""
+    from guardstack.pipeline.contract import Window
+
+    window = Window(store_key("t", "minute", "m", "tokens"), "tokens", 100, 10.0, slide_s=1.0)
+    assert (await store.reserve("a", {"tokens": 60}, [window])).granted
+    assert await store.settle("a", {"tokens": 50}) == "settled"
+    assert await store.balance(window) == 50
+    assert (await store.reserve("b", {"tokens": 40}, [window])).granted
+    refused = await store.reserve("c", {"tokens": 20}, [window])
+    assert not refused.granted
+    assert refused.used == 90
+    assert refused.retry_after_s is not None
+    assert 0 < refused.retry_after_s <= 1.0 + 1 / 60 + 0.01
+    assert await store.release("b") == "released"
+    assert (await store.reserve("c", {"tokens": 20}, [window])).granted
+    too_big = await store.reserve("d", {"tokens": 101}, [window])
+    assert not too_big.granted
+    assert too_big.retry_after_s is None  # never fits
+    await anyio.sleep(1.1)
+    assert await store.balance(window) == 0  # everything has slid out
+    assert (await store.reserve("d", {"tokens": 100}, [window])).granted
+
+
+async def test_two_processes_share_one_token_minute(store: RedisStore) -> None:
+    """Two harnesses with their own clients on one server (two processes, as far as the
+    store can tell) admit against one minute: what one reserved, the other sees."""
+    other = RedisStore(ENV.server.url, prefix=store.prefix, timeout_ms=1000)
+    from guardstack.wrappers import TokenRateLimit
+
+    try:
+        harnesses = []
+        for shared in (store, other):
+            model = ScriptedModel([ModelReply("ok", usage=Usage(1_000, 1_000))], model="m")
+            harness = Harness(model, store=shared)
+            harness.plugin(TokenRateLimit(tokens_per_minute=2_500, wait=False))
+            harnesses.append(harness)
+        # reserves 1 + 1,000 (its output estimate), settles the 2,000 the reply used
+        assert (await harnesses[0].loop.create("a").prompt("hi")).reason == "completed"
+        result = await harnesses[1].loop.create("b").prompt("hi")
+        assert result.reason == "error"
+        assert result.error is not None
+        assert "MODEL_RATE_LIMITED" in result.error
+        assert "2000 of its 2500 tokens per minute are in use" in result.error
+    finally:
+        await other.aclose()

@@ -161,6 +161,7 @@ def test_every_plugin_guardstack_ships_is_explained() -> None:
         "circuit-breaker": {},
         "concurrency-limit": {"max_concurrent": 2},
         "rate-limit": {"per_second": 1},
+        "token-rate-limit": {"tokens_per_minute": 10_000},
         "fallback": {"to": "search"},
         "hedge": {"delay_ms": 100},
         "chaos": {"rate": 0.1, "fault": "hang"},
@@ -242,3 +243,30 @@ def test_check_says_which_way_round_approval_stands() -> None:
     early.plugin(ToolCallLimit(per_turn=3))
     early.plugin(Approval(require=("deploy",)))
     assert not any("after approval" in w for w in check(early).warnings)
+
+
+def test_stream_bounds_token_minutes_and_queue_order_are_explained() -> None:
+    from guardstack.wrappers import ConcurrencyLimit, Retry, Timeout, TokenRateLimit
+
+    harness = Harness()
+    harness.plugin(Retry(stage="model"))
+    harness.plugin(Timeout(stage="model", first_byte_ms=5_000, idle_ms=2_000))
+    harness.plugin(TokenRateLimit(tokens_per_minute=90_000, requests_per_minute=500, fair=True))
+    harness.plugin(ConcurrencyLimit(4, queue=10))
+    harness.plugin(Timeout(idle_ms=1_000))
+    lines = check(harness).lines
+    assert any(
+        "bounds each attempt at" in line
+        and "the first byte within 5000 ms and no gap over 2000 ms between one chunk" in line
+        for line in lines
+    )
+    assert any(
+        "at most 90000 tokens, 500 requests in any sliding minute" in line
+        and "every attempt reserves" in line
+        and "tenants in weighted turns (fair)" in line
+        for line in lines
+    )
+    assert any("waiters by priority, then first come first served" in line for line in lines)
+    assert any(
+        "a tool that reports progress outlives its declared budget" in line for line in lines
+    )

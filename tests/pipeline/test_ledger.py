@@ -4,9 +4,11 @@ wall clock; never evicted to make room."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Coroutine
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import settings
 
@@ -122,3 +124,38 @@ def test_a_window_refuses_a_bad_limit_or_lifetime(bad: float) -> None:
 
 def test_both_stores_are_ledgers() -> None:
     assert isinstance(MemoryStore(), Ledger)
+
+
+async def test_a_sliding_window_in_memory_refuses_with_when_and_slides() -> None:
+    """The same contract as on Redis (tests/integrations/test_redis_ledger.py), in
+    anyio's clock: buckets of a second for a minute."""
+    from guardstack.pipeline.contract import Window
+
+    ledger = MemoryStore()
+    now = anyio.current_time()
+    await anyio.sleep(math.ceil(now) - now + 1)  # the start of a bucket
+    window = Window("t:minute:m:tokens", "tokens", 100, 120.0, slide_s=60.0)
+    assert (await ledger.reserve("a", {"tokens": 60}, [window])).granted
+    assert await ledger.settle("a", {"tokens": 50}) == "settled"
+    await anyio.sleep(30)
+    assert (await ledger.reserve("b", {"tokens": 40}, [window])).granted
+    refused = await ledger.reserve("c", {"tokens": 20}, [window])
+    assert (refused.granted, refused.used) == (False, 90)
+    assert refused.retry_after_s == pytest.approx(31.0)  # "a"'s second, 61 s after it began
+    assert await ledger.release("b") == "released"
+    assert await ledger.balance(window) == 50
+    assert (await ledger.reserve("c", {"tokens": 20}, [window])).granted
+    too_big = await ledger.reserve("d", {"tokens": 101}, [window])
+    assert (too_big.granted, too_big.retry_after_s) == (False, None)
+    await anyio.sleep(31)
+    assert await ledger.balance(window) == 20  # "a" slid out; "c" has not
+    await anyio.sleep(30)
+    assert await ledger.balance(window) == 0
+
+
+def test_a_sliding_window_must_slide() -> None:
+    from guardstack.pipeline.contract import Window
+
+    for bad in (0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="slide_s"):
+            Window("k", "tokens", slide_s=bad)
