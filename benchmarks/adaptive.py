@@ -38,9 +38,12 @@ FIXED = (2, 4, 8, 16, 32)
 
 #: The provider the table is reported on, and a second one nothing was ever looked at
 #: against before it was run (``--provider other``): twice the capacity, twice as slow.
-PROVIDERS = {
+#: ``hardcap``: the provider users met — 429 above four calls in flight, its latency flat
+#: up to there (no queueing signal for a latency-based algorithm to read).
+PROVIDERS: dict[str, dict[str, Any]] = {
     "main": {"capacity": CAPACITY, "median": 400, "p99": 1200, "callers": 48},
     "other": {"capacity": 24, "median": 800, "p99": 2400, "callers": 96},
+    "hardcap": {"capacity": 4, "median": 400, "p99": 800, "callers": 16, "flat": True},
 }
 
 
@@ -48,7 +51,7 @@ def scenario(calls: int, change: bool, provider: str = "main") -> Any:
     shape = PROVIDERS[provider]
     tool: dict[str, Any] = {
         "latency_ms": {"median": shape["median"], "p99": shape["p99"]},
-        "capacity": {"concurrent": shape["capacity"]},
+        "capacity": {"concurrent": shape["capacity"], "latency_grows": not shape.get("flat")},
     }
     if change:
         tool["capacity_change"] = [{"at_s": 60, "factor": 0.5}, {"at_s": 120, "factor": 1.0}]

@@ -22,7 +22,8 @@ token bucket (burst R) empty, is answered ``TOOL_RATE_LIMITED`` after 20 ms with
 Retry-After — 1 s for concurrency, the time to the next token for rate. A call
 admitted runs its drawn latency stretched by the load it finds, as a batching
 provider's does: ``latency × (1 + ρ²)``, ρ = running calls / K — twice as slow at
-capacity, so throughput still grows up to capacity and the best fixed limit is K.
+capacity, so throughput still grows up to capacity and the best fixed limit is K
+(``latency_grows: false``: a hard cap, whose latency stays flat up to it).
 ``capacity_change: {at_s: T, factor: F}`` (or a list of them) multiplies both
 capacities by F from T virtual seconds into the run. Per stack, besides the rest:
 goodput (successful calls per virtual second) and 429s per success.
@@ -92,6 +93,9 @@ class ToolProfile:
     capacity_per_second: float | None = None
     #: ``(at_s, factor)``: from ``at_s`` into the run, capacity times ``factor``.
     capacity_changes: tuple[tuple[float, float], ...] = ()
+    #: Whether load stretches latency (a batching provider's); ``False``: a hard cap whose
+    #: latency stays flat up to it (``capacity: {concurrent: K, latency_grows: false}``).
+    latency_grows: bool = True
 
     def capacity_factor(self, elapsed_s: float) -> float:
         factor = 1.0
@@ -285,7 +289,7 @@ def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
                 "failure_probability",
                 failure,
             )
-        concurrent, per_second = _capacity(origin, where, spec.get("capacity"))
+        concurrent, per_second, grows = _capacity(origin, where, spec.get("capacity"))
         tools.append(
             ToolProfile(
                 name,
@@ -301,6 +305,7 @@ def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
                 concurrent,
                 per_second,
                 _changes(origin, where, spec.get("capacity_change")),
+                grows,
             )
         )
     names = [tool.name for tool in tools]
@@ -343,9 +348,9 @@ def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
     return Scenario(tuple(tools), weights, calls, give_up, concurrency)
 
 
-def _capacity(origin: str, where: str, spec: object) -> tuple[int | None, float | None]:
+def _capacity(origin: str, where: str, spec: object) -> tuple[int | None, float | None, bool]:
     if spec is None:
-        return None, None
+        return None, None, True
     if not isinstance(spec, Mapping) or not spec:
         raise _fail(
             origin,
@@ -354,9 +359,20 @@ def _capacity(origin: str, where: str, spec: object) -> tuple[int | None, float 
             "capacity",
             spec,
         )
-    _unknown_keys(origin, f"{where.rstrip(': ')}.capacity: ", spec, ("concurrent", "per_second"))
+    _unknown_keys(
+        origin,
+        f"{where.rstrip(': ')}.capacity: ",
+        spec,
+        ("concurrent", "per_second", "latency_grows"),
+    )
     concurrent = spec.get("concurrent")
     per_second = spec.get("per_second")
+    grows = spec.get("latency_grows", True)
+    if not isinstance(grows, bool):
+        raise _fail(
+            origin, where, f"`capacity.latency_grows` must be true or false, got {cut(grows)}",
+            "capacity.latency_grows", grows,
+        )  # fmt: skip
     return (
         int(_number(origin, where, "capacity.concurrent", concurrent, 1, 1e6))
         if concurrent is not None
@@ -364,6 +380,7 @@ def _capacity(origin: str, where: str, spec: object) -> tuple[int | None, float 
         _number(origin, where, "capacity.per_second", per_second, 0.001, 1e9)
         if per_second is not None
         else None,
+        grows,
     )
 
 
@@ -445,7 +462,7 @@ class _Provider:
     def stretch(self, now: float) -> float:
         """How much the load a call finds stretches its latency: ``1 + ρ²`` (≤ 2×)."""
         profile = self.profile
-        if profile.capacity_concurrent is None:
+        if profile.capacity_concurrent is None or not profile.latency_grows:
             return 1.0
         limit = max(1, profile.capacity_concurrent * profile.capacity_factor(now - self.started))
         load = min(1.0, self.running / limit)

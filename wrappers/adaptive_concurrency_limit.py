@@ -137,9 +137,18 @@ class AIMD:
 
 
 class Gradient2:
-    """Netflix concurrency-limits' Gradient2, and a halving on overload."""
+    """Netflix concurrency-limits' Gradient2, and an overload answer taken as a drop.
 
-    __slots__ = ("high", "limit", "long", "low", "queue_size", "smoothing")
+    The original reads only latency: against a provider that answers 429 at a hard cap
+    while its latency stays flat, its limit keeps growing past the cap (``limit ×
+    gradient + queue_size`` with a gradient of 1) and every probe is a 429. Here an
+    overload answer is a drop: the limit falls to just under the concurrency the
+    provider refused (and at least by ``BACKOFF``), that level becomes a ceiling, and
+    above the ceiling the limit grows as AIMD probes — one slot after as many successes
+    as the limit — instead of by ``queue_size`` at once. Latency still moves it below
+    the ceiling as in the original."""
+
+    __slots__ = ("ceiling", "high", "limit", "long", "low", "probes", "queue_size", "smoothing")
 
     def __init__(
         self,
@@ -154,10 +163,16 @@ class Gradient2:
         self.limit, self.low, self.high = float(initial), low, high
         self.smoothing, self.queue_size = smoothing, queue_size
         self.long = ExpAvg(long_window, 10)
+        #: Just under the concurrency the provider last refused (``None``: never refused).
+        self.ceiling: float | None = None
+        self.probes = 0
 
     def sample(self, rtt_s: float, inflight: int, overloaded: bool) -> float:
-        if overloaded:  # not in the original: a 429 is a signal latency may not give
-            self.limit = max(float(self.low), self.limit * BACKOFF)
+        if overloaded:  # a drop: the provider said no at ``inflight`` calls
+            refused_at = max(float(self.low), min(self.limit, float(inflight)) - 1)
+            self.ceiling = refused_at
+            self.limit = max(float(self.low), min(self.limit * BACKOFF, refused_at))
+            self.probes = 0
             return self.limit
         short = max(rtt_s, 1e-9)
         long = self.long.add(short)
@@ -168,6 +183,13 @@ class Gradient2:
         gradient = max(0.5, min(1.0, long / short))
         estimate = self.limit * gradient + self.queue_size
         estimate = self.limit * (1 - self.smoothing) + estimate * self.smoothing
+        ceiling = self.ceiling
+        if ceiling is not None and estimate > ceiling:
+            self.probes += 1  # above the last refusal: probe one slot at a time
+            if self.probes >= ceiling:
+                self.ceiling = ceiling = ceiling + 1
+                self.probes = 0
+            estimate = min(estimate, ceiling)
         self.limit = max(float(self.low), min(float(self.high), estimate))
         return self.limit
 

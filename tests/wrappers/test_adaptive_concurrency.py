@@ -73,8 +73,25 @@ def test_gradient2_follows_latency_and_stays_within_its_bounds() -> None:
     held = limit.limit
     limit.sample(0.1, 1, False)  # application-limited: nothing learned
     assert limit.limit == held
-    limit.sample(0.1, 40, True)  # an overload signal (not in the original): × 0.9
-    assert limit.limit == pytest.approx(max(5, held * 0.9))
+    limit.sample(0.1, 40, True)  # an overload (not in the original): × 0.9, or under the refusal
+    assert limit.limit == pytest.approx(max(5, min(held * 0.9, held - 1)))
+
+
+def test_gradient2_takes_an_overload_as_a_drop_and_probes_past_it_slowly() -> None:
+    """A hard-capped provider (429 at 5 in flight, latency flat): the limit falls to just
+    under the refused concurrency and then grows one slot per window of successes, as
+    AIMD probes — not by its queue size at once, which made every probe a 429."""
+    limit = Gradient2(8, 1, 64)
+    limit.sample(0.1, 5, True)  # refused with 5 in flight
+    assert limit.limit == 4
+    for _ in range(3):  # flat latency at full use: the original would be back at 6.4
+        limit.sample(0.1, 4, False)
+    assert limit.limit == 4
+    limit.sample(0.1, 4, False)  # the fourth success at the ceiling: one slot more
+    limit.sample(0.1, 4, False)
+    assert limit.limit == 5
+    limit.sample(0.1, 5, True)
+    assert limit.limit == 4
 
 
 # -- the layer ----------------------------------------------------------------------------
