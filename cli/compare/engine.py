@@ -15,7 +15,9 @@ from guardstack.cli.compare.scenario import (
     EXTRA,
     MAX_ATTEMPTS,
     REJECT_S,
+    Attempt,
     Scenario,
+    Tenant,
     ToolProfile,
     check_calls,
 )
@@ -51,11 +53,23 @@ class StackStats:
     watched: tuple[tuple[float, float], ...] = attrs.field(default=(), eq=False, repr=False)
     #: When (virtual seconds into the run) each successful call was answered.
     success_times: tuple[float, ...] = attrs.field(default=(), eq=False, repr=False)
+    #: Streams: the median time from a call's start to the first piece it saw (ms).
+    first_byte_p50_ms: float | None = None
+    #: Per tenant (``tenants:``): its calls, success rate, p50 and p99 latency.
+    tenants: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)
+    #: Per tenant, its calls' latencies, sorted (for ``plot``).
+    tenant_latencies_ms: Mapping[str, tuple[float, ...]] = attrs.field(
+        factory=dict, eq=False, repr=False
+    )
 
     def to_dict(self) -> dict[str, Any]:
         data = attrs.asdict(self)
-        for series in ("latencies_ms", "watched", "success_times"):
+        for series in ("latencies_ms", "watched", "success_times", "tenant_latencies_ms"):
             del data[series]
+        if self.first_byte_p50_ms is None:
+            del data["first_byte_p50_ms"]  # only scenarios with streams
+        if not self.tenants:
+            del data["tenants"]  # only scenarios with tenants
         return data
 
     def goodput_between(self, start_s: float, end_s: float) -> float:
@@ -73,11 +87,16 @@ class _Plan:
     seed: int
     calls: int
 
-    def call(self, index: int) -> tuple[str, tuple[tuple[str, float], ...]]:
+    def call(self, index: int) -> tuple[str, tuple[Attempt, ...], Tenant | None]:
         rng = random.Random(f"{self.seed}/{index}")
-        tools = self.scenario.tools
-        [tool] = rng.choices(tools, weights=self.scenario.weights)
-        return tool.name, tuple(tool.draw(rng) for _ in range(MAX_ATTEMPTS))
+        scenario = self.scenario
+        [tool] = rng.choices(scenario.tools, weights=scenario.weights)
+        attempts = tuple(tool.draw(rng) for _ in range(MAX_ATTEMPTS))
+        tenants = scenario.tenants
+        if not tenants:
+            return tool.name, attempts, None
+        [tenant] = rng.choices(tenants, weights=[t.share for t in tenants])
+        return tool.name, attempts, tenant
 
 
 @attrs.define
@@ -128,7 +147,8 @@ async def _run_stack(
     with seeded_draws(plan.seed):  # unseeded jitter and chaos: the same draws every run
         harness = build()
     runs: dict[int, list[tuple[float, float]]] = {}
-    draws: dict[int, tuple[tuple[str, float], ...]] = {}
+    draws: dict[int, tuple[Attempt, ...]] = {}
+    first_bytes: dict[int, float] = {}  # when each call saw its first piece (streams)
     began = anyio.current_time()
     providers = {tool.name: _Provider(tool, began, 0, 0.0, began) for tool in scenario.tools}
     for provider in providers.values():
@@ -141,7 +161,8 @@ async def _run_stack(
         async def execute(arguments: Mapping[str, Any], call: ToolCall) -> object:
             nonlocal limited
             index = int(call.call_id)
-            kind, seconds = draws[index][min(call.attempt, MAX_ATTEMPTS) - 1]
+            attempt = draws[index][min(call.attempt, MAX_ATTEMPTS) - 1]
+            kind, seconds = attempt.kind, attempt.seconds
             started = anyio.current_time()
             retry_after = provider.admit(started)
             if retry_after is not None:
@@ -152,10 +173,13 @@ async def _run_stack(
                     retry_after_s=retry_after,
                 )  # fmt: skip
                 return ToolResult(f"Error: {error.message}", True, error)
-            seconds *= provider.stretch(started)
+            stretch = provider.stretch(started)
             provider.running += 1
             try:
-                await anyio.sleep(seconds)
+                if attempt.first_byte_s is None or profile.stream is None:
+                    await anyio.sleep(seconds * stretch)
+                else:
+                    await streamed(index, attempt, stretch, profile.stream.chunk_ms / 1000, call)
             finally:
                 provider.running -= 1
                 runs.setdefault(index, []).append((started, anyio.current_time()))
@@ -164,6 +188,29 @@ async def _run_stack(
             return "ok"
 
         return execute
+
+    async def streamed(
+        index: int, attempt: Attempt, stretch: float, chunk_s: float, call: ToolCall
+    ) -> None:
+        """A streamed answer: the first piece, then one every ``chunk_s``, reported as the
+        tool's progress; a stall stops the pieces and hangs."""
+        assert attempt.first_byte_s is not None
+        seconds = attempt.seconds * stretch
+        first = attempt.first_byte_s * stretch
+        stall_at = math.inf if attempt.stall_at_s is None else attempt.stall_at_s * stretch
+        if first >= stall_at or not math.isfinite(first):
+            await anyio.sleep(math.inf)
+        await anyio.sleep(first)
+        call.progress()
+        first_bytes.setdefault(index, anyio.current_time())
+        elapsed = first
+        while elapsed < seconds:
+            step = min(chunk_s, seconds - elapsed)
+            if elapsed + step > stall_at:
+                await anyio.sleep(math.inf)
+            await anyio.sleep(step)
+            elapsed += step
+            call.progress()
 
     for profile in scenario.tools:
         if harness.tools.get(profile.name) is None:
@@ -183,15 +230,33 @@ async def _run_stack(
     watched: list[tuple[float, float]] = []
     succeeded: list[float] = []
 
+    by_tenant: dict[str, list[float]] = {}
+    tenant_successes: dict[str, int] = {}
+    until_first_byte: list[float] = []
+
     async def one(index: int) -> None:
         nonlocal wasted
-        name, draws[index] = plan.call(index)
+        name, draws[index], tenant = plan.call(index)
         started = anyio.current_time()
         result = None
         with anyio.move_on_after(scenario.give_up_s):
-            call = ToolCall(name, {}, str(index), conversation=f"call-{index}")
+            call = ToolCall(
+                name,
+                {},
+                str(index),
+                conversation=f"call-{index}",
+                priority=tenant.priority if tenant is not None else None,
+                tenant=tenant.name if tenant is not None else None,
+            )
             result = (await harness.tools.execute(call)).result
         latencies.append(anyio.current_time() - started)
+        first_byte = first_bytes.pop(index, None)
+        if first_byte is not None:
+            until_first_byte.append(first_byte - started)
+        if tenant is not None:
+            by_tenant.setdefault(tenant.name, []).append(anyio.current_time() - started)
+            if result is not None and not result.is_error:
+                tenant_successes[tenant.name] = tenant_successes.get(tenant.name, 0) + 1
         spent = [end - begin for begin, end in runs.get(index, [])]
         if result is not None and not result.is_error:
             totals["successes"] += 1
@@ -238,6 +303,20 @@ async def _run_stack(
         return latencies[min(count - 1, int(fraction * count))] * 1000
 
     successes = totals["successes"]
+    until_first_byte.sort()
+    tenants: dict[str, dict[str, float]] = {}
+    tenant_latencies: dict[str, tuple[float, ...]] = {}
+    for tenant in scenario.tenants:
+        mine = sorted(by_tenant.get(tenant.name, []))
+        if not mine:
+            continue
+        tenant_latencies[tenant.name] = tuple(latency * 1000 for latency in mine)
+        tenants[tenant.name] = {
+            "calls": len(mine),
+            "success_rate": tenant_successes.get(tenant.name, 0) / len(mine),
+            "p50_ms": mine[min(len(mine) - 1, len(mine) // 2)] * 1000,
+            "p99_ms": mine[min(len(mine) - 1, int(0.99 * len(mine)))] * 1000,
+        }
     return StackStats(
         label,
         successes / count,
@@ -252,6 +331,9 @@ async def _run_stack(
         limited / successes if successes else float(limited),
         tuple(watched),
         tuple(succeeded),
+        until_first_byte[len(until_first_byte) // 2] * 1000 if until_first_byte else None,
+        tenants,
+        tenant_latencies,
     )
 
 

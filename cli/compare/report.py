@@ -28,6 +28,31 @@ def render(results: Sequence[StackStats]) -> str:
         ]
         for stats in results
     ]
+    if any(stats.first_byte_p50_ms is not None for stats in results):
+        headers.insert(5, "first byte p50 ms")
+        for row, stats in zip(rows, results, strict=True):
+            first = stats.first_byte_p50_ms
+            row.insert(5, "—" if first is None else f"{first:,.0f}")
+    table = _markdown(headers, rows)
+    tenants = [name for stats in results for name in stats.tenants]
+    if not tenants:
+        return table
+    names = list(dict.fromkeys(tenants))
+    per_tenant = [
+        [stats.config] + [_tenant_cell(stats.tenants.get(name)) for name in names]
+        for stats in results
+    ]
+    header = ["stack", *(f"{name}: p50 / p99 ms, success" for name in names)]
+    return table + "\n\n" + _markdown(header, per_tenant)
+
+
+def _tenant_cell(seen: Mapping[str, float] | None) -> str:
+    if seen is None:
+        return "—"
+    return f"{seen['p50_ms']:,.0f} / {seen['p99_ms']:,.0f}, {seen['success_rate']:.1%}"
+
+
+def _markdown(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(headers[i]), *(len(row[i]) for row in rows)) for i in range(len(headers))]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"]
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -54,10 +79,18 @@ def figure(
         1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]}
     )
     colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
     for index, stats in enumerate(results):
+        colour = colours[index % len(colours)]
+        if stats.tenant_latencies_ms:  # one line per tenant, in the stack's colour
+            for number, (tenant, series) in enumerate(sorted(stats.tenant_latencies_ms.items())):
+                shares = [(n + 1) / len(series) for n in range(len(series))]
+                latency.step(series, shares, where="post", color=colour,
+                             linestyle=styles[number % len(styles)],
+                             label=f"{stats.config} — {tenant}")  # fmt: skip
+            continue
         count = len(stats.latencies_ms)
         shares = [(n + 1) / count for n in range(count)]
-        colour = colours[index % len(colours)]
         latency.step(stats.latencies_ms, shares, where="post", label=stats.config, color=colour)
     for tool, ms in sorted((budgets_ms or {}).items()):
         latency.axvline(ms, color="grey", linestyle="--", linewidth=1)

@@ -49,6 +49,10 @@ class ToolProfile:
     #: Whether load stretches latency (a batching provider's); ``False``: a hard cap whose
     #: latency stays flat up to it (``capacity: {concurrent: K, latency_grows: false}``).
     latency_grows: bool = True
+    #: A streamed answer (``stream:``): the first byte's latency (median, p99; ms), a
+    #: progress report every ``chunk_ms`` after it, and the chance that the stream stalls
+    #: part-way (reports stop, the call hangs). ``None``: the tool does not stream.
+    stream: Stream | None = None
 
     def capacity_factor(self, elapsed_s: float) -> float:
         factor = 1.0
@@ -57,16 +61,58 @@ class ToolProfile:
                 factor = change
         return factor
 
-    def draw(self, rng: random.Random) -> tuple[str, float]:
-        """One attempt: ``("hang"|"fail"|"ok", seconds)``."""
+    def draw(self, rng: random.Random) -> Attempt:
+        """One attempt: ``hang``, ``fail`` or ``ok`` after ``seconds`` (a stream's first
+        byte and stall drawn after, so a scenario without streams draws as before)."""
         roll = rng.random()
-        sigma = math.log(self.latency_p99_ms / self.latency_median_ms) / _Z99
-        seconds = self.latency_median_ms * math.exp(sigma * rng.gauss(0, 1)) / 1000
+        seconds = _lognormal(rng, self.latency_median_ms, self.latency_p99_ms)
+        kind = "ok"
         if roll < self.hang_probability:
-            return "hang", math.inf
-        if roll < self.hang_probability + self.failure_probability:
-            return "fail", seconds
-        return "ok", seconds
+            kind, seconds = "hang", math.inf
+        elif roll < self.hang_probability + self.failure_probability:
+            kind = "fail"
+        stream = self.stream
+        if stream is None:
+            return Attempt(kind, seconds)
+        first = min(_lognormal(rng, *stream.first_byte_ms), seconds)
+        stall = rng.random() < stream.stall_probability
+        stall_at = first + rng.random() * (seconds - first) if stall and kind != "hang" else None
+        return Attempt(kind, seconds, first, stall_at)
+
+
+def _lognormal(rng: random.Random, median_ms: float, p99_ms: float) -> float:
+    """Seconds, drawn from a lognormal with this median and 99th percentile (in ms)."""
+    sigma = math.log(p99_ms / median_ms) / _Z99
+    return median_ms * math.exp(sigma * rng.gauss(0, 1)) / 1000
+
+
+@attrs.frozen
+class Stream:
+    """How a streaming tool answers (``tools.NAME.stream``)."""
+
+    first_byte_ms: tuple[float, float]
+    chunk_ms: float
+    stall_probability: float = 0.0
+
+
+@attrs.frozen
+class Attempt:
+    """What one attempt of a call does: ``kind`` after ``seconds``; a stream's first
+    piece after ``first_byte_s`` and, if it stalls, no piece after ``stall_at_s``."""
+
+    kind: str
+    seconds: float
+    first_byte_s: float | None = None
+    stall_at_s: float | None = None
+
+
+@attrs.frozen
+class Tenant:
+    """Whose calls (``tenants.NAME``): its share of the calls and their priority."""
+
+    name: str
+    share: float = 1.0
+    priority: int = 0
 
 
 @attrs.frozen
@@ -76,6 +122,8 @@ class Scenario:
     calls: int = 1_000
     give_up_s: float = 60.0
     concurrency: int = 1
+    #: Whose the calls are (``tenants:``), each call drawn by share; none: one tenant.
+    tenants: tuple[Tenant, ...] = ()
 
 
 #: What a simulated tool may fail with: the codes tools (and guardstack) give.
@@ -88,7 +136,7 @@ FAILURE_CODES: Final = (
     TOOL_ABORTED,
     INVALID_ARGUMENTS,
 )
-SCENARIO_KEYS: Final = ("calls", "tools", "mix", "give_up_s", "concurrency")
+SCENARIO_KEYS: Final = ("calls", "tools", "mix", "give_up_s", "concurrency", "tenants")
 TOOL_KEYS: Final = (
     "timeout_ms",
     "latency_ms",
@@ -98,6 +146,7 @@ TOOL_KEYS: Final = (
     "idempotent",
     "capacity",
     "capacity_change",
+    "stream",
 )
 #: The most concurrent callers a scenario may ask for.
 MAX_CONCURRENCY: Final = 10_000
@@ -167,16 +216,7 @@ def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
         if not isinstance(spec, Mapping):
             raise _fail(origin, where, f"expected a mapping, got {cut(spec)}", name, spec)
         _unknown_keys(origin, where, spec, TOOL_KEYS)
-        latency = spec.get("latency_ms", 100)
-        if isinstance(latency, Mapping):
-            _unknown_keys(origin, f"tools.{name}.latency_ms: ", latency, ("median", "p99"))
-            for part in ("median", "p99"):
-                if part not in latency:
-                    raise _fail(origin, f"tools.{name}.latency_ms: ", f"`{part}` is missing", part)
-            median = _number(origin, where, "latency_ms.median", latency["median"], 0.001)
-            p99 = _number(origin, where, "latency_ms.p99", latency["p99"], median)
-        else:
-            median = p99 = _number(origin, where, "latency_ms", latency, 0.001)
+        median, p99 = _latency(origin, name, "latency_ms", spec.get("latency_ms", 100))
         timeout = spec.get("timeout_ms")
         code = spec.get("failure_code", TOOL_FAILED)
         if code not in FAILURE_CODES:
@@ -226,6 +266,7 @@ def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
                 per_second,
                 _changes(origin, where, spec.get("capacity_change")),
                 grows,
+                _stream(origin, name, spec.get("stream")),
             )
         )
     names = [tool.name for tool in tools]
@@ -265,7 +306,74 @@ def load_scenario(source: str | Mapping[str, Any]) -> Scenario:
             "concurrency",
             concurrency,
         )
-    return Scenario(tuple(tools), weights, calls, give_up, concurrency)
+    return Scenario(
+        tuple(tools), weights, calls, give_up, concurrency, _tenants(origin, data.get("tenants"))
+    )
+
+
+def _latency(origin: str, tool: str, key: str, value: object) -> tuple[float, float]:
+    """A latency in ms: a number, or ``{median, p99}`` for a lognormal."""
+    where = f"tools.{tool}: "
+    if isinstance(value, Mapping):
+        _unknown_keys(origin, f"tools.{tool}.{key}: ", value, ("median", "p99"))
+        for part in ("median", "p99"):
+            if part not in value:
+                raise _fail(origin, f"tools.{tool}.{key}: ", f"`{part}` is missing", part)
+        median = _number(origin, where, f"{key}.median", value["median"], 0.001)
+        return median, _number(origin, where, f"{key}.p99", value["p99"], median)
+    fixed = _number(origin, where, key, value, 0.001)
+    return fixed, fixed
+
+
+def _stream(origin: str, tool: str, spec: object) -> Stream | None:
+    """``stream: {first_byte_ms, chunk_ms, stall_probability}``."""
+    if spec is None:
+        return None
+    where = f"tools.{tool}.stream: "
+    if not isinstance(spec, Mapping):
+        raise _fail(
+            origin, where, f"expected {{first_byte_ms, chunk_ms, stall_probability}}, got "
+            f"{cut(spec)}", "stream", spec,
+        )  # fmt: skip
+    _unknown_keys(origin, where, spec, ("first_byte_ms", "chunk_ms", "stall_probability"))
+    for needed in ("first_byte_ms", "chunk_ms"):
+        if needed not in spec:
+            raise _fail(origin, where, f"`{needed}` is missing", needed)
+    return Stream(
+        _latency(origin, tool, "stream.first_byte_ms", spec["first_byte_ms"]),
+        _number(origin, where, "chunk_ms", spec["chunk_ms"], 0.001),
+        _number(origin, where, "stall_probability", spec.get("stall_probability", 0), 0, 1),
+    )
+
+
+def _tenants(origin: str, spec: object) -> tuple[Tenant, ...]:
+    """``tenants: {NAME: {share, priority}}``."""
+    if spec is None:
+        return ()
+    if not isinstance(spec, Mapping) or not spec:
+        raise _fail(
+            origin, "", f"`tenants` must map tenant names to {{share, priority}}, got {cut(spec)}",
+            "tenants", spec,
+        )  # fmt: skip
+    found = []
+    for name, entry in spec.items():
+        where = f"tenants.{name}: "
+        if not isinstance(name, str) or not name:
+            raise _fail(origin, "tenants: ", f"a tenant name must be text, got {cut(name)}",
+                        "tenants", name)  # fmt: skip
+        entry = {} if entry is None else entry
+        if not isinstance(entry, Mapping):
+            raise _fail(
+                origin, where, f"expected {{share, priority}}, got {cut(entry)}", name, entry
+            )
+        _unknown_keys(origin, where, entry, ("share", "priority"))
+        priority = entry.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise _fail(origin, where, f"`priority` must be a whole number, got {cut(priority)}",
+                        "priority", priority)  # fmt: skip
+        share = _number(origin, where, "share", entry.get("share", 1), 0.001)
+        found.append(Tenant(name, share, priority))
+    return tuple(found)
 
 
 def _capacity(origin: str, where: str, spec: object) -> tuple[int | None, float | None, bool]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from guardstack.cli.compare import compare, load_scenario
+from guardstack.cli.compare import compare, load_scenario, render
 from guardstack.cli.main import main
 from guardstack.guards import ToolCallTimeoutPolicy
 from guardstack.pipeline import ConfigError, Harness
@@ -232,3 +232,121 @@ def test_the_provider_model_answers_429_past_capacity_and_callers_run_at_once() 
     )
     assert halved.tools[0].capacity_factor(11) == 0.5
     assert halved.tools[0].capacity_factor(9) == 1.0
+
+
+# -- streams, tenants and priorities --------------------------------------------------------
+
+
+def streaming(stall: float) -> dict[str, object]:
+    return {
+        "calls": 400,
+        "give_up_s": 60,
+        "tools": {
+            "gen": {
+                "timeout_ms": 20_000,
+                "latency_ms": {"median": 4_000, "p99": 8_000},
+                "stream": {"first_byte_ms": 300, "chunk_ms": 100, "stall_probability": stall},
+            }
+        },
+    }
+
+
+def test_an_idle_bound_cuts_stalled_streams_where_a_whole_budget_waits_them_out() -> None:
+    """A stream that stalls part-way: a Timeout with idle_ms ends it a second after its
+    last piece (and the retry tries again), where the tool's whole budget of 20 s waits;
+    the first byte comes at 300 ms in both."""
+    from guardstack.wrappers import Timeout
+
+    def budget_only() -> Harness:
+        harness = Harness()
+        harness.plugin(Retry(attempts=2, backoff_ms=0, max_backoff_ms=0))
+        harness.plugin(Timeout())
+        return harness
+
+    def idle_bounded() -> Harness:
+        harness = Harness()
+        harness.plugin(Retry(attempts=2, backoff_ms=0, max_backoff_ms=0))
+        harness.plugin(Timeout(idle_ms=1_000))
+        return harness
+
+    whole, idle = compare(
+        [("budget", budget_only), ("idle 1s", idle_bounded)], load_scenario(streaming(0.3)), seed=3
+    )
+    assert whole.first_byte_p50_ms == pytest.approx(300)
+    assert idle.first_byte_p50_ms == pytest.approx(300)
+    assert idle.success_rate >= whole.success_rate  # both retry a stalled attempt once
+    assert idle.p95_ms < whole.p95_ms / 3  # but one waits out the whole budget first
+    assert idle.wasted_tool_s < whole.wasted_tool_s / 2
+    # a long stream that keeps coming is not cut: without stalls, both succeed alike
+    steady = compare([("idle 1s", idle_bounded)], load_scenario(streaming(0.0)), seed=3)[0]
+    assert steady.success_rate == 1.0
+    assert "first byte p50 ms" in render([whole, idle])
+
+
+def tenants_scenario(**batch: object) -> dict[str, object]:
+    return {
+        "calls": 600,
+        "concurrency": 20,
+        "tools": {"llm": {"latency_ms": 200}},
+        "tenants": {"batch": {"share": 9, **batch}, "person": {"share": 1, "priority": 5}},
+    }
+
+
+def limited(**options: Any) -> Harness:
+    from guardstack.wrappers import ConcurrencyLimit
+
+    harness = Harness()
+    harness.plugin(ConcurrencyLimit(2, queue=1_000, **options))
+    return harness
+
+
+def test_a_priority_keeps_an_interactive_tenant_out_of_a_batchs_queue() -> None:
+    scenario = load_scenario(tenants_scenario())
+    fifo, prioritised = (
+        compare(
+            [("fifo", lambda: limited()), ("priority", lambda: limited())],
+            load_scenario(
+                {**tenants_scenario(), "tenants": {"batch": {"share": 9}, "person": {"share": 1}}}
+            ),
+            seed=5,
+        )[0],
+        compare([("priority", lambda: limited())], scenario, seed=5)[0],
+    )
+    assert set(prioritised.tenants) == {"batch", "person"}
+    assert prioritised.tenants["person"]["p50_ms"] < fifo.tenants["person"]["p50_ms"] / 4
+    assert prioritised.tenants["batch"]["p50_ms"] >= fifo.tenants["batch"]["p50_ms"]
+    table = render([fifo, prioritised])
+    assert "person: p50 / p99 ms, success" in table
+    data = fifo.to_dict()
+    assert data["tenants"]["person"]["calls"] == fifo.tenants["person"]["calls"]
+
+
+def test_fair_shares_serve_a_small_tenant_in_turns_at_equal_priority() -> None:
+    scenario = load_scenario(tenants_scenario(priority=5))  # equal priorities
+    fifo, fair = compare(
+        [("fifo", lambda: limited()), ("fair", lambda: limited(fair=True))], scenario, seed=5
+    )
+    assert fair.tenants["person"]["p50_ms"] < fifo.tenants["person"]["p50_ms"] / 2
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"tenants": {"a": {"share": 0}}}, "share"),
+        ({"tenants": {"a": {"priority": 1.5}}}, "priority"),
+        ({"tenants": {"a": {"weight": 1}}}, "weight"),
+        ({"tenants": []}, "tenants"),
+        ({"tools": {"t": {"stream": {"chunk_ms": 10}}}}, "first_byte_ms"),
+        ({"tools": {"t": {"stream": {"first_byte_ms": 10, "chunk_ms": 0}}}}, "chunk_ms"),
+        ({"tools": {"t": {"stream": {"first_byte_ms": 1, "chunk_ms": 1, "stall": 1}}}}, "stall"),
+        (
+            {"tools": {"t": {"capacity": {"concurrent": 2, "latency_grows": "no"}}}},
+            "capacity.latency_grows",
+        ),
+    ],
+)
+def test_bad_tenants_streams_and_caps_are_named(change: dict[str, Any], key: str) -> None:
+    base: dict[str, Any] = {"calls": 10, "tools": {"t": {"latency_ms": 10}}}
+    with pytest.raises(ConfigError) as raised:
+        load_scenario({**base, **change})
+    assert raised.value.key == key
