@@ -375,8 +375,8 @@ class _Limits:
                 UNBOUNDED if config.queue is None else config.queue,
                 None if timeout_ms is None else timeout_ms / 1000,
                 lambda: self._clamped(state.limit),  # a waiter sees the limit as it is now
-                stage.priority_of(item),
-                stage.tenant_of(item),
+                item,
+                stage,
             )
         except _Overloaded as full:
             return stage.deliver(self._refusal(item, full.reason))

@@ -139,11 +139,13 @@ class SlotQueue:
         queue: int,
         timeout_s: float | None,
         current: Callable[[], int] | None = None,
-        priority: int = 0,
-        tenant: str = "default",
+        item: Any = None,
+        stage: StageAdapter[Any, Any] | None = None,
     ) -> str:
         """A lease on one of ``limit`` slots; ``current()``, if given, is the limit as it
-        is now, asked again each time a waiter tries (an adaptive limit moves)."""
+        is now, asked again each time a waiter tries (an adaptive limit moves). A call
+        that waits takes its place in line by ``stage``'s priority and tenant of
+        ``item`` (read only then)."""
         waiting = self.queues.get(key)
         if waiting is None:
             lease = await self.store.acquire(key, limit)
@@ -160,7 +162,10 @@ class SlotQueue:
                 f"{limit} calls are running and {len(waiting)} waiting, the most "
                 "allowed. Try again shortly, or do something else first."
             )
-        waiter = waiting.join(priority, tenant)
+        if stage is None:
+            waiter = waiting.join(0, "default")
+        else:
+            waiter = waiting.join(stage.priority_of(item), stage.tenant_of(item))
         started = anyio.current_time()
         admitted = False
         try:
@@ -239,8 +244,8 @@ class _Limits:
                 config.queue,
                 None if timeout_ms is None else timeout_ms / 1000,
                 None,
-                stage.priority_of(item),
-                stage.tenant_of(item),
+                item,
+                stage,
             )
         except _Overloaded as overloaded:
             return stage.deliver(self._refusal(item, overloaded.reason))
