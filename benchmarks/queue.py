@@ -63,7 +63,7 @@ def measure(mixed: bool = False) -> dict[str, float]:
             [
                 ToolCall(
                     "work", {}, f"c{n}-{k}", priority=draw.randint(0, 3), tenant=f"t{n % 4}"
-                )  # fmt: skip
+                )
                 for k in range(CALLS_EACH)
             ]
             for n in range(CALLERS)
