@@ -61,9 +61,7 @@ def measure(mixed: bool = False) -> dict[str, float]:
                     for n in range(CALLERS)]  # fmt: skip
         return [
             [
-                ToolCall(
-                    "work", {}, f"c{n}-{k}", priority=draw.randint(0, 3), tenant=f"t{n % 4}"
-                )
+                ToolCall("work", {}, f"c{n}-{k}", priority=draw.randint(0, 3), tenant=f"t{n % 4}")
                 for k in range(CALLS_EACH)
             ]
             for n in range(CALLERS)

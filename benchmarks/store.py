@@ -28,8 +28,17 @@ from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimite
 from benchmarks.timing import median, per_call_ns, ratio, run_and_report, table
 from guardstack.guards import ToolCallLimit
 from guardstack.integrations.redis import RedisStore
-from guardstack.pipeline import Harness, MemoryStore, StateStore, ToolCall, ToolDefinition
-from guardstack.wrappers import CircuitBreaker, ConcurrencyLimit, RateLimit
+from guardstack.pipeline import (
+    Harness,
+    MemoryStore,
+    ModelReply,
+    ModelRequest,
+    StateStore,
+    ToolCall,
+    ToolDefinition,
+    Usage,
+)
+from guardstack.wrappers import CircuitBreaker, ConcurrencyLimit, RateLimit, TokenRateLimit
 from tests.integrations.redis_server import RedisServer, binary
 
 FAST = 10**9  # a rate nobody reaches
@@ -53,7 +62,20 @@ LAYERS: dict[str, Callable[[], Any]] = {
     "ToolCallLimit": lambda: ToolCallLimit(per_tool={"t": 10**12}),
     "CircuitBreaker": lambda: CircuitBreaker(),
     "ConcurrencyLimit": lambda: ConcurrencyLimit(10),
+    "TokenRateLimit, requests": lambda: TokenRateLimit(
+        requests_per_minute=10**12, stage="dispatch"
+    ),
 }
+
+
+class Answering:
+    """A model that answers at once, reporting its usage and stating its output limit."""
+
+    model = "m"
+    max_tokens = 100
+
+    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+        return ModelReply("ok", usage=Usage(10, 20), model="m")
 
 
 async def measure() -> dict[str, float]:
@@ -84,6 +106,9 @@ async def measure() -> dict[str, float]:
     for name, make in LAYERS.items():
         operations[f"{name} memory"] = execute(harness(MemoryStore(), make()))
         operations[f"{name} redis"] = execute(harness(redis, make()))
+    for name, store in (("memory", MemoryStore()), ("redis", redis)):
+        operations[f"TokenRateLimit, tokens {name}"] = model_call(store, TokenRateLimit(10**12))
+        operations[f"TokenRateLimit, tokens {name} base"] = model_call(store, None)
     try:
         timings = await per_call_ns(operations, calls=500, rounds=5)
         for name, operation in operations.items():
@@ -92,6 +117,15 @@ async def measure() -> dict[str, float]:
         return timings
     finally:
         await redis.aclose()
+
+
+def model_call(store: StateStore, layer: Any) -> Callable[[], Awaitable[Any]]:
+    """One model call through the whole model stage (``layer`` on it, if any)."""
+    built = Harness(Answering(), store=store)
+    if layer is not None:
+        built.plugin(layer)
+    request = ModelRequest(built.loop.create("bench"), [{"role": "user", "content": "hi"}], [])
+    return lambda: built.loop.call_model(request)
 
 
 async def commands_per_call(store: RedisStore, operation: Callable[[], Awaitable[Any]]) -> float:
@@ -115,10 +149,21 @@ def report(runs: list[dict[str, float]]) -> str:
     def field(name: str) -> Callable[[Mapping[str, float]], float]:
         return lambda run: run[name]
 
-    trips = {"RateLimit": 1, "ToolCallLimit": 1, "CircuitBreaker": 2, "ConcurrencyLimit": 2}
+    trips = {
+        "RateLimit": 1,
+        "ToolCallLimit": 1,
+        "CircuitBreaker": 2,
+        "ConcurrencyLimit": 2,
+        "TokenRateLimit, requests": 1,
+        "TokenRateLimit, tokens": 2,
+    }
     rows = []
-    for name in LAYERS:
-        memory, redis = added(f"{name} memory"), added(f"{name} redis")
+    for name in trips:
+        if name == "TokenRateLimit, tokens":  # a model call: against one without the layer
+            memory = added(f"{name} memory", f"{name} memory base")
+            redis = added(f"{name} redis", f"{name} redis base")
+        else:
+            memory, redis = added(f"{name} memory"), added(f"{name} redis")
         commands = median(runs, field(f"{name} redis commands"))
         rows.append(
             [

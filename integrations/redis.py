@@ -232,9 +232,16 @@ return {value, version}
 # window's wait until there is room, '' for never), 2 this operation had reserved
 # already, 3 it had ended. A sliding window is a hash of 60 buckets (index -> amount).
 _RESERVE: Final = (
-    _NOW
-    + _FMT
+    _FMT
     + """
+local now
+local function clock()  -- the server's time, asked only by a sliding window
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
+  return now
+end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state then
   if state == 'x' then return {3, 0, '0', ''} end
@@ -250,7 +257,7 @@ for i = 2, #KEYS do
   if slide == '' then
     value = tonumber(redis.call('GET', KEYS[i]) or '0')
   else
-    local current = math.floor(now * 60 / tonumber(slide))
+    local current = math.floor(clock() * 60 / tonumber(slide))
     buckets[i] = current
     local all = redis.call('HGETALL', KEYS[i])
     for j = 1, #all, 2 do
@@ -272,7 +279,7 @@ for i = 2, #KEYS do
       for _, bucket in ipairs(live) do
         freed = freed + bucket[2]
         if freed >= excess - 1e-9 then
-          wait = fmt(math.max(0, (bucket[1] + 61) * width - now))
+          wait = fmt(math.max(0, (bucket[1] + 61) * width - clock()))
           break
         end
       end
@@ -281,22 +288,28 @@ for i = 2, #KEYS do
   end
   values[i] = value
 end
-redis.call('HSET', KEYS[1], 'state', 'r', 'n', #KEYS - 1)
+local record = {'state', 'r', 'n', #KEYS - 1}
 for i = 2, #KEYS do
   local base = 1 + (i - 2) * 6
   local amount, ttl = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 4])
   if buckets[i] then
     redis.call('HINCRBYFLOAT', KEYS[i], buckets[i], fmt(amount))
     redis.call('PEXPIRE', KEYS[i], math.ceil(tonumber(ARGV[base + 6]) * 2000))
-    redis.call('HSET', KEYS[1], 'b' .. (i - 1), buckets[i])
+    record[#record + 1] = 'b' .. (i - 1)
+    record[#record + 1] = buckets[i]
   else
     redis.call('SET', KEYS[i], fmt(values[i] + amount), 'KEEPTTL')
     local left = redis.call('PTTL', KEYS[i])
     if left < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
   end
-  redis.call('HSET', KEYS[1], 'k' .. (i - 1), KEYS[i], 'a' .. (i - 1), fmt(amount),
-    'u' .. (i - 1), ARGV[base + 5])
+  record[#record + 1] = 'k' .. (i - 1)
+  record[#record + 1] = KEYS[i]
+  record[#record + 1] = 'a' .. (i - 1)
+  record[#record + 1] = fmt(amount)
+  record[#record + 1] = 'u' .. (i - 1)
+  record[#record + 1] = ARGV[base + 5]
 end
+redis.call('HSET', KEYS[1], unpack(record))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return {1, 0, '0', ''}
 """

@@ -203,24 +203,39 @@ class _Counter:
 
 
 class _Sliding:
-    """A sliding window's buckets (index -> amount), oldest first."""
+    """A sliding window's buckets (index -> amount, oldest first) and their running total."""
 
-    __slots__ = ("buckets", "expires")
+    __slots__ = ("buckets", "expires", "held")
 
     def __init__(self, expires: float) -> None:
         self.buckets: dict[int, float] = {}
         self.expires = expires
+        self.held = 0.0
 
     def total(self, current: int) -> float:
         buckets = self.buckets
         oldest = current - SLIDING_BUCKETS
-        for index in [index for index in buckets if index < oldest]:
-            del buckets[index]
-        return sum(buckets.values())
+        while buckets:
+            first = next(iter(buckets))
+            if first >= oldest:
+                break
+            self.held -= buckets.pop(first)
+        if not buckets:
+            self.held = 0.0  # no rounding left behind
+        return max(0.0, self.held)
 
     def add(self, index: int, amount: float) -> None:
         buckets = self.buckets
-        buckets[index] = max(0.0, buckets.get(index, 0.0) + amount)
+        before = buckets.get(index)
+        if before is None:
+            if amount <= 0:
+                return  # a bucket slid out (or never held anything): nothing to change
+            buckets[index] = amount  # the newest bucket: appended in order
+            self.held += amount
+            return
+        after = max(0.0, before + amount)
+        buckets[index] = after
+        self.held += after - before
 
 
 class _Operation:

@@ -40,6 +40,7 @@ import attrs
 
 from guardstack.pipeline.contract import (
     Ledger,
+    ModelReply,
     Outcome,
     Scope,
     StageAdapter,
@@ -62,8 +63,8 @@ __all__ = ["TokenRateLimit"]
 PLUGIN = "token-rate-limit"
 #: The window the limits slide over.
 MINUTE_S = 60.0
-#: How often a waiter at the head asks again when the ledger gave no time to wait.
-_POLL_S = 0.05
+#: How long a reservation may be settled: past two minutes its minute has slid by.
+LEASE_S = 2 * MINUTE_S
 _SHORTEST_WAIT_S = 1e-6
 
 
@@ -131,7 +132,17 @@ class TokenRateLimit:
 class _Minutes:
     """One application: the layer, its windows per key, and its lines of waiters."""
 
-    __slots__ = ("config", "failures", "keys", "ledger", "lines", "operation", "stage")
+    __slots__ = (
+        "config",
+        "failures",
+        "keys",
+        "ledger",
+        "lines",
+        "operation",
+        "remote",
+        "stage",
+        "windows_of",
+    )
 
     def __init__(self, config: TokenRateLimit, scope: Scope) -> None:
         self.config = config
@@ -142,6 +153,13 @@ class _Minutes:
         self.failures = StoreFailures(PLUGIN, store, "open", scope.signals)
         self.lines: dict[str, WaitLine] = {}
         self.operation = store_key(scope.namespace, "op") + ":"
+        #: A store that suspends (a remote one): a call whose reservation is exactly its
+        #: charge (a tool call: one request, no tokens) sends no settlement — the
+        #: reservation stands and its record expires with its lease — so it costs one
+        #: round trip.
+        self.remote = bool(getattr(store, "suspends", True))
+        #: Each key's windows, made once (a key per model: few).
+        self.windows_of: dict[str, list[Window]] = {}
 
     def __repr__(self) -> str:
         config = self.config
@@ -156,6 +174,11 @@ class _Minutes:
         return f"TokenRateLimit({', '.join(limits)})"
 
     def windows(self, key: str) -> list[Window]:
+        known = self.windows_of.get(key)
+        if known is not None:
+            return known
+        if len(self.windows_of) >= 10_000:
+            self.windows_of.clear()
         config, found = self.config, []
         if config.tokens_per_minute is not None:
             found.append(
@@ -177,6 +200,7 @@ class _Minutes:
                     slide_s=MINUTE_S,
                 )
             )
+        self.windows_of[key] = found
         return found
 
     def estimate(self, item: Any) -> dict[str, float]:
@@ -207,7 +231,10 @@ class _Minutes:
         # cancelled: it may have reached the provider, and stays charged its estimate
         outcome = await self.stage.attempt(call_next, item)
         try:
-            with anyio.CancelScope(shield=True):
+            if self.remote:  # a cancelled caller's call is still settled
+                with anyio.CancelScope(shield=True):
+                    await self._settle(op_id, outcome)
+            else:  # answers without suspending: nothing can cancel it
                 await self._settle(op_id, outcome)
         except Exception as error:
             self.failures.fails_open(error)
@@ -221,6 +248,10 @@ class _Minutes:
                 await self.ledger.release(op_id)
             else:
                 await self.ledger.settle(op_id, {})  # it may have been billed: as reserved
+            return
+        if not isinstance(outcome, ModelReply):
+            if not self.remote:  # a tool call: reserved what it cost (one request)
+                await self.ledger.settle(op_id, {})
             return
         usage = getattr(outcome, "usage", None)
         if usage is None:
@@ -239,7 +270,7 @@ class _Minutes:
         """Reserve now, or wait in line for room (or refuse): ``None`` once reserved."""
         line = self.lines.get(key)
         if line is None:
-            reservation = await self.ledger.reserve(op_id, amounts, windows)
+            reservation = await self.ledger.reserve(op_id, amounts, windows, lease_s=LEASE_S)
             if reservation.granted:
                 return None
             if reservation.retry_after_s is None or not self.config.wait:
@@ -248,7 +279,7 @@ class _Minutes:
             if line is None:
                 line = self.lines[key] = WaitLine(self.config.fair)
         elif not self.config.wait:
-            reservation = await self.ledger.reserve(op_id, amounts, windows)
+            reservation = await self.ledger.reserve(op_id, amounts, windows, lease_s=LEASE_S)
             if reservation.granted:
                 return None
             return self._refusal(item, reservation.retry_after_s, self._why(reservation))
@@ -270,7 +301,7 @@ class _Minutes:
                 while line.head() is not waiter:
                     waiter.event = anyio.Event()
                     await waiter.event.wait()
-                reservation = await self.ledger.reserve(op_id, amounts, windows)
+                reservation = await self.ledger.reserve(op_id, amounts, windows, lease_s=LEASE_S)
                 if reservation.granted:
                     line.admitted(waiter)
                     return None
