@@ -27,6 +27,13 @@ ELSEWHERE = {
 PRINTS = {
     "docs/api.md": [],  # the reference, built from the docstrings
     "docs/releases.md": [],
+    "docs/streams-tokens-priority.md": [
+        "completed - The answer is 42. - 2 requests",
+        "index -> indexed\nstalls -> Error: tool call timed out: no progress report for 80ms",
+        "completed - ok\ncompleted - ok\nerror - ModelError: MODEL_RATE_LIMITED: model gpt-x is "
+        "rate limited: 6000 of its 5000 tokens per minute are in use.",
+        "['batch', 'batch', 'person', 'batch', 'person', 'batch', 'batch', 'batch']",
+    ],
     "README.md": [
         "completed - Found one TODO.",
         "You are repeating the exact same tool call",
