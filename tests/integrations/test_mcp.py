@@ -123,6 +123,27 @@ async def test_a_timeout_cancels_the_request_on_the_server(tmp_path: Path) -> No
         await wait_for(log, "cancelled hang")  # the server saw the cancellation
 
 
+async def test_a_tool_whose_server_reports_progress_outlives_its_budget(tmp_path: Path) -> None:
+    """``count`` reports progress every 10 ms for 50 steps (0.5 s and more): its budget
+    of 150 ms holds only until its first report, and Timeout(idle_ms) bounds the gaps."""
+    from guardstack.wrappers import Timeout
+
+    async with connected(server_command(tmp_path), tmp_path) as session:
+        harness = Harness()
+        for tool in await mcp_tools(session, timeouts_ms={"count": 150}):
+            harness.tools.register(tool)
+        harness.plugin(Timeout(idle_ms=2_000))
+        outcome = await harness.tools.execute(ToolCall("count", {"n": 50}, "c1", conversation="t"))
+        assert outcome.result.content == "counted to 50"
+        # without progress bounds, the declared budget cuts it
+        plain = Harness()
+        for tool in await mcp_tools(session, timeouts_ms={"count": 150}):
+            plain.tools.register(tool)
+        plain.plugin(Timeout())
+        cut = await plain.tools.execute(ToolCall("count", {"n": 50}, "c2", conversation="t"))
+        assert cut.result.content == "Error: tool call timed out after 150ms"
+
+
 async def test_retry_never_reruns_a_tool_the_server_marks_not_idempotent(tmp_path: Path) -> None:
     log = server_log(tmp_path)
     async with connected(server_command(tmp_path), tmp_path) as session:

@@ -624,3 +624,47 @@ async def test_the_official_sync_client_gets_json_and_streams_through_the_proxy(
     text, streamed = await anyio.to_thread.run_sync(use_the_sync_client)
     assert (text, streamed) == ("Sync JSON.", "Sync stream.")
     assert [json.loads(body).get("stream") for body in chat_server.bodies] == [None, True]
+
+
+async def test_a_stream_that_does_not_start_is_retried_and_a_stalled_one_is_cut(
+    chat_server: ChatServer,
+) -> None:
+    """Behind the proxy, Timeout's first byte and idle bounds hold as in process: an
+    upstream that never starts is sent the request again (the client sees the second
+    answer); one that stalls after its first bytes is cut, and so is the client's."""
+    import httpx
+
+    from guardstack.wrappers import Timeout
+    from tests.integrations.chat_server import Paused
+
+    harness = Harness()
+    harness.plugin(Retry(stage="model", attempts=2, backoff_ms=1))
+    harness.plugin(Timeout(stage="model", first_byte_ms=300, idle_ms=300))
+    chat_server.script = [Paused(Answer("never"), at=0, pause_s=3.0), Answer("Second try.")]
+    async for served in serve(harness, chat_server):
+        async with served.client() as client:
+            started = anyio.current_time()
+            chunks: Any = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+            assert anyio.current_time() - started < 2.0
+        assert text == "Second try."
+        assert len(chat_server.bodies) == 2
+        chat_server.reset()
+        chat_server.script = [Paused(Answer("half then nothing"), at=3, pause_s=3.0)]
+        body = {"model": "m", "messages": ASK, "stream": True}
+        received: list[bytes] = []
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            started = anyio.current_time()
+            with pytest.raises(httpx.RemoteProtocolError):
+                async with raw.stream("POST", "/v1/chat/completions", json=body) as response:
+                    async for piece in response.aiter_raw():
+                        received.append(piece)
+            assert anyio.current_time() - started < 2.0
+        assert b'"hal"' in b"".join(received)
+        assert len(chat_server.bodies) == 1  # bytes had gone out: not sent again
+        chat_server.reset()
+        chat_server.script = [Paused(Answer("never"), at=0, pause_s=3.0)] * 2
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            answer = await raw.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 504
+        assert "no first byte within 300ms" in answer.json()["error"]["message"]
