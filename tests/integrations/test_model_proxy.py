@@ -653,12 +653,11 @@ async def test_a_stream_that_does_not_start_is_retried_and_a_stalled_one_is_cut(
         chat_server.script = [Paused(Answer("half then nothing"), at=3, pause_s=3.0)]
         body = {"model": "m", "messages": ASK, "stream": True}
         received: list[bytes] = []
+
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
             started = anyio.current_time()
             with pytest.raises(httpx.RemoteProtocolError):
-                async with raw.stream("POST", "/v1/chat/completions", json=body) as response:
-                    async for piece in response.aiter_raw():
-                        received.append(piece)
+                await _read_stream(raw, body, received)
             assert anyio.current_time() - started < 2.0
         assert b'"hal"' in b"".join(received)
         assert len(chat_server.bodies) == 1  # bytes had gone out: not sent again
@@ -668,3 +667,9 @@ async def test_a_stream_that_does_not_start_is_retried_and_a_stalled_one_is_cut(
             answer = await raw.post("/v1/chat/completions", json=body)
         assert answer.status_code == 504
         assert "no first byte within 300ms" in answer.json()["error"]["message"]
+
+
+async def _read_stream(raw: Any, body: Any, into: list[bytes]) -> None:
+    async with raw.stream("POST", "/v1/chat/completions", json=body) as response:
+        async for piece in response.aiter_raw():
+            into.append(piece)
