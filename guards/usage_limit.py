@@ -58,6 +58,7 @@ from guardstack.pipeline.contract import (
     ModelNext,
     ModelReply,
     ModelRequest,
+    Registration,
     Reservation,
     Scope,
     StateStore,
@@ -311,6 +312,19 @@ class _Limits:
             scope, lambda token: [self.accounts.turn_window(token, "tokens", "tokens", None).key]
         )
         scope.adopt(scope.loop.tree.report_remaining(self.remaining))
+        if self.config.tenant is not None:  # the usage metric names the same tenant
+            loop = scope.loop
+            loop.tenant_of = self.metric_tenant
+
+            def forget() -> None:
+                if loop.tenant_of == self.metric_tenant:
+                    loop.tenant_of = None
+
+            scope.adopt(Registration(forget))
+
+    def metric_tenant(self, agent: Agent, request: ModelRequest | None) -> str | None:
+        """The tenant a call's usage metric names: this cap's, as its spend metric does."""
+        return self.tenant_of(request, agent, "default")
 
     def tenant_of(self, request: ModelRequest | None, agent: Agent, otherwise: str) -> str:
         """Whose windows (and spend metric) a call counts in."""

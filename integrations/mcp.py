@@ -62,7 +62,7 @@ from guardstack.pipeline import (
 from guardstack.pipeline.approval import Decision
 from guardstack.pipeline.validate import cut
 from guardstack.pipeline.values import TOOL_UNAVAILABLE, failed_result, validate_timeout_ms
-from guardstack.wrappers._otel import VERSION, check_provider
+from guardstack.wrappers._otel import VERSION, check_provider, end_span, start_span
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -290,7 +290,8 @@ def _caller(session: ClientSession, name: str, tracer: Any = None) -> Any:
         # notifications/cancelled for the request.
         span = token = None
         if tracer is not None:
-            span = tracer.start_span(
+            span = start_span(
+                tracer,
                 f"tools/call {name}",
                 kind=SpanKind.CLIENT,
                 attributes={
@@ -324,7 +325,7 @@ def _caller(session: ClientSession, name: str, tracer: Any = None) -> Any:
             if token is not None:
                 otel_context.detach(token)
             if span is not None:
-                span.end()
+                end_span(span)
         return _result_of(result)
 
     call_tool.__name__ = f"mcp_{name}"
@@ -593,7 +594,8 @@ def proxy_server(
         if server_tracer is not None:
             from opentelemetry.propagate import extract
 
-            span = server_tracer.start_span(
+            span = start_span(
+                server_tracer,
                 f"tools/call {params.name}",
                 context=extract(dict(meta)) if meta else None,
                 kind=SpanKind.SERVER,
@@ -623,7 +625,7 @@ def proxy_server(
         if span is not None:
             if result.is_error:
                 _span_failed(span, "tool_error")
-            span.end()
+            end_span(span)
         if on_lost is not None and result.error is not None and result.error.name == SERVER_GONE:
             on_lost()  # this answer goes out, then the proxy stops
         original = result.value if isinstance(result.value, CallToolResult) else None

@@ -231,13 +231,19 @@ class AgentLoop:
         self.tree = TreeLedger()
         #: Where the layers report events and resilience metrics (``Tracing``, ``Metrics``).
         self.signals = Signals()
+        #: Whose a model call is, when a plugin says (a ``UsageLimit`` that names its
+        #: tenant): the usage metric then names the tenant its spend is counted for.
+        self.tenant_of: Callable[[Agent, ModelRequest | None], str | None] | None = None
 
-    def charge(self, agent: Agent, usage: Usage) -> None:
+    def charge(self, agent: Agent, usage: Usage, request: ModelRequest | None = None) -> None:
         """Count a reply's usage for ``agent`` (its session and turn), and as
-        ``guardstack.usage.tokens`` for its tenant."""
+        ``guardstack.usage.tokens`` for its tenant: the one a cap that names tenants
+        counts the call's spend for (``tenant_of``), else the agent's."""
         agent.usage += usage
         agent.turn_usage += usage
-        tenant = getattr(agent, "tenant", None) or "default"
+        resolver = self.tenant_of
+        tenant = resolver(agent, request) if resolver is not None else None
+        tenant = tenant or getattr(agent, "tenant", None) or "default"
         signals = self.signals
         signals.add(
             USAGE_TOKENS, usage.input_tokens, {"tenant": tenant, "gen_ai.token.type": "input"}
@@ -540,7 +546,7 @@ class Agent:
                     return self._result("error", last_text, message, step)
                 self.turn_model_calls += 1
                 if reply.usage is not None:
-                    self.loop.charge(self, reply.usage)
+                    self.loop.charge(self, reply.usage, request)
                 requests = _with_unique_ids(reply.tool_calls, turn, step)
                 last_text = reply.text
                 log(

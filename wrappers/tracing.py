@@ -85,9 +85,12 @@ from guardstack.pipeline.values import (
 from guardstack.wrappers._otel import (
     VERSION,
     check_provider,
+    emit_record,
+    end_span,
     exception_error_type,
     request_model,
     result_error_type,
+    start_span,
 )
 
 if TYPE_CHECKING:
@@ -350,7 +353,8 @@ class Tracing:
         if as_span_event and self.span_events and span.is_recording():
             span.add_event(name, attributes)
         number = _SEVERITY.get(severity, SeverityNumber.INFO)
-        self.logger.emit(
+        emit_record(
+            self.logger.emit,
             event_name=name,
             attributes=attributes,
             severity_number=number,
@@ -362,7 +366,8 @@ class Tracing:
         tracer = self.tracer
 
         async def traced_turn(agent: Agent, text: str) -> TurnResult:
-            span = tracer.start_span(
+            span = start_span(
+                tracer,
                 f"invoke_agent {agent.session_id}",
                 kind=SpanKind.INTERNAL,
                 attributes={
@@ -388,7 +393,7 @@ class Tracing:
                 return result
             finally:
                 context.detach(token)
-                span.end()
+                end_span(span)
 
         return traced_turn
 
@@ -408,7 +413,8 @@ class Tracing:
                 if system:
                     attributes["gen_ai.system_instructions"] = _json(system)
                 attributes["gen_ai.input.messages"] = _json(chat)
-            span = tracer.start_span(
+            span = start_span(
+                tracer,
                 f"chat {name}" if name is not None else "chat",
                 kind=SpanKind.CLIENT,
                 attributes=attributes,
@@ -446,7 +452,7 @@ class Tracing:
                 return reply
             finally:
                 context.detach(token)
-                span.end()
+                end_span(span)
 
         return traced_model_call
 
@@ -474,8 +480,8 @@ class Tracing:
                 # OpenInference's name too: Phoenix and Arize show it as the call's Input
                 # (they file gen_ai.tool.call.arguments under the tool's parameters only).
                 attributes["input.value"] = arguments
-            span = tracer.start_span(
-                f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
+            span = start_span(
+                tracer, f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
             )
             token = context.attach(trace.set_span_in_context(span))
             try:
@@ -515,21 +521,21 @@ class Tracing:
                         as_span_event=False,
                     )
                 for injected in outcome.contexts:
-                    self.emit(
-                        CONTEXT_EVENT,
-                        {
-                            "gen_ai.tool.name": call.name,
-                            "gen_ai.tool.call.id": call.call_id,
-                            "guardstack.context.source": injected.source.plugin
-                            or injected.source.kind,
-                            "guardstack.context.text": injected.text,
-                        },
-                        span=span,
-                    )
+                    # A reminder may quote the call's arguments (the original's detailed
+                    # one does): its text is content, sent only when content is.
+                    said: dict[str, AttributeValue] = {
+                        "gen_ai.tool.name": call.name,
+                        "gen_ai.tool.call.id": call.call_id,
+                        "guardstack.context.source": injected.source.plugin or injected.source.kind,
+                        "guardstack.context.chars": len(injected.text),
+                    }
+                    if self.capture_content:
+                        said["guardstack.context.text"] = self._cut(injected.text)
+                    self.emit(CONTEXT_EVENT, said, span=span)
                 return outcome
             finally:
                 context.detach(token)
-                span.end()
+                end_span(span)
 
         return traced_execute
 
@@ -540,7 +546,8 @@ class Tracing:
         on_error = _end_with_model_error if raising else _end_with_exception
 
         async def traced_layer(call: Any, call_next: Any) -> Any:
-            span = tracer.start_span(
+            span = start_span(
+                tracer,
                 info.name,
                 attributes={
                     "guardstack.layer": info.name,
@@ -561,7 +568,7 @@ class Tracing:
                 return result
             finally:
                 context.detach(token)
-                span.end()
+                end_span(span)
 
         return traced_layer
 

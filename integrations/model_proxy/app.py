@@ -334,7 +334,7 @@ class _Exchange:
         loop = self.proxy.harness.loop
         reply = await loop.call_model(self.call)  # every layer and hook of the stage
         if isinstance(reply, ModelReply) and reply.usage is not None:
-            loop.charge(self.agent, reply.usage)
+            loop.charge(self.agent, reply.usage, self.call)
         return reply
 
     async def until_done(self, receive: Any) -> ModelReply | None:
