@@ -75,8 +75,10 @@ async def test_a_detailed_reminder_does_not_quote_arguments_when_capture_is_off(
     harness.plugin(RepeatToolReminder())
     agent = harness.loop.create("s")
     await agent.prompt(f"find {SECRET}")
-    reminders = [e for e in agent.session.events if getattr(e, "source", None)]
-    assert any(SECRET in e.text for e in reminders if e.source.plugin)  # the model is told
+    from guardstack.pipeline import UserMessage
+
+    told = [e for e in agent.session.events if isinstance(e, UserMessage) and e.source.plugin]
+    assert any(SECRET in e.text for e in told)  # the model is told
     contexts = logs.events("guardstack.context")
     assert contexts  # the event is still there, without its text
     assert all("guardstack.context.text" not in dict(r.attributes) for r in contexts)
@@ -202,7 +204,7 @@ async def test_with_capture_off_nothing_exported_holds_content(
 ) -> None:
     spans, logs, metrics = SpanRig(), LogRig(), MetricRig()
     harness, _ = looping_agent(calls, secret)
-    telemetry = [
+    telemetry: list[Any] = [
         Tracing(
             spans.provider,
             layer_spans,

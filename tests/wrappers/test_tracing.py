@@ -121,12 +121,20 @@ async def test_reminders_appear_as_span_events() -> None:
     assert [len(span.events) for span in spans] == [0, 0, 1]
     event = spans[2].events[0]
     assert event.name == CONTEXT_EVENT
-    assert dict(event.attributes or {}) == {
+    assert dict(event.attributes or {}) == {  # the text is content: not sent by default
         "gen_ai.tool.name": "grep",
         "gen_ai.tool.call.id": "call_1_3_0",
         "guardstack.context.source": "repeat-tool-reminder",
-        "guardstack.context.text": GENTLE_TEXT,
+        "guardstack.context.chars": len(GENTLE_TEXT),
     }
+    rig.clear()
+    harness = Harness(model=ScriptedModel([calls(("grep", {}))] * 3 + [ModelReply("ok")]))
+    ScriptedTool("grep").register(harness.tools)
+    harness.plugin(Tracing(rig.provider, capture_content=True))
+    harness.plugin(RepeatToolReminder())
+    await harness.loop.create("a").prompt("go")
+    [event] = by_name(rig.spans, "execute_tool grep")[2].events
+    assert dict(event.attributes or {})["guardstack.context.text"] == GENTLE_TEXT
 
 
 async def test_the_tool_runs_inside_the_innermost_layer_span() -> None:
