@@ -95,6 +95,13 @@ def _stage(plugin: object) -> str:
     return str(getattr(plugin, "stage", "dispatch"))
 
 
+#: What ``check`` adds to the line of a plugin in shadow mode.
+SHADOW_NOTE = (
+    " — IN SHADOW: it decides as usual but only records what it would do "
+    "(guardstack.shadow.decisions); every call goes through"
+)
+
+
 def check(harness: Harness) -> Report:
     """Explain ``harness``'s stack plugin by plugin, and warn about likely mistakes."""
     plugins = [handle.plugin for handle in harness.plugins]
@@ -111,7 +118,10 @@ def check(harness: Harness) -> Report:
         for index, plugin in enumerate(on_stage):
             inside = retry_at is not None and index > retry_at
             outside = retry_at is not None and index < retry_at
-            lines.append(_explain(plugin, inside, outside, stage))
+            line = _explain(plugin, inside, outside, stage)
+            if getattr(plugin, "shadow", False) is True:
+                line += SHADOW_NOTE
+            lines.append(line)
     for plugin in plugins:
         if isinstance(plugin, Tracing):
             lines.append("tracing: a span per call and per layer; it has no position of its own")

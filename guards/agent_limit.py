@@ -28,7 +28,8 @@ import attrs
 
 from guardstack.pipeline.contract import Scope
 from guardstack.pipeline.errors import AgentLimitExceeded
-from guardstack.pipeline.validate import invalid, optional_integer
+from guardstack.pipeline.signals import Shadow
+from guardstack.pipeline.validate import flag, invalid, optional_integer
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
@@ -54,6 +55,8 @@ class AgentLimit:
     max_children: int | None = attrs.field(
         default=None, validator=optional_integer(PLUGIN, "max_children")
     )
+    #: Count as usual, record what it would have refused, refuse nothing.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if self.max_agents is None and self.max_depth is None and self.max_children is None:
@@ -67,6 +70,7 @@ class AgentLimit:
     def apply(self, scope: Scope) -> None:
         """Count the agents and children from now on, from zero."""
         policy = _Policy(self, scope.loop)
+        policy.shadow = Shadow(scope.namespace, scope.signals) if self.shadow else None
 
         def on_create(agent: Agent) -> None:
             policy.take_agent(repr(agent.session_id))
@@ -84,11 +88,14 @@ class _Policy:
         self.created = 0
         #: parent -> (its turn, children it started in that turn)
         self.parents: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+        self.shadow: Shadow | None = None
 
     def take_agent(self, refused: str) -> None:
         limit = self.config.max_agents
         if limit is not None and self.created >= limit:
-            raise AgentLimitExceeded(self._total(refused))
+            if self.shadow is None:
+                raise AgentLimitExceeded(self._total(refused))
+            self.shadow.would("refuse", f"agent {refused}", self._total(refused))
         self.created += 1
 
     def _total(self, refused: str) -> str:
@@ -99,6 +106,13 @@ class _Policy:
         )
 
     def refusal(self, parent: Agent, depth: int) -> str | None:
+        why = self._refusal(parent, depth)
+        if why is None or self.shadow is None:
+            return why
+        self.shadow.would("refuse", f"a child of agent {parent.session_id}", why)
+        return None
+
+    def _refusal(self, parent: Agent, depth: int) -> str | None:
         config = self.config
         if config.max_depth is not None and depth > config.max_depth:
             return (

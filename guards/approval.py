@@ -56,8 +56,8 @@ from guardstack.pipeline.contract import (
     decision_kind,
     outside_call_order,
 )
-from guardstack.pipeline.signals import Signals
-from guardstack.pipeline.validate import compile_patterns, integer, invalid
+from guardstack.pipeline.signals import Shadow, Signals
+from guardstack.pipeline.validate import compile_patterns, flag, integer, invalid
 from guardstack.pipeline.values import Allow, Ask, PreDecision, ToolCall
 
 if TYPE_CHECKING:
@@ -130,6 +130,8 @@ class Approval:
     )
     #: Where the ``guardstack.approvals`` metric goes (``None``: the global provider).
     meter_provider: Any = attrs.field(default=None, kw_only=True, repr=False, eq=False)
+    #: Record the calls its policy would ask a person about, ask about none.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
     _required: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _allowed: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
 
@@ -148,6 +150,16 @@ class Approval:
         return self.destructive and tool is not None and tool.destructive is True
 
     def apply(self, scope: Scope) -> None:
+        if self.shadow:  # a policy only: no service resolves asks, no person is asked
+            shadow = Shadow(PLUGIN, scope.signals)
+
+            async def watching(call: ToolCall, call_next: PreNext) -> PreDecision:
+                if self.needs(call):
+                    shadow.would("ask a person about", f'tool "{call.name}"', "its policy")
+                return await call_next(call)
+
+            scope.use(scope.tools.pre_execute, watching, name=PLUGIN)
+            return
         service = _Service(self, scope.signals)
         scope.use(scope.tools.pre_execute, service.layer, name=PLUGIN)
         before = scope.tools.approvals

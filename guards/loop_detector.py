@@ -88,7 +88,7 @@ from guardstack.guards import volatile as vol
 from guardstack.guards.agent_state import ConversationState, Resettable
 from guardstack.pipeline.contract import ModelNext, PostNext, PreNext, PromptNext, Scope
 from guardstack.pipeline.errors import TurnBlocked
-from guardstack.pipeline.signals import LOOP_DETECTIONS, REMINDERS, Signals
+from guardstack.pipeline.signals import LOOP_DETECTIONS, REMINDERS, Shadow, Signals
 from guardstack.pipeline.validate import (
     boolean,
     compile_patterns,
@@ -244,6 +244,9 @@ class LoopDetector:
     monologue: int | None = attrs.field(default=None, validator=_threshold("monologue"))
     continue_prompts: tuple[str, ...] = attrs.field(default=(), converter=_prompts)
     across_turns: bool = attrs.field(default=True, validator=_flag("across_turns"))
+    #: Detect as usual, record what it would have done (remind, deny, end the turn), act
+    #: on nothing.
+    shadow: bool = attrs.field(default=False, validator=_flag("shadow"), kw_only=True)
     _include: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _volatile_keys: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
@@ -684,7 +687,7 @@ class _Monologue:
 class _Watcher:
     """One application's turns, and the layers that watch and stop loops."""
 
-    __slots__ = ("config", "monologues", "signals", "turns")
+    __slots__ = ("config", "monologues", "shadow", "signals", "turns")
 
     def __init__(
         self, config: LoopDetector, turns: ConversationState[_Turn], signals: Signals
@@ -692,6 +695,7 @@ class _Watcher:
         self.config = config
         self.turns = turns
         self.signals = signals
+        self.shadow = Shadow(PLUGIN, signals) if config.shadow else None
         self.monologues: weakref.WeakKeyDictionary[Agent, _Monologue] = weakref.WeakKeyDictionary()
 
     def _turn(self, call: ToolCall) -> _Turn:
@@ -728,7 +732,10 @@ class _Watcher:
         monologue.continued = True
         found, monologue.pending = monologue.pending, None
         if found is not None and config.remind is not None and found.number == config.remind:
-            text = f"{text}\n\n{config.text(found)}"
+            if self.shadow is None:
+                text = f"{text}\n\n{config.text(found)}"
+            else:
+                self.shadow.would("remind", f"agent {agent.session_id}", found.pattern)
         return await call_next(agent, text)
 
     async def model_call(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
@@ -741,7 +748,9 @@ class _Watcher:
             stops = [rung for rung in (config.deny, config.end_turn) if rung is not None]
             if stops and monologue.detections >= min(stops):
                 found = Detection("monologue", (), len(monologue.replies), monologue.detections)
-                raise TurnBlocked(f"{PLUGIN}: {config.text(found)} (turn ended)")
+                if self.shadow is None:
+                    raise TurnBlocked(f"{PLUGIN}: {config.text(found)} (turn ended)")
+                self.shadow.would("end the turn", f"agent {agent.session_id}", found.pattern)
         reply = await call_next(request)
         if reply.tool_calls:
             if monologue is not None:
@@ -788,7 +797,10 @@ class _Watcher:
         if ends or (config.deny is not None and number >= config.deny):
             what = "turn ended" if ends else "call denied"
             reason = f"{config.name}: {config.text(found)} ({what}: this loop was not broken)"
-            return Deny(reason, end_turn=ends)
+            if self.shadow is None:
+                return Deny(reason, end_turn=ends)
+            decision = "end the turn" if ends else "deny"
+            self.shadow.would(decision, f'tool "{call.name}"', f"{found.pattern} loop")
         return await call_next(call)
 
     async def post_execute(
@@ -817,6 +829,9 @@ class _Watcher:
         turn.detections += 1
         _report(found, turn.detections, self.signals)
         if config.remind is None or turn.detections != config.remind:
+            return decision
+        if self.shadow is not None:
+            self.shadow.would("remind", f'tool "{call.name}"', f"{found.pattern} loop")
             return decision
         reminder = ContextMessage(config.text(found), SOURCE)
         self.signals.add(REMINDERS, 1, {"pattern": found.pattern})

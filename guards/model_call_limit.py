@@ -40,7 +40,8 @@ from guardstack.pipeline.contract import (
     never_reached,
 )
 from guardstack.pipeline.errors import TurnBlocked
-from guardstack.pipeline.validate import invalid, optional_integer
+from guardstack.pipeline.signals import Shadow
+from guardstack.pipeline.validate import flag, invalid, optional_integer
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent, Window
@@ -69,6 +70,8 @@ class ModelCallLimit:
     store: StateStore | None = attrs.field(
         default=None, kw_only=True, repr=False, validator=check_ledger_store(PLUGIN)
     )
+    #: Count as usual, record what it would have refused, refuse nothing.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if self.per_turn is None and self.per_session is None:
@@ -82,6 +85,7 @@ class ModelCallLimit:
     def apply(self, scope: Scope) -> None:
         """Register the counting model-call layer; its turn windows close as turns end."""
         accounts = Accounts(scope, self.store)
+        shadow = Shadow(scope.namespace, scope.signals) if self.shadow else None
         #: The least each agent's session has made: its log's replies when first seen,
         #: plus every call this process counted since.
         made: weakref.WeakKeyDictionary[Agent, int] = weakref.WeakKeyDictionary()
@@ -121,10 +125,14 @@ class ModelCallLimit:
                 turn = self.per_turn is not None and refused is not None
                 what = "turn" if turn and refused and refused.key == wanted[0].key else "session"
                 limit = self.per_turn if what == "turn" else self.per_session
-                raise TurnBlocked(
+                reason = (
                     f"{PLUGIN}: this {what} made {int(reservation.used)} model calls and the "
                     f"limit is {limit} per {what}"
                 )
+                if shadow is None:
+                    raise TurnBlocked(reason)
+                shadow.would("end the turn", f"agent {agent.session_id}", reason)
+                return await call_next(request)
             try:
                 reply = await call_next(request)
             except BaseException as error:

@@ -48,8 +48,8 @@ import attrs
 from guardstack.guards.agent_state import ConversationState, Resettable
 from guardstack.guards.canonical import canonical_json, utf16_length, utf16_prefix
 from guardstack.pipeline.contract import PostNext, Scope
-from guardstack.pipeline.signals import REMINDERS, Signals
-from guardstack.pipeline.validate import compile_patterns, cut, invalid, patterns, rejected
+from guardstack.pipeline.signals import REMINDERS, Shadow, Signals
+from guardstack.pipeline.validate import compile_patterns, cut, flag, invalid, patterns, rejected
 from guardstack.pipeline.values import (
     ContextMessage,
     MessageSource,
@@ -138,6 +138,8 @@ class RepeatToolReminder:
     include: tuple[str, ...] = attrs.field(default=(), converter=_include)
     exclude: tuple[str, ...] = attrs.field(default=(), converter=_exclude)
     arguments_preview_chars: int = attrs.field(default=500, converter=_preview_chars)
+    #: Count as usual, record the reminders it would add, add none.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
     _include: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _resets: Resettable = attrs.field(init=False, repr=False, eq=False, factory=Resettable)
@@ -184,7 +186,7 @@ class RepeatToolReminder:
 class _ChainCounter:
     """One application's chains, and the post-execute layer that counts them."""
 
-    __slots__ = ("chains", "config", "signals")
+    __slots__ = ("chains", "config", "shadow", "signals")
 
     def __init__(
         self, config: RepeatToolReminder, chains: ConversationState[_Chain], signals: Signals
@@ -192,6 +194,7 @@ class _ChainCounter:
         self.config = config
         self.chains = chains
         self.signals = signals
+        self.shadow = Shadow(PLUGIN, signals) if config.shadow else None
 
     async def post_execute(
         self, call: ToolCall, result: ToolResult, call_next: PostNext
@@ -207,6 +210,9 @@ class _ChainCounter:
         self.chains.set(call, _Chain(key, count))
         decision = await call_next(call, result)
         if count not in config.thresholds:
+            return decision
+        if self.shadow is not None:
+            self.shadow.would("remind", f'tool "{call.name}"', f"{count} identical calls in a row")
             return decision
         reminder = config.reminder(call.name, canonical, count)
         self.signals.add(REMINDERS, 1, {"pattern": "repeat", "gen_ai.tool.name": call.name})

@@ -48,7 +48,8 @@ from guardstack.pipeline.contract import (
     StateStore,
     Window,
 )
-from guardstack.pipeline.validate import compile_patterns, integer, invalid
+from guardstack.pipeline.signals import Shadow
+from guardstack.pipeline.validate import compile_patterns, flag, integer, invalid
 from guardstack.pipeline.values import TOOL_DENIED, Deny, PreDecision, ToolCall
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ class ToolCallLimit:
     store: StateStore | None = attrs.field(
         default=None, validator=check_ledger_store(PLUGIN), kw_only=True, repr=False
     )
+    #: Count as usual, record what it would have refused, refuse nothing.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
     _resets: Resettable = attrs.field(init=False, repr=False, eq=False, factory=Resettable)
     _patterns: tuple[tuple[str, re.Pattern[str], int], ...] = attrs.field(
         init=False, repr=False, eq=False
@@ -159,6 +162,7 @@ class ToolCallLimit:
         """Register the counting pre-execute layer and the per-turn reset, with fresh counts."""
         turns: ConversationState[str] = self._resets.track(ConversationState(PLUGIN))
         cap = _Cap(self, turns, Accounts(scope, self.store))
+        cap.shadow = Shadow(scope.namespace, scope.signals) if self.shadow else None
         turns.on_forget = cap.forget
         scope.use(scope.tools.pre_execute, cap.pre_execute, name=self.name)
         # a child agent's calls (AgentTool) count here too, as this agent's
@@ -174,7 +178,7 @@ class ToolCallLimit:
 class _Cap:
     """One application's counters in a ledger, and the pre-execute layer that enforces them."""
 
-    __slots__ = ("accounts", "config", "forgotten", "open_turns", "turns")
+    __slots__ = ("accounts", "config", "forgotten", "open_turns", "shadow", "turns")
 
     def __init__(
         self, config: ToolCallLimit, turns: ConversationState[str], accounts: Accounts
@@ -187,6 +191,7 @@ class _Cap:
         self.open_turns: dict[str, dict[tuple[tuple[str, int | None], ...], list[Window]]] = {}
         #: Keys of turns whose conversation was forgotten: closed at the next call.
         self.forgotten: list[str] = []
+        self.shadow: Shadow | None = None
 
     def forget(self, token: str) -> None:
         """A conversation outside the loop was forgotten (or reset): its turn is over."""
@@ -295,7 +300,12 @@ class _Cap:
                 if refused is not None and window.key == refused.key
             )
             assert limit is not None
-            return self._deny(config.reason(counter, reservation.used, limit))
+            reason = config.reason(counter, reservation.used, limit)
+            if self.shadow is not None:  # the call goes on, uncounted, as a denied one is
+                would = "end the turn" if config.on_exceeded == "end_turn" else "deny"
+                self.shadow.would(would, f'tool "{call.name}"', reason)
+                return await call_next(call)
+            return self._deny(reason)
         try:
             decision = await call_next(call)
         except BaseException:

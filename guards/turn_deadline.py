@@ -16,13 +16,15 @@ It is per turn: the next prompt gets the whole budget again. A cancel from outsi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import anyio
 import attrs
 
 from guardstack.pipeline.contract import Scope, TurnRun
-from guardstack.pipeline.validate import integer
+from guardstack.pipeline.signals import Shadow
+from guardstack.pipeline.validate import flag, integer
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
@@ -43,9 +45,14 @@ class TurnDeadline:
     name: ClassVar[str] = PLUGIN
 
     ms: int = attrs.field(validator=_check_ms)
+    #: Watch the clock as usual, record the turns it would have ended, end none.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def apply(self, scope: Scope) -> None:
         budget_s = self.ms / 1000
+        if self.shadow:
+            scope.adopt(scope.loop.instrument_turn(self._watching(Shadow(PLUGIN, scope.signals))))
+            return
 
         def hook(run: TurnRun) -> TurnRun:
             async def within(agent: Agent, text: str) -> Any:
@@ -65,3 +72,26 @@ class TurnDeadline:
             return within
 
         scope.adopt(scope.loop.instrument_turn(hook))
+
+    def _watching(self, shadow: Shadow) -> Callable[[TurnRun], TurnRun]:
+        """In shadow mode: the turn runs whole; one that outlives the budget is recorded
+        (a watcher beside it, cancelled when the turn ends). Calls inside see no deadline."""
+        budget_s = self.ms / 1000
+
+        def hook(run: TurnRun) -> TurnRun:
+            async def watched(agent: Agent, text: str) -> Any:
+                async def watch() -> None:
+                    await anyio.sleep(budget_s)
+                    shadow.would("end the turn", f"agent {agent.session_id}",
+                                 f"it ran past its {self.ms} ms")  # fmt: skip
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(watch)
+                    try:
+                        return await run(agent, text)
+                    finally:
+                        group.cancel_scope.cancel()
+
+            return watched
+
+        return hook

@@ -71,8 +71,8 @@ from guardstack.pipeline.contract import (
     store_key,
 )
 from guardstack.pipeline.errors import ConfigError, GuardstackWarning, TurnBlocked
-from guardstack.pipeline.signals import USAGE_USD
-from guardstack.pipeline.validate import invalid, number, optional_integer
+from guardstack.pipeline.signals import USAGE_USD, Shadow
+from guardstack.pipeline.validate import flag, invalid, number, optional_integer
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
@@ -176,6 +176,8 @@ class UsageLimit:
     store: StateStore | None = attrs.field(
         default=None, kw_only=True, repr=False, validator=check_ledger_store(PLUGIN)
     )
+    #: Count as usual, record what it would have refused, refuse nothing.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         limits = (
@@ -290,6 +292,7 @@ class _Limits:
         self.config = config
         self.accounts = Accounts(scope, config.store)
         self.signals = scope.signals
+        self.shadow = Shadow(scope.namespace, scope.signals) if config.shadow else None
         self.wall_clock: Callable[[], float] = getattr(
             self.accounts.ledger, "wall_clock", time.time
         )
@@ -431,7 +434,11 @@ class _Limits:
             logger.warning("%s: the store is down; a call goes through uncounted", PLUGIN)
             return await call_next(request)
         if not reservation.granted:
-            raise TurnBlocked(self.refusal(reservation, estimate))
+            reason = self.refusal(reservation, estimate)
+            if self.shadow is None:
+                raise TurnBlocked(reason)
+            self.shadow.would("end the turn", f"agent {agent.session_id}", reason)
+            return await call_next(request)  # uncounted, as a refused call is
         try:
             reply = await call_next(request)
         except BaseException as error:

@@ -31,7 +31,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, Literal
 
 import attrs
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.util.types import AttributeValue
 
@@ -41,6 +41,7 @@ __all__ = [
     "BREAKER_STATE",
     "BREAKER_TRANSITIONS",
     "CONCURRENCY_LIMIT",
+    "CONTROL_OVERRIDES",
     "EVENTS",
     "LIMITER_QUEUE",
     "LIMITER_WAIT",
@@ -48,10 +49,14 @@ __all__ = [
     "METRICS",
     "REMINDERS",
     "RETRY_ATTEMPTS",
+    "SHADOW_ATTRIBUTE",
+    "SHADOW_DECISIONS",
+    "SHADOW_EVENT",
     "STORE_ERRORS",
     "USAGE_TOKENS",
     "USAGE_USD",
     "MetricSpec",
+    "Shadow",
     "Signals",
 ]
 
@@ -66,6 +71,12 @@ LOOP_DETECTIONS: Final = "guardstack.loop.detections"
 USAGE_TOKENS: Final = "guardstack.usage.tokens"
 USAGE_USD: Final = "guardstack.usage.usd"
 STORE_ERRORS: Final = "guardstack.store.errors"
+SHADOW_DECISIONS: Final = "guardstack.shadow.decisions"
+CONTROL_OVERRIDES: Final = "guardstack.control.overrides"
+#: The event a layer in shadow mode writes for each decision it did not act on.
+SHADOW_EVENT: Final = "guardstack.shadow.decision"
+#: The span attribute naming it (the layer and what it would have done).
+SHADOW_ATTRIBUTE: Final = "guardstack.shadow.decision"
 
 logger = logging.getLogger("guardstack")
 
@@ -140,6 +151,14 @@ METRICS: Final[dict[str, MetricSpec]] = {
     "guardstack.store.errors": MetricSpec(
         "counter", "{error}", "State store operations that failed, by store and policy"
     ),
+    "guardstack.shadow.decisions": MetricSpec(
+        "counter", "{decision}",
+        "What layers in shadow mode would have done and did not, by layer and decision"
+    ),
+    "guardstack.control.overrides": MetricSpec(
+        "gauge", "{override}",
+        "Manual overrides in force (a breaker forced, a tool paused, a limit changed), by kind"
+    ),
 }  # fmt: skip
 
 #: The log-based events, by name (``LogRecord.event_name``), and what each says.
@@ -153,6 +172,10 @@ EVENTS: Final[dict[str, str]] = {
     "guardstack.store.error": "a state store failed (store, layer, policy, error)",
     "gen_ai.client.operation.exception": "a model call failed (the GenAI conventions' event)",
     "guardstack.tool.exception": "a tool raised (exception type, message, stacktrace)",
+    "guardstack.shadow.decision": "a layer in shadow mode would have acted (layer, decision, "
+    "what, reason) and let the call through",
+    "guardstack.control": "an operator forced a breaker, paused or resumed a tool, or changed "
+    "a limit (action, layer, tool)",
 }
 
 
@@ -313,3 +336,48 @@ def _for_meter(meter: Any) -> _Shared:
         if shared is None:
             shared = _SHARED[meter] = _Shared(meter)
         return shared
+
+
+class Shadow:
+    """A layer application in shadow mode: each decision it would have acted on —
+    refuse, wait, deny, remind, end the turn — is recorded (``guardstack.shadow.decisions``
+    by layer and decision, a ``guardstack.shadow.decision`` event, the same on the
+    current span) and the call goes on unchanged. A new rule can so run on real traffic
+    before it acts."""
+
+    __slots__ = ("_attributes", "layer", "signals")
+
+    def __init__(self, layer: str, signals: Signals) -> None:
+        self.layer = layer
+        self.signals = signals
+        self._attributes: dict[str, Attributes] = {}
+
+    def would(self, decision: str, target: str, reason: str = "") -> None:
+        """Record that the layer would have done ``decision`` to ``target`` (a tool, a
+        model, an agent), because ``reason``."""
+        attributes = self._attributes.get(decision)
+        if attributes is None:
+            attributes = self._attributes[decision] = {
+                "guardstack.layer": self.layer,
+                "decision": decision,
+            }
+        signals = self.signals
+        signals.add(SHADOW_DECISIONS, 1, attributes)
+        said = f"{self.layer}: would {decision} {target}"
+        try:
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.set_attribute(SHADOW_ATTRIBUTE, said)
+        except Exception:  # telemetry never changes an outcome
+            logger.debug("guardstack: could not mark the span", exc_info=True)
+        if signals.listened:
+            signals.event(
+                SHADOW_EVENT,
+                {
+                    "guardstack.layer": self.layer,
+                    "guardstack.shadow.decision": decision,
+                    "guardstack.shadow.target": target,
+                    "guardstack.reason": reason,
+                },
+            )
+        logger.info("%s (shadow)%s", said, f": {reason}" if reason else "")

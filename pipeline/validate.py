@@ -21,6 +21,7 @@ __all__ = [
     "compile_patterns",
     "cut",
     "did_you_mean",
+    "flag",
     "integer",
     "invalid",
     "non_empty_text",
@@ -181,5 +182,14 @@ def optional_integer(owner: str, key: str) -> Callable[[Any, Any, Any], None]:
     def check(_: Any, __: Any, value: Any) -> None:
         if value is not None:
             integer(owner, key, value)
+
+    return check
+
+
+def flag(owner: str, key: str) -> Callable[[Any, Any, Any], None]:
+    """An attrs validator: ``True`` or ``False`` (``shadow=``, ``wait=``…)."""
+
+    def check(_: Any, __: Any, value: Any) -> None:
+        boolean(owner, key, value)
 
     return check

@@ -34,8 +34,15 @@ import attrs
 from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
-from guardstack.pipeline.signals import CONCURRENCY_LIMIT, LIMITER_QUEUE, Signals
-from guardstack.pipeline.validate import StageName, integer, invalid, optional_integer, stage
+from guardstack.pipeline.signals import CONCURRENCY_LIMIT, LIMITER_QUEUE, Shadow, Signals
+from guardstack.pipeline.validate import (
+    StageName,
+    flag,
+    integer,
+    invalid,
+    optional_integer,
+    stage,
+)
 from guardstack.wrappers._keyed import (
     QueueMetrics,
     StateKeys,
@@ -217,6 +224,8 @@ class AdaptiveConcurrencyLimit:
     )
     #: Tenants take weighted turns in the queue within a priority (``True``: equal weights).
     fair: Fairness = attrs.field(default=None, converter=_fair, kw_only=True)
+    #: Decide as usual, record what it would have done, let every call through.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
     _applied: list[_Limits] = attrs.field(init=False, factory=list, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
@@ -285,6 +294,7 @@ class _Limits:
         #: Each name's (tool's, model's, or the shared key's) state, least recently used first.
         self.states: dict[str, _State] = {}
         self.signals = OVERLOAD | set(config.on)
+        self.shadow = Shadow(namespace, signals) if config.shadow else None
 
     def __repr__(self) -> str:
         return repr(self.config)
@@ -368,6 +378,8 @@ class _Limits:
             await anyio.sleep(wait)  # the provider said when to come back
         limit = self._clamped(await self._shared_limit(name, state))
         timeout_ms = config.queue_timeout_ms
+        if self.shadow is not None:  # it learns as usual; the call never waits
+            return await self._shadowed(item, call_next, key, name, state, limit)
         try:
             lease = await self.slots.acquire(
                 key,
@@ -398,6 +410,39 @@ class _Limits:
                 await self.slots.release(key, lease)
             except Exception as error:
                 self.failures.fails_open(error)
+        return stage.deliver(outcome)
+
+    async def _shadowed(
+        self, item: Any, call_next: Any, key: str, name: str, state: _State, limit: int
+    ) -> Any:
+        """In shadow mode: a free slot is taken as usual, the limit learns from every
+        outcome; a call that would have waited runs at once, and that is recorded."""
+        stage = self.stage
+        assert self.shadow is not None
+        try:
+            lease = await self.slots.store.acquire(key, limit)
+        except Exception as error:
+            self.failures.fails_open(error)
+            lease = None
+        if lease is None:
+            self.shadow.would(
+                "wait", stage.label(item), f"{limit} calls are running, its limit now"
+            )
+        version = state.version
+        state.inflight += 1
+        inflight = state.inflight
+        started = anyio.current_time()
+        try:
+            outcome = await stage.attempt(call_next, item)
+            await self._learn(name, state, outcome, anyio.current_time() - started, inflight,
+                              version)  # fmt: skip
+        finally:
+            state.inflight -= 1
+            if lease is not None:
+                try:
+                    await self.slots.release(key, lease)
+                except Exception as error:
+                    self.failures.fails_open(error)
         return stage.deliver(outcome)
 
     async def _learn(

@@ -46,9 +46,9 @@ from guardstack.pipeline.contract import (
     StateStore,
     adapter_for,
 )
-from guardstack.pipeline.signals import BREAKER_STATE, BREAKER_TRANSITIONS, Signals
+from guardstack.pipeline.signals import BREAKER_STATE, BREAKER_TRANSITIONS, Shadow, Signals
 from guardstack.pipeline.store import BreakerState
-from guardstack.pipeline.validate import StageName, codes, integer, stage
+from guardstack.pipeline.validate import StageName, codes, flag, integer, stage
 from guardstack.wrappers._keyed import (
     StateKeys,
     StoreFailures,
@@ -114,6 +114,8 @@ class CircuitBreaker:
     store: StateStore | None = attrs.field(
         default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
     )
+    #: Decide as usual, record what it would have done, let every call through.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         check_codes(PLUGIN, "on", self.stage, self.on)
@@ -156,7 +158,7 @@ def _why(what: str, wait_s: float) -> str:
 class _Breakers:
     """One application: the layer, on either stage, over breakers kept in a store."""
 
-    __slots__ = ("config", "failures", "keys", "namespace", "shield", "signals",
+    __slots__ = ("config", "failures", "keys", "namespace", "shadow", "shield", "signals",
                  "stage", "states", "store")  # fmt: skip
 
     def __init__(
@@ -170,6 +172,7 @@ class _Breakers:
         self.shield = suspends(store)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         self.signals = signals
+        self.shadow = Shadow(namespace, signals) if config.shadow else None
         #: The state this process last saw of each breaker that ever left closed.
         self.states: dict[str, BreakerState] = {}
 
@@ -235,6 +238,9 @@ class _Breakers:
             return await call_next(item)
         if not admission.admitted:
             self._seen_open(key)
+            if self.shadow is not None:  # it would answer at once; the call goes on, uncounted
+                self.shadow.would("refuse", stage.label(item), "the breaker is open")
+                return await call_next(item)
             return stage.deliver(self._refusal(item, admission.wait_s))
         if admission.probe:
             self._changed(key, "half_open")

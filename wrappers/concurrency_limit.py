@@ -29,6 +29,7 @@ say otherwise).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -37,8 +38,8 @@ import attrs
 from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
-from guardstack.pipeline.signals import LIMITER_QUEUE, Signals
-from guardstack.pipeline.validate import StageName, integer, optional_integer, stage
+from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
+from guardstack.pipeline.validate import StageName, flag, integer, optional_integer, stage
 from guardstack.wrappers._keyed import (
     QueueMetrics,
     StateKeys,
@@ -95,6 +96,8 @@ class ConcurrencyLimit:
     )
     #: Tenants take weighted turns within a priority (``True``: equal weights).
     fair: Fairness = attrs.field(default=None, converter=_fair, kw_only=True)
+    #: Decide as usual, record what it would have done, let every call through.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of limits (all slots free) on the stage it names."""
@@ -219,7 +222,7 @@ class SlotQueue:
 class _Limits:
     """One application: the layer, on either stage, over slots kept in a store."""
 
-    __slots__ = ("config", "failures", "keys", "slots", "stage")
+    __slots__ = ("config", "failures", "keys", "shadow", "slots", "stage")
 
     def __init__(
         self, config: ConcurrencyLimit, store: StateStore, namespace: str, signals: Signals
@@ -229,6 +232,7 @@ class _Limits:
         self.keys = StateKeys(namespace, config.key, self.stage, "slots")
         self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN), config.fair)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
+        self.shadow = Shadow(namespace, signals) if config.shadow else None
 
     def __repr__(self) -> str:
         return repr(self.config)
@@ -236,6 +240,9 @@ class _Limits:
     async def __call__(self, item: Any, call_next: Any) -> Any:
         config, stage = self.config, self.stage
         key = self.keys(item)
+        if self.shadow is not None:
+            return await shadowed(self.shadow, self.slots, key, config.max_concurrent,
+                                  config.queue, stage, item, call_next)  # fmt: skip
         timeout_ms = config.queue_timeout_ms
         try:
             lease = await self.slots.acquire(
@@ -263,6 +270,34 @@ class _Limits:
 
     def _refusal(self, item: Any, reason: str) -> Outcome:
         return overloaded(self.stage, item, reason, PLUGIN)
+
+
+async def shadowed(
+    shadow: Shadow,
+    slots: SlotQueue,
+    key: str,
+    limit: int,
+    queue: int,
+    stage: StageAdapter[Any, Any],
+    item: Any,
+    call_next: Any,
+) -> Any:
+    """A bulkhead in shadow mode: a free slot is taken as usual (so what it counts is what
+    it would count); with none, it records that the call would have waited (or been
+    refused, with no queue) and runs it at once, without a slot."""
+    try:
+        lease = await slots.store.acquire(key, limit)
+    except Exception:
+        return await call_next(item)
+    if lease is None:
+        decision = "wait" if queue > 0 else "refuse"
+        shadow.would(decision, stage.label(item), f"{limit} calls are running, the most allowed")
+        return await call_next(item)
+    try:
+        return await call_next(item)
+    finally:
+        with contextlib.suppress(Exception):
+            await slots.release(key, lease)
 
 
 def overloaded(stage: StageAdapter[Any, Any], item: Any, reason: str, layer: str) -> Outcome:

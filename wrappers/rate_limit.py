@@ -33,8 +33,8 @@ import attrs
 from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
-from guardstack.pipeline.signals import LIMITER_QUEUE, Signals
-from guardstack.pipeline.validate import StageName, boolean, integer, stage
+from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
+from guardstack.pipeline.validate import StageName, boolean, flag, integer, stage
 from guardstack.wrappers._keyed import (
     QueueMetrics,
     StateKeys,
@@ -90,6 +90,8 @@ class RateLimit:
     )
     #: Tenants take weighted turns in the queue within a priority (``True``: equal weights).
     fair: Fairness = attrs.field(default=None, converter=_fair, kw_only=True)
+    #: Decide as usual, record what it would have done, let every call through.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of buckets (full) on the stage it names."""
@@ -101,7 +103,7 @@ class RateLimit:
 class _Buckets:
     """One application: the layer, on either stage, and its queues of waiters per key."""
 
-    __slots__ = ("config", "failures", "keys", "metrics", "queues", "stage", "store")
+    __slots__ = ("config", "failures", "keys", "metrics", "queues", "shadow", "stage", "store")
 
     def __init__(
         self, config: RateLimit, store: StateStore, namespace: str, signals: Signals
@@ -114,6 +116,7 @@ class _Buckets:
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         #: Waiters per key; a key is here only while someone waits.
         self.queues: dict[str, WaitLine] = {}
+        self.shadow = Shadow(namespace, signals) if config.shadow else None
 
     def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
         """``guardstack.limiter.queue``: the calls waiting, per key that has a queue."""
@@ -158,6 +161,16 @@ class _Buckets:
         stage = self.stage
         key = self.keys(item)
         refusal = None
+        if self.shadow is not None:
+            try:
+                wait_s = await self._take(key)
+            except Exception as error:
+                self.failures.fails_open(error)
+                wait_s = 0.0
+            if wait_s > 0:  # no token: the call would have waited (or been refused)
+                decision = "wait" if self.config.wait else "refuse"
+                self.shadow.would(decision, stage.label(item), f"no token for {wait_s:.3g}s")
+            return await call_next(item)
         try:
             queue = self.queues.get(key)
             if queue is not None:  # others are waiting: join the line

@@ -54,7 +54,15 @@ from guardstack.pipeline.contract import (
     stated_output_limit,
     store_key,
 )
-from guardstack.pipeline.validate import StageName, boolean, invalid, optional_integer, stage
+from guardstack.pipeline.signals import Shadow
+from guardstack.pipeline.validate import (
+    StageName,
+    boolean,
+    flag,
+    invalid,
+    optional_integer,
+    stage,
+)
 from guardstack.wrappers._keyed import StateKeys, StoreFailures, check_key, check_store, register
 from guardstack.wrappers._line import Fairness, WaitLine, fairness
 
@@ -111,6 +119,8 @@ class TokenRateLimit:
     store: StateStore | None = attrs.field(
         default=None, validator=check_store(PLUGIN), kw_only=True, repr=False
     )
+    #: Decide as usual, record what it would have done, let every call through.
+    shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if self.tokens_per_minute is None and self.requests_per_minute is None:
@@ -140,6 +150,7 @@ class _Minutes:
         "lines",
         "operation",
         "remote",
+        "shadow",
         "stage",
         "windows_of",
     )
@@ -160,6 +171,7 @@ class _Minutes:
         self.remote = bool(getattr(store, "suspends", True))
         #: Each key's windows, made once (a key per model: few).
         self.windows_of: dict[str, list[Window]] = {}
+        self.shadow = Shadow(scope.namespace, scope.signals) if config.shadow else None
 
     def __repr__(self) -> str:
         config = self.config
@@ -216,6 +228,8 @@ class _Minutes:
         windows = self.windows(key)
         amounts = self.estimate(item)
         op_id = self.operation + new_token()
+        if self.shadow is not None:
+            return await self._shadowed(item, call_next, op_id, amounts, windows)
         try:
             refusal = await self._admit(item, key, op_id, amounts, windows)
         except Exception as error:
@@ -226,6 +240,29 @@ class _Minutes:
             return stage.deliver(refusal)
         outcome = await self._attempt(item, call_next, op_id)
         return stage.deliver(outcome)
+
+    async def _shadowed(
+        self,
+        item: Any,
+        call_next: Any,
+        op_id: str,
+        amounts: dict[str, float],
+        windows: list[Window],
+    ) -> Any:
+        """In shadow mode: reserved as usual when there is room (so the minute counts what
+        it would count); when there is none, recorded, and the call runs uncounted."""
+        try:
+            reservation = await self.ledger.reserve(op_id, amounts, windows, lease_s=LEASE_S)
+        except Exception as error:
+            self.failures.fails_open(error)
+            return await call_next(item)
+        if not reservation.granted:
+            decision = "wait" if self.config.wait and reservation.retry_after_s else "refuse"
+            shadow = self.shadow
+            assert shadow is not None
+            shadow.would(decision, self.stage.label(item), self._why(reservation))
+            return await call_next(item)
+        return self.stage.deliver(await self._attempt(item, call_next, op_id))
 
     async def _attempt(self, item: Any, call_next: Any, op_id: str) -> Outcome:
         # cancelled: it may have reached the provider, and stays charged its estimate

@@ -270,3 +270,13 @@ def test_stream_bounds_token_minutes_and_queue_order_are_explained() -> None:
     assert any(
         "a tool that reports progress outlives its declared budget" in line for line in lines
     )
+
+
+def test_a_layer_in_shadow_says_so() -> None:
+    from guardstack.wrappers import CircuitBreaker
+
+    harness = Harness()
+    harness.plugin(CircuitBreaker(shadow=True))
+    harness.plugin(CircuitBreaker(key="other"))
+    lines = check(harness).lines
+    assert sum("IN SHADOW" in line for line in lines) == 1
