@@ -29,7 +29,6 @@ say otherwise).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -240,21 +239,23 @@ class _Limits:
     async def __call__(self, item: Any, call_next: Any) -> Any:
         config, stage = self.config, self.stage
         key = self.keys(item)
-        if self.shadow is not None:
-            return await shadowed(self.shadow, self.slots, key, config.max_concurrent,
-                                  config.queue, stage, item, call_next)  # fmt: skip
         timeout_ms = config.queue_timeout_ms
+        shadow = self.shadow
         try:
             lease = await self.slots.acquire(
                 key,
                 config.max_concurrent,
-                config.queue,
+                config.queue if shadow is None else 0,  # a shadow never makes a call wait
                 None if timeout_ms is None else timeout_ms / 1000,
                 None,
                 item,
                 stage,
             )
         except _Overloaded as overloaded:
+            if shadow is not None:  # it would have waited (or refused): runs without a slot
+                full = f"{config.max_concurrent} calls are running, the most allowed"
+                shadow.would("wait" if config.queue else "refuse", stage.label(item), full)
+                return await call_next(item)
             return stage.deliver(self._refusal(item, overloaded.reason))
         except Exception as error:
             if not self.failures.fails_open(error):
@@ -270,34 +271,6 @@ class _Limits:
 
     def _refusal(self, item: Any, reason: str) -> Outcome:
         return overloaded(self.stage, item, reason, PLUGIN)
-
-
-async def shadowed(
-    shadow: Shadow,
-    slots: SlotQueue,
-    key: str,
-    limit: int,
-    queue: int,
-    stage: StageAdapter[Any, Any],
-    item: Any,
-    call_next: Any,
-) -> Any:
-    """A bulkhead in shadow mode: a free slot is taken as usual (so what it counts is what
-    it would count); with none, it records that the call would have waited (or been
-    refused, with no queue) and runs it at once, without a slot."""
-    try:
-        lease = await slots.store.acquire(key, limit)
-    except Exception:
-        return await call_next(item)
-    if lease is None:
-        decision = "wait" if queue > 0 else "refuse"
-        shadow.would(decision, stage.label(item), f"{limit} calls are running, the most allowed")
-        return await call_next(item)
-    try:
-        return await call_next(item)
-    finally:
-        with contextlib.suppress(Exception):
-            await slots.release(key, lease)
 
 
 def overloaded(stage: StageAdapter[Any, Any], item: Any, reason: str, layer: str) -> Outcome:
