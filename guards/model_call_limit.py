@@ -61,6 +61,8 @@ class ModelCallLimit:
     """At most ``per_turn`` model calls per turn and ``per_session`` per session."""
 
     name: ClassVar[str] = PLUGIN
+    #: What an operator may change at run time (``harness.control.set_limit``).
+    controllable: ClassVar[frozenset[str]] = frozenset({"per_turn", "per_session"})
 
     per_turn: int | None = attrs.field(default=None, validator=optional_integer(PLUGIN, "per_turn"))
     per_session: int | None = attrs.field(
@@ -90,20 +92,30 @@ class ModelCallLimit:
         #: plus every call this process counted since.
         made: weakref.WeakKeyDictionary[Agent, int] = weakref.WeakKeyDictionary()
 
+        control, plugin_id = scope.control, scope.plugin_id
+
+        def limits() -> tuple[int | None, int | None]:
+            per_turn, per_session = self.per_turn, self.per_session
+            if control is not None and control.limits:  # an operator's numbers, if any
+                turn = control.limit(plugin_id, None, "per_turn")
+                session = control.limit(plugin_id, None, "per_session")
+                per_turn = int(turn) if turn is not None else per_turn
+                per_session = int(session) if session is not None else per_session
+            return per_turn, per_session
+
         def windows(agent: Agent) -> list[Window]:
             found = []
-            if self.per_turn is not None:
+            per_turn, per_session = limits()
+            if per_turn is not None:
                 token = accounts.turn_of(agent)
                 floor = agent.turn_model_calls
-                found.append(accounts.turn_window(token, "calls", "calls", self.per_turn, floor))
-            if self.per_session is not None:
+                found.append(accounts.turn_window(token, "calls", "calls", per_turn, floor))
+            if per_session is not None:
                 logged = made.get(agent)
                 if logged is None:
                     logged = made[agent] = logged_replies(agent)
                 found.append(
-                    accounts.session_window(
-                        agent.session_id, "calls", "calls", self.per_session, logged
-                    )
+                    accounts.session_window(agent.session_id, "calls", "calls", per_session, logged)
                 )
             return found
 
@@ -122,9 +134,10 @@ class ModelCallLimit:
                 return await call_next(request)
             if not reservation.granted:
                 refused = reservation.window
-                turn = self.per_turn is not None and refused is not None
+                per_turn, per_session = limits()
+                turn = per_turn is not None and refused is not None
                 what = "turn" if turn and refused and refused.key == wanted[0].key else "session"
-                limit = self.per_turn if what == "turn" else self.per_session
+                limit = per_turn if what == "turn" else per_session
                 reason = (
                     f"{PLUGIN}: this {what} made {int(reservation.used)} model calls and the "
                     f"limit is {limit} per {what}"

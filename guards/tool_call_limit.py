@@ -43,6 +43,7 @@ from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
 from guardstack.guards.agent_state import ConversationState, Resettable, new_turn_token
 from guardstack.pipeline.contract import (
     UNKNOWN_KEY,
+    Control,
     PreNext,
     Scope,
     StateStore,
@@ -89,6 +90,8 @@ class ToolCallLimit:
     """At most ``per_turn`` calls, and ``per_tool`` calls of one tool, per agent per turn."""
 
     name: ClassVar[str] = PLUGIN
+    #: What an operator may change at run time (``harness.control.set_limit``).
+    controllable: ClassVar[frozenset[str]] = frozenset({"per_turn"})
 
     per_turn: int | None = attrs.field(default=None, validator=_check_per_turn)
     per_tool: int | Mapping[str, int] | None = attrs.field(default=None, converter=_per_tool)
@@ -163,6 +166,7 @@ class ToolCallLimit:
         turns: ConversationState[str] = self._resets.track(ConversationState(PLUGIN))
         cap = _Cap(self, turns, Accounts(scope, self.store))
         cap.shadow = Shadow(scope.namespace, scope.signals) if self.shadow else None
+        cap.control, cap.plugin_id = scope.control, scope.plugin_id
         turns.on_forget = cap.forget
         scope.use(scope.tools.pre_execute, cap.pre_execute, name=self.name)
         # a child agent's calls (AgentTool) count here too, as this agent's
@@ -178,7 +182,16 @@ class ToolCallLimit:
 class _Cap:
     """One application's counters in a ledger, and the pre-execute layer that enforces them."""
 
-    __slots__ = ("accounts", "config", "forgotten", "open_turns", "shadow", "turns")
+    __slots__ = (
+        "accounts",
+        "config",
+        "control",
+        "forgotten",
+        "open_turns",
+        "plugin_id",
+        "shadow",
+        "turns",
+    )
 
     def __init__(
         self, config: ToolCallLimit, turns: ConversationState[str], accounts: Accounts
@@ -192,6 +205,8 @@ class _Cap:
         #: Keys of turns whose conversation was forgotten: closed at the next call.
         self.forgotten: list[str] = []
         self.shadow: Shadow | None = None
+        self.control: Control | None = None
+        self.plugin_id = PLUGIN
 
     def forget(self, token: str) -> None:
         """A conversation outside the loop was forgotten (or reset): its turn is over."""
@@ -270,9 +285,13 @@ class _Cap:
     async def pre_execute(self, call: ToolCall, call_next: PreNext) -> PreDecision:
         config = self.config
         token, fresh = self._turn(call)
-        wanted: list[tuple[str, int | None]] = (
-            [("total", config.per_turn)] if config.per_turn is not None else []
-        )
+        per_turn = config.per_turn
+        control = self.control
+        if control is not None and control.limits:  # an operator's number, if any
+            changed = control.limit(self.plugin_id, call.name, "per_turn")
+            if changed is not None:
+                per_turn = int(changed)
+        wanted: list[tuple[str, int | None]] = [("total", per_turn)] if per_turn is not None else []
         wanted.extend(config.budgets(call))
         if not wanted:  # nothing caps this call: no store round trip for it
             return await call_next(call)

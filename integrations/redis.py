@@ -781,6 +781,27 @@ class RedisStore:
             owned = [self._owned(key) for key in keys]
             await self._answer(lambda: _delete_each(self.client, owned), idempotent=True)
 
+    async def write_control(self, key: str, value: str | None) -> None:
+        """Set an operator's override (``None``: remove it): one field of the prefix's
+        ``control`` hash, seen by every process on the server."""
+        name = f"{self.prefix}control"
+        if value is None:
+            await self._answer(lambda: self.client.hdel(name, key), idempotent=True)
+        else:
+            await self._answer(lambda: self.client.hset(name, key, value), idempotent=True)
+
+    async def read_controls(self) -> dict[str, str]:
+        """Every operator's override."""
+        found = await self._answer(
+            lambda: self.client.hgetall(f"{self.prefix}control"), idempotent=True
+        )
+        return {
+            (k.decode() if isinstance(k, bytes) else str(k)): (
+                v.decode() if isinstance(v, bytes) else str(v)
+            )
+            for k, v in (found or {}).items()
+        }
+
     async def aclose(self) -> None:
         """Close the client's connections (and stop renewing leases)."""
         if self._renewer is not None:

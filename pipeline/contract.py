@@ -40,6 +40,7 @@ from guardstack.pipeline.approval import (
     decision_kind,
     outside_call_order,
 )
+from guardstack.pipeline.control import Control, ControlStore, Override
 from guardstack.pipeline.deadline import (
     model_within_budget,
     timed,
@@ -105,6 +106,8 @@ __all__ = [
     "Admission",
     "Approve",
     "BreakerState",
+    "Control",
+    "ControlStore",
     "Decision",
     "DispatchNext",
     "Edit",
@@ -122,6 +125,7 @@ __all__ = [
     "ModelRequest",
     "ModelStage",
     "Outcome",
+    "Override",
     "Pending",
     "PendingApproval",
     "Pipeline",
@@ -210,11 +214,14 @@ class Scope:
         *,
         store: StateStore | None = None,
         namespace: str | None = None,
+        control: Control | None = None,
     ) -> None:
         self.tools = tools
         self.loop = loop
         self.plugin_id = plugin_id
         self.store: StateStore = store if store is not None else MemoryStore()
+        #: An operator's overrides (``Harness.control``); ``None`` outside a harness.
+        self.control = control
 
         self.namespace = namespace or plugin_id
         self._registrations: list[Registration] = []

@@ -33,6 +33,7 @@ from importlib.metadata import entry_points
 from typing import Any, cast
 
 from guardstack.pipeline.contract import Plugin, Scope
+from guardstack.pipeline.control import Control
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.loop import AgentLoop
 from guardstack.pipeline.model import Model
@@ -104,6 +105,10 @@ class Harness:
         #: Where every keyed layer and cap of this harness keeps state (unless given its own).
         self.store: StateStore = store if store is not None else MemoryStore()
         self._applied: dict[str, int] = {}
+        #: An operator's overrides: breakers forced, tools paused, limits changed, in the
+        #: store so every process sees them (see ``pipeline.control``).
+        self.control = Control(self, self.loop.signals)
+        self.tools.control = self.control
 
     def plugin(self, plugin: Plugin, *, id: str | None = None) -> PluginHandle:
         """Apply ``plugin`` in its own scope; later plugins sit inside earlier ones."""
@@ -119,7 +124,14 @@ class Harness:
         # The n-th application of one id gets its own state: ``retry``, ``retry#2``…
         applied = self._applied[plugin_id] = self._applied.get(plugin_id, 0) + 1
         namespace = plugin_id if applied == 1 else f"{plugin_id}#{applied}"
-        scope = Scope(self.tools, self.loop, plugin_id, store=self.store, namespace=namespace)
+        scope = Scope(
+            self.tools,
+            self.loop,
+            plugin_id,
+            store=self.store,
+            namespace=namespace,
+            control=self.control,
+        )
         try:
             apply(scope)
         except BaseException:

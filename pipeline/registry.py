@@ -40,6 +40,7 @@ from guardstack.pipeline.approval import (
     as_pre_decision,
 )
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
+from guardstack.pipeline.control import Control
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
@@ -326,6 +327,8 @@ class ToolRegistry:
         self._operation: Execute | None = None
         #: Resolves an ``Ask`` no layer resolved (``guards.Approval`` sets it).
         self.approvals: ApprovalService | None = None
+        #: An operator's overrides (``Harness.control``): a paused tool's calls are denied.
+        self.control: Control | None = None
 
     @property
     def thread_limit(self) -> int:
@@ -362,6 +365,10 @@ class ToolRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
+
+    def names(self) -> list[str]:
+        """The registered tools' names, in registration order."""
+        return list(self._tools)
 
     def schemas(self) -> list[dict[str, Any]]:
         """OpenAI function-tool schemas for every registered tool, in registration order.
@@ -482,6 +489,14 @@ class ToolRegistry:
         early = _check_arguments(call.arguments)
         if early is not None:
             return _Early(early)
+        control = self.control
+        if control is not None:
+            if control.stale():
+                await control.refresh()
+            if control.paused:
+                reason = control.paused.get(call.name)
+                if reason is not None:  # paused by an operator: denied, the reason said
+                    return self._decided(call, Deny(f'tool "{call.name}" is paused: {reason}'))
         agent = call.agent
         caps = getattr(agent, "tree_caps", ()) if agent is not None else TREE_CAPS.get()
         if caps:

@@ -254,6 +254,19 @@ class MemoryStore(MemoryLedger):
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._warned = False
         self._leases = itertools.count(1)
+        #: An operator's overrides (``Control``): never evicted.
+        self._controls: dict[str, str] = {}
+
+    async def write_control(self, key: str, value: str | None) -> None:
+        """Set an operator's override (``None``: remove it)."""
+        if value is None:
+            self._controls.pop(key, None)
+        else:
+            self._controls[key] = value
+
+    async def read_controls(self) -> dict[str, str]:
+        """Every operator's override."""
+        return dict(self._controls)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -39,6 +39,7 @@ import attrs
 from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import (
+    Control,
     FailureKind,
     Outcome,
     Scope,
@@ -133,6 +134,7 @@ class CircuitBreaker:
         """Register a fresh set of breakers (closed) on the stage it names."""
         store = scope.store_for(self.store)
         breakers = _Breakers(self, store, scope.namespace, scope.signals)
+        breakers.control, breakers.plugin_id = scope.control, scope.plugin_id
         scope.adopt(scope.signals.gauge(BREAKER_STATE, breakers.observed))
         register(scope, self.stage, breakers, PLUGIN)
 
@@ -141,6 +143,12 @@ _STATE_VALUE: dict[str, float] = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 _TO: dict[str, dict[str, AttributeValue]] = {state: {"to": state} for state in _STATE_VALUE}
 #: Breakers whose state the gauge reports, at most.
 _MAX_REPORTED: Final = 10_000
+
+
+def _back(wait_s: float) -> str:
+    if wait_s <= 0:
+        return "Do without it for now."
+    return f"Try again in {math.ceil(wait_s)}s, or do without it."
 
 
 def _why(what: str, wait_s: float) -> str:
@@ -158,8 +166,8 @@ def _why(what: str, wait_s: float) -> str:
 class _Breakers:
     """One application: the layer, on either stage, over breakers kept in a store."""
 
-    __slots__ = ("config", "failures", "keys", "namespace", "shadow", "shield", "signals",
-                 "stage", "states", "store")  # fmt: skip
+    __slots__ = ("config", "control", "failures", "keys", "namespace", "plugin_id", "shadow",
+                 "shield", "signals", "stage", "states", "store")  # fmt: skip
 
     def __init__(
         self, config: CircuitBreaker, store: StateStore, namespace: str, signals: Signals
@@ -173,6 +181,9 @@ class _Breakers:
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         self.signals = signals
         self.shadow = Shadow(namespace, signals) if config.shadow else None
+        #: An operator's overrides (``Harness.control``), and the id they name it by.
+        self.control: Control | None = None
+        self.plugin_id = namespace
         #: The state this process last saw of each breaker that ever left closed.
         self.states: dict[str, BreakerState] = {}
 
@@ -230,6 +241,18 @@ class _Breakers:
     async def __call__(self, item: Any, call_next: Any) -> Any:
         config, stage, store = self.config, self.stage, self.store
         key = self.keys(item)
+        control = self.control
+        if control is not None and control.breakers:
+            held = control.breaker(self.plugin_id, self.keys.name_of(key))
+            if held == "closed":  # an operator holds it closed: it never refuses
+                return await call_next(item)
+            if held is not None:  # forced open, or isolated
+                reason = "an operator holds it open"
+                if self.shadow is not None:
+                    self.shadow.would("refuse", stage.label(item), reason)
+                    return await call_next(item)
+                wait_s = control.wait_s(self.plugin_id, self.keys.name_of(key))
+                return stage.deliver(self._refusal(item, wait_s, f"{reason}. {_back(wait_s)}"))
         try:
             admission = await store.admit(key, config.break_s)
         except Exception as error:

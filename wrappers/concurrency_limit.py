@@ -36,7 +36,14 @@ import anyio
 import attrs
 from opentelemetry.util.types import AttributeValue
 
-from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
+from guardstack.pipeline.contract import (
+    Control,
+    Outcome,
+    Scope,
+    StageAdapter,
+    StateStore,
+    adapter_for,
+)
 from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
 from guardstack.pipeline.validate import StageName, flag, integer, optional_integer, stage
 from guardstack.wrappers._keyed import (
@@ -80,6 +87,8 @@ class ConcurrencyLimit:
     """At most ``max_concurrent`` calls at once, ``queue`` more waiting, the rest overloaded."""
 
     name: ClassVar[str] = PLUGIN
+    #: What an operator may change at run time (``harness.control.set_limit``).
+    controllable: ClassVar[frozenset[str]] = frozenset({"max_concurrent"})
 
     stage: StageName = attrs.field(default="dispatch", converter=_stage, kw_only=True)
     max_concurrent: int = attrs.field(validator=_max_concurrent)
@@ -101,6 +110,7 @@ class ConcurrencyLimit:
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of limits (all slots free) on the stage it names."""
         limits = _Limits(self, scope.store_for(self.store), scope.namespace, scope.signals)
+        limits.control, limits.plugin_id = scope.control, scope.plugin_id
         scope.adopt(scope.signals.gauge(LIMITER_QUEUE, limits.slots.observed))
         register(scope, self.stage, limits, PLUGIN)
 
@@ -221,7 +231,7 @@ class SlotQueue:
 class _Limits:
     """One application: the layer, on either stage, over slots kept in a store."""
 
-    __slots__ = ("config", "failures", "keys", "shadow", "slots", "stage")
+    __slots__ = ("config", "control", "failures", "keys", "plugin_id", "shadow", "slots", "stage")
 
     def __init__(
         self, config: ConcurrencyLimit, store: StateStore, namespace: str, signals: Signals
@@ -232,6 +242,8 @@ class _Limits:
         self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN), config.fair)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         self.shadow = Shadow(namespace, signals) if config.shadow else None
+        self.control: Control | None = None
+        self.plugin_id = namespace
 
     def __repr__(self) -> str:
         return repr(self.config)
@@ -241,10 +253,16 @@ class _Limits:
         key = self.keys(item)
         timeout_ms = config.queue_timeout_ms
         shadow = self.shadow
+        limit = config.max_concurrent
+        control = self.control
+        if control is not None and control.limits:
+            changed = control.limit(self.plugin_id, stage.key(item), "max_concurrent")
+            if changed is not None:
+                limit = max(1, int(changed))
         try:
             lease = await self.slots.acquire(
                 key,
-                config.max_concurrent,
+                limit,
                 config.queue if shadow is None else 0,  # a shadow never makes a call wait
                 None if timeout_ms is None else timeout_ms / 1000,
                 None,

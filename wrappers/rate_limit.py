@@ -32,7 +32,14 @@ import anyio
 import attrs
 from opentelemetry.util.types import AttributeValue
 
-from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
+from guardstack.pipeline.contract import (
+    Control,
+    Outcome,
+    Scope,
+    StageAdapter,
+    StateStore,
+    adapter_for,
+)
 from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
 from guardstack.pipeline.validate import StageName, boolean, flag, integer, stage
 from guardstack.wrappers._keyed import (
@@ -77,6 +84,8 @@ class RateLimit:
     """``per_second`` calls on average, ``burst`` at once; wait for a token or refuse."""
 
     name: ClassVar[str] = PLUGIN
+    #: What an operator may change at run time (``harness.control.set_limit``).
+    controllable: ClassVar[frozenset[str]] = frozenset({"per_second", "burst"})
 
     stage: StageName = attrs.field(default="dispatch", converter=_stage, kw_only=True)
     per_second: float = attrs.field(validator=positive(PLUGIN, "per_second"))
@@ -96,6 +105,7 @@ class RateLimit:
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of buckets (full) on the stage it names."""
         limiter = _Buckets(self, scope.store_for(self.store), scope.namespace, scope.signals)
+        limiter.control, limiter.plugin_id = scope.control, scope.plugin_id
         scope.adopt(scope.signals.gauge(LIMITER_QUEUE, limiter.observed))
         register(scope, self.stage, limiter, PLUGIN)
 
@@ -103,7 +113,8 @@ class RateLimit:
 class _Buckets:
     """One application: the layer, on either stage, and its queues of waiters per key."""
 
-    __slots__ = ("config", "failures", "keys", "metrics", "queues", "shadow", "stage", "store")
+    __slots__ = ("config", "control", "failures", "keys", "metrics", "plugin_id", "queues",
+                 "shadow", "stage", "store")  # fmt: skip
 
     def __init__(
         self, config: RateLimit, store: StateStore, namespace: str, signals: Signals
@@ -117,6 +128,8 @@ class _Buckets:
         #: Waiters per key; a key is here only while someone waits.
         self.queues: dict[str, WaitLine] = {}
         self.shadow = Shadow(namespace, signals) if config.shadow else None
+        self.control: Control | None = None
+        self.plugin_id = namespace
 
     def observed(self) -> list[tuple[float, dict[str, AttributeValue]]]:
         """``guardstack.limiter.queue``: the calls waiting, per key that has a queue."""
@@ -127,6 +140,14 @@ class _Buckets:
 
     async def _take(self, key: str) -> float:
         config = self.config
+        control = self.control
+        if control is not None and control.limits:  # an operator's numbers, if any
+            name = self.keys.name_of(key)
+            rate = control.limit(self.plugin_id, name, "per_second") or config.per_second
+            burst = control.limit(self.plugin_id, name, "burst")
+            return await self.store.take(
+                key, rate, max(1, int(burst)) if burst is not None else config.burst
+            )
         return await self.store.take(key, config.per_second, config.burst)
 
     async def _wait_in_line(self, key: str, queue: WaitLine, priority: int, tenant: str) -> None:

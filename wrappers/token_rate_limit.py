@@ -102,6 +102,8 @@ class TokenRateLimit:
     sliding minute, reserved before each request and settled after it."""
 
     name: ClassVar[str] = PLUGIN
+    #: What an operator may change at run time (``harness.control.set_limit``).
+    controllable: ClassVar[frozenset[str]] = frozenset({"tokens_per_minute", "requests_per_minute"})
 
     stage: StageName = attrs.field(default="model", converter=_stage, kw_only=True)
     tokens_per_minute: int | None = attrs.field(default=None, validator=_limit)
@@ -144,11 +146,13 @@ class _Minutes:
 
     __slots__ = (
         "config",
+        "control",
         "failures",
         "keys",
         "ledger",
         "lines",
         "operation",
+        "plugin_id",
         "remote",
         "shadow",
         "stage",
@@ -172,6 +176,8 @@ class _Minutes:
         #: Each key's windows, made once (a key per model: few).
         self.windows_of: dict[str, list[Window]] = {}
         self.shadow = Shadow(scope.namespace, scope.signals) if config.shadow else None
+        self.control = scope.control
+        self.plugin_id = scope.plugin_id
 
     def __repr__(self) -> str:
         config = self.config
@@ -185,34 +191,32 @@ class _Minutes:
         ]
         return f"TokenRateLimit({', '.join(limits)})"
 
-    def windows(self, key: str) -> list[Window]:
+    def windows(self, key: str, name: str) -> list[Window]:
+        control = self.control
+        if control is not None and control.limits:  # an operator's numbers, if any
+            tokens = control.limit(self.plugin_id, name, "tokens_per_minute")
+            requests = control.limit(self.plugin_id, name, "requests_per_minute")
+            if tokens is not None or requests is not None:
+                return self._windows(key, tokens, requests)
         known = self.windows_of.get(key)
         if known is not None:
             return known
         if len(self.windows_of) >= 10_000:
             self.windows_of.clear()
+        found = self.windows_of[key] = self._windows(key, None, None)
+        return found
+
+    def _windows(self, key: str, tokens: float | None, requests: float | None) -> list[Window]:
+        """The key's windows, at the configured limits or an operator's."""
         config, found = self.config, []
-        if config.tokens_per_minute is not None:
+        tokens = tokens if tokens is not None else config.tokens_per_minute
+        requests = requests if requests is not None else config.requests_per_minute
+        if tokens is not None:
+            found.append(Window(f"{key}:tokens", "tokens", tokens, MINUTE_S * 2, slide_s=MINUTE_S))
+        if requests is not None:
             found.append(
-                Window(
-                    f"{key}:tokens",
-                    "tokens",
-                    config.tokens_per_minute,
-                    MINUTE_S * 2,
-                    slide_s=MINUTE_S,
-                )
+                Window(f"{key}:requests", "calls", requests, MINUTE_S * 2, slide_s=MINUTE_S)
             )
-        if config.requests_per_minute is not None:
-            found.append(
-                Window(
-                    f"{key}:requests",
-                    "calls",
-                    config.requests_per_minute,
-                    MINUTE_S * 2,
-                    slide_s=MINUTE_S,
-                )
-            )
-        self.windows_of[key] = found
         return found
 
     def estimate(self, item: Any) -> dict[str, float]:
@@ -225,7 +229,7 @@ class _Minutes:
     async def __call__(self, item: Any, call_next: Any) -> Any:
         stage = self.stage
         key = self.keys(item)
-        windows = self.windows(key)
+        windows = self.windows(key, self.stage.key(item))
         amounts = self.estimate(item)
         op_id = self.operation + new_token()
         if self.shadow is not None:
