@@ -144,6 +144,12 @@ def _parser() -> argparse.ArgumentParser:
         help="client keys: a YAML, TOML or JSON mapping of key to tenant (else any client)",
     )
     model_proxy.add_argument(
+        "--admin-key-env",
+        metavar="VAR",
+        help="serve manual control at /admin/control, behind the key in this environment "
+        "variable (16 characters or more)",
+    )
+    model_proxy.add_argument(
         "--listen",
         default="127.0.0.1:8809",
         metavar="HOST:PORT",
@@ -281,6 +287,7 @@ def _run(arguments: argparse.Namespace) -> int:
                 conversation_idle_s=arguments.conversation_idle_s,
                 max_conversations=arguments.max_conversations,
                 max_body_bytes=arguments.max_body_bytes,
+                admin_key_env=arguments.admin_key_env,
             )
         )
     elif arguments.command == "check":

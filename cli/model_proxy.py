@@ -64,6 +64,20 @@ def _named(values: list[str], option: str, *, default_required: bool) -> dict[st
     return named
 
 
+def _admin_key(variable: str | None) -> str | None:
+    """The admin key from the environment variable ``--admin-key-env`` names, if any."""
+    if variable is None:
+        return None
+    key = os.environ.get(variable)
+    if not key:
+        raise ConfigError(
+            f"the environment variable {variable!r} (--admin-key-env) is not set",
+            key="admin-key-env",
+            value=variable,
+        )
+    return key
+
+
 async def run_model_proxy(
     config: Path | None,
     upstream: str | list[str],
@@ -78,6 +92,7 @@ async def run_model_proxy(
     conversation_idle_s: float = 3_600.0,
     max_conversations: int = 10_000,
     max_body_bytes: int = 4 * 1024 * 1024,
+    admin_key_env: str | None = None,
 ) -> None:
     """Serve until stopped."""
     import uvicorn
@@ -109,6 +124,7 @@ async def run_model_proxy(
             )
         upstream_keys[name] = key
     client_keys = _keys(keys) if keys is not None else None
+    admin_key = _admin_key(admin_key_env)
     harness = Harness()
     if config is not None:
         harness.load(config, allow_imports=allow_imports)
@@ -127,6 +143,7 @@ async def run_model_proxy(
             conversation_idle_s=conversation_idle_s,
             max_conversations=max_conversations,
             max_body_bytes=max_body_bytes,
+            admin_key=admin_key,
         )
     except ConfigError as error:  # a fallback naming an upstream nobody gave
         raise _in_file(error, config) from error

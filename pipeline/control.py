@@ -362,6 +362,9 @@ class Control:
         shared = [getattr(p, "key", None) for _, p in breakers]
         if tool in known or tool in shared:
             return
+        on_models = any(getattr(p, "stage", None) == "model" for _, p in breakers)
+        if on_models and isinstance(tool, str) and tool:
+            return  # a model-stage breaker is per model: any model's name
         named = sorted(set(known) | {k for k in shared if k})
         raise ConfigError(
             f"control: no tool {tool!r}{did_you_mean(tool, named)}; the tools are "

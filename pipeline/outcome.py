@@ -414,8 +414,10 @@ async def _caught(
 
 
 def model_name(request: ModelRequest) -> str:
-    """The model a request goes to (its ``model`` attribute), else ``model``."""
-    name = getattr(request.agent.model, "model", None)
+    """The model a request goes to — the request's own (a child's, the model proxy's
+    upstream), else its agent's — by its ``model`` attribute, else ``model``."""
+    answering = request.model if request.model is not None else request.agent.model
+    name = getattr(answering, "model", None)
     return name if isinstance(name, str) and name else "model"
 
 

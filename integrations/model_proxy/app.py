@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import anyio
 
+from guardstack.integrations._admin import Admin
 from guardstack.integrations._extras import require
 from guardstack.integrations._gate import Gate, Refused
 from guardstack.integrations.model_proxy.conversations import Conversation, Conversations, named
@@ -18,6 +20,7 @@ from guardstack.integrations.model_proxy.upstream import DEFAULT, Target, Upstre
 from guardstack.integrations.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
 from guardstack.pipeline import (
     MODEL_FAILED,
+    MODEL_RATE_LIMITED,
     MODEL_TIMEOUT,
     Agent,
     Harness,
@@ -93,6 +96,7 @@ class ModelProxy:
         drain_ms: int = 10_000,
         conversation_idle_s: float = 3_600.0,
         max_conversations: int = 10_000,
+        admin_key: str | None = None,
     ) -> None:
         self.httpx = require("httpx", EXTRA)
         require("starlette", EXTRA)
@@ -132,6 +136,8 @@ class ModelProxy:
             most=max_conversations,
         )
         self.app = self._build()
+        if admin_key is not None:  # harness.control at /admin/control, behind its key
+            self.app = Admin(harness.control, admin_key, self.gate).around(self.app)
 
     async def aclose(self) -> None:
         for target in self.upstreams.values():
@@ -165,6 +171,19 @@ class ModelProxy:
         from starlette.responses import JSONResponse
 
         return JSONResponse(wire.error_body(status, kind, message), status)
+
+    def _refused(self, wire: Wire, error: ModelError) -> Any:
+        """A layer's refusal as the status a client's retry logic understands: 429 for a
+        rate limit, 503 for an open breaker or a full limit — with ``Retry-After`` when
+        the layer said when to come back."""
+        from starlette.responses import JSONResponse
+
+        status = 429 if error.code == MODEL_RATE_LIMITED else 503
+        kind = "rate_limit" if status == 429 else "overloaded"
+        headers = {}
+        if error.retry_after_s:
+            headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
+        return JSONResponse(wire.error_body(status, kind, error.message), status, headers=headers)
 
     def _route(self, wire: Wire) -> Callable[[Any], Awaitable[Any]]:
         async def route(request: Any) -> Any:
@@ -376,6 +395,8 @@ class _Exchange:
         from starlette.responses import Response
 
         if self.upstream.answer is None:
+            if error.refused:  # a layer of the stack answered: an open breaker, a limit
+                return self.proxy._refused(self.upstream.wire, error)
             if error.code == MODEL_TIMEOUT:
                 return self.proxy._error(self.upstream.wire, 504, "upstream", error.message)
             return self.proxy._error(

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from guardstack.guards import LoopDetector, RepeatToolReminder, UsageLimit
+from guardstack.guards import LoopDetector, RepeatToolReminder, ToolCallLimit, UsageLimit
 from guardstack.pipeline import Harness, MemoryStore, ModelReply, ToolCall, ToolCallRequest, Usage
 from guardstack.pipeline.testing import Hang, Raise, Reply, ScriptedModel, ScriptedTool
 from guardstack.wrappers import (
@@ -87,6 +87,8 @@ async def everything(
     agentic.plugin(RepeatToolReminder())
     agentic.plugin(LoopDetector(identical=4, remind=1))
     agentic.plugin(UsageLimit(prices={"gpt-test": (2.5, 10.0)}, usd_per_session=100))
+    # a new rule tried in shadow on real traffic: it would deny the agent's 5th call
+    agentic.plugin(ToolCallLimit(per_turn=4, shadow=True))
     limited.plugin(ConcurrencyLimit(max_concurrent=1, queue=50))
     limited.plugin(AdaptiveConcurrencyLimit(initial=4, min=1, max=16))
     execute = harness.tools.execute
@@ -94,6 +96,10 @@ async def everything(
     async def run(request: ToolCall) -> None:
         await limited.tools.execute(request)
 
+    # an operator pauses a tool for maintenance (an override in force while it runs)
+    await harness.control.pause("lookup", reason="the index is being rebuilt")
+    await harness.control.resume("lookup")
+    await harness.control.set_limit("rate-limit", per_second=100)
     for round_ in range(rounds):
         for n in range(8):  # the breaker opens on the 4th failure, then refuses
             await execute(_call("search", n))

@@ -463,3 +463,91 @@ async def test_no_generated_body_is_ever_a_500(
     if answer.status_code >= 400:
         assert "error" in answer.json()
     chat_server.reset()
+
+
+# -- manual control at /admin/control ---------------------------------------------------------
+
+ADMIN_KEY = "an-admin-key-of-some-length"
+
+
+async def test_the_admin_route_needs_its_key_and_controls_the_stack(
+    chat_server: ChatServer,
+) -> None:
+    """Without the admin key, 401 and nothing changes; with it, a model's breaker forced
+    open (its requests answered 503 with Retry-After, the upstream never asked), a
+    limit changed, both released; a mistake is a 400 naming what exists."""
+    from guardstack.wrappers import CircuitBreaker, TokenRateLimit
+
+    harness = Harness()
+    harness.plugin(CircuitBreaker(stage="model", break_s=60))
+    harness.plugin(TokenRateLimit(requests_per_minute=1_000, wait=False))
+    chat_server.script = [Answer("after"), Answer("again")]
+    body = {"model": "m", "messages": ASK}
+    async for served in serve(harness, chat_server, admin_key=ADMIN_KEY):
+        base = f"http://127.0.0.1:{served.port}"
+        async with httpx.AsyncClient(base_url=base) as raw:
+            admin = {"authorization": f"bearer {ADMIN_KEY}"}
+            nobody = await raw.post("/admin/control", json={"action": "force_open", "tool": "m"})
+            assert nobody.status_code == 401
+            assert nobody.json()["error"]["type"] == "authentication"
+            assert (await raw.get("/admin/control", headers=admin)).json() == {"overrides": []}
+            browser = await raw.get(
+                "/admin/control", headers={**admin, "origin": "https://evil.example"}
+            )
+            assert browser.status_code == 403
+            forced = await raw.post(
+                "/admin/control",
+                json={"action": "force_open", "tool": "m", "by": "oncall"},
+                headers=admin,
+            )
+            assert forced.status_code == 200
+            [override] = forced.json()["overrides"]
+            assert (override["kind"], override["tool"], override["by"]) == (
+                "breaker",
+                "m",
+                "oncall",
+            )
+            refused = await raw.post("/v1/chat/completions", json=body)
+            assert refused.status_code == 503
+            assert 55 <= int(refused.headers["retry-after"]) <= 60
+            assert "an operator holds it open" in refused.json()["error"]["message"]
+            assert chat_server.requests == []  # the upstream was never asked
+            await raw.post("/admin/control", json={"action": "release", "tool": "m"}, headers=admin)
+            limited = await raw.post(
+                "/admin/control",
+                json={
+                    "action": "set_limit",
+                    "layer": "token-rate-limit",
+                    "values": {"requests_per_minute": 1},
+                },
+                headers=admin,
+            )
+            assert limited.status_code == 200
+            assert (await raw.post("/v1/chat/completions", json=body)).status_code == 200
+            second = await raw.post("/v1/chat/completions", json=body)
+            assert second.status_code == 429
+            assert "1 of its 1 requests per minute" in second.json()["error"]["message"]
+            wrong = await raw.post(
+                "/admin/control",
+                json={"action": "set_limit", "layer": "token-rate-limt", "values": {"x": 1}},
+                headers=admin,
+            )
+            assert wrong.status_code == 400
+            assert "did you mean 'token-rate-limit'" in wrong.json()["error"]["message"]
+            junk = await raw.post(
+                "/admin/control",
+                content=b"{",
+                headers={**admin, "content-type": "application/json"},
+            )
+            assert junk.status_code == 400
+            unknown = await raw.post("/admin/control", json={"action": "explode"}, headers=admin)
+            assert unknown.status_code == 400
+            assert "one of force_open" in unknown.json()["error"]["message"]
+
+
+def test_a_short_admin_key_is_refused() -> None:
+    from guardstack.integrations.model_proxy import ModelProxy
+    from guardstack.pipeline import ConfigError
+
+    with pytest.raises(ConfigError, match="16 characters"):
+        ModelProxy(Harness(), "http://127.0.0.1:9", admin_key="short")

@@ -393,3 +393,46 @@ async def test_two_processes_share_one_token_minute(store: RedisStore) -> None:
         assert "2000 of its 2500 tokens per minute are in use" in result.error
     finally:
         await other.aclose()
+
+
+# -- manual control across processes --------------------------------------------------------
+
+
+async def test_an_override_made_in_one_process_holds_in_another(store: RedisStore) -> None:
+    """Two harnesses with their own clients on one server: a tool paused and a breaker
+    isolated in one are denied and refused in the other within its refresh; resumed and
+    released, both run again."""
+    from guardstack.pipeline import TOOL_UNAVAILABLE
+    from guardstack.wrappers import CircuitBreaker
+
+    other = RedisStore(ENV.server.url, prefix=store.prefix, timeout_ms=1000)
+
+    async def work(arguments: Any, call: ToolCall) -> str:
+        return "ok"
+
+    try:
+        harnesses = []
+        for shared in (store, other):
+            harness = Harness(store=shared)
+            harness.tools.register(ToolDefinition("work", work))
+            harness.tools.register(ToolDefinition("search", work))
+            harness.plugin(CircuitBreaker())
+            harness.control.refresh_s = 0.05
+            harnesses.append(harness)
+        here, there = harnesses
+        await here.control.pause("work", reason="a migration runs")
+        await here.control.isolate("search")
+        await anyio.sleep(0.1)  # the other's snapshot goes stale
+        paused = await there.tools.execute(ToolCall("work", {}, "a"))
+        assert paused.result.code == TOOL_DENIED
+        assert "paused: a migration runs" in paused.result.content
+        refused = await there.tools.execute(ToolCall("search", {}, "b"))
+        assert refused.result.code == TOOL_UNAVAILABLE
+        await here.control.resume("work")
+        await here.control.release("search")
+        await anyio.sleep(0.1)
+        assert (await there.tools.execute(ToolCall("work", {}, "c"))).result.content == "ok"
+        assert (await there.tools.execute(ToolCall("search", {}, "d"))).result.content == "ok"
+        assert await there.control.overrides() == []
+    finally:
+        await other.aclose()
