@@ -31,7 +31,7 @@ from guardstack.pipeline.errors import (
     TurnInProgressError,
 )
 from guardstack.pipeline.functions import tool
-from guardstack.pipeline.harness import PLUGIN_GROUP, Harness, PluginHandle
+from guardstack.pipeline.harness import PLUGIN_GROUP, Harness, PluginHandle, Reloaded
 from guardstack.pipeline.loop import Agent, AgentLoop, TurnResult
 from guardstack.pipeline.model import (
     MODEL_FAILED,
@@ -170,6 +170,7 @@ __all__ = [
     "Refusal",
     "Registration",
     "Reject",
+    "Reloaded",
     "Scope",
     "ScriptExhaustedError",
     "ScriptedModel",

@@ -215,6 +215,7 @@ class Scope:
         store: StateStore | None = None,
         namespace: str | None = None,
         control: Control | None = None,
+        version: int = 0,
     ) -> None:
         self.tools = tools
         self.loop = loop
@@ -222,6 +223,8 @@ class Scope:
         self.store: StateStore = store if store is not None else MemoryStore()
         #: An operator's overrides (``Harness.control``); ``None`` outside a harness.
         self.control = control
+        #: The version of the stack this plugin is applied in (``Harness.reload``).
+        self.version = version
 
         self.namespace = namespace or plugin_id
         self._registrations: list[Registration] = []

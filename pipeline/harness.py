@@ -32,6 +32,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, cast
 
+import attrs
+
 from guardstack.pipeline.contract import Plugin, Scope
 from guardstack.pipeline.control import Control
 from guardstack.pipeline.errors import ConfigError
@@ -41,7 +43,14 @@ from guardstack.pipeline.registry import ToolRegistry
 from guardstack.pipeline.store import MemoryStore, StateStore
 from guardstack.pipeline.validate import cut, did_you_mean
 
-__all__ = ["PLUGIN_GROUP", "Harness", "PluginHandle", "read_config_file", "resolve_plugin"]
+__all__ = [
+    "PLUGIN_GROUP",
+    "Harness",
+    "PluginHandle",
+    "Reloaded",
+    "read_config_file",
+    "resolve_plugin",
+]
 
 PLUGIN_GROUP = "guardstack.plugins"
 _ENTRY_KEYS = frozenset({"id", "name", "config"})
@@ -52,6 +61,16 @@ STORE_GROUP = "guardstack.stores"
 MAX_CONFIG_NODES = 10_000
 MAX_CONFIG_DEPTH = 32
 MAX_CONFIG_BYTES = 1_000_000
+
+
+@attrs.frozen
+class Reloaded:
+    """What ``Harness.reload`` did: the stack's new version, its plugins in order, and
+    what ``check`` warned about (a reload is never refused for a warning)."""
+
+    version: int
+    plugins: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
 
 
 class PluginHandle:
@@ -109,6 +128,9 @@ class Harness:
         #: store so every process sees them (see ``pipeline.control``).
         self.control = Control(self, self.loop.signals)
         self.tools.control = self.control
+        #: The stack's version: 0 as built, one more at each ``reload``.
+        self.version = 0
+        self._store_entry: Mapping[str, Any] | None = None
 
     def plugin(self, plugin: Plugin, *, id: str | None = None) -> PluginHandle:
         """Apply ``plugin`` in its own scope; later plugins sit inside earlier ones."""
@@ -131,6 +153,7 @@ class Harness:
             store=self.store,
             namespace=namespace,
             control=self.control,
+            version=self.version,
         )
         try:
             apply(scope)
@@ -172,6 +195,7 @@ class Harness:
             )
         if stores:
             self.store = _store(*stores[0])
+            self._store_entry = stores[0][1]
             entries = [e for e in entries if e.get("name") not in _STORE_ENTRIES]
         factories = [
             _resolve_entry(entry, position, allow_imports) for position, entry in enumerate(entries)
@@ -189,6 +213,80 @@ class Harness:
                 handle.dispose()
             raise
         return handles
+
+    def reload(
+        self,
+        source: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Mapping[str, Any],
+        *,
+        allow_imports: bool = False,
+        check: Callable[[Harness], Any] | None = None,
+    ) -> Reloaded:
+        """Swap the stack for the one ``source`` configures, while agents run.
+
+        The new stack is built and applied to a scratch harness first (the same tools
+        and model): a configuration that does not load — an unknown plugin or key, a bad
+        value, a layer that refuses this stack — raises ``ConfigError`` naming file,
+        plugin, key and value, and nothing changes. ``check(harness)`` (the CLI's
+        ``guardstack check``), if given, reports its warnings; they never stop a reload.
+        Then the swap, with nothing that can suspend from its first removal to its last
+        application: a call that started on the old stack finishes on it (each call
+        takes its stages as they are when it starts), the next runs on the new one. A
+        plugin keeps its id, so what it keeps in the store — breaker windows, buckets,
+        every cap's counts — carries over; what it kept in memory starts afresh. The
+        store itself is the one the harness has: a reload may not name another.
+        """
+        try:
+            built = self._built(source, allow_imports)
+            scratch = Harness(self.loop.model, self.loop.max_steps, store=MemoryStore())
+            for name in self.tools.names():
+                definition = self.tools.get(name)
+                if definition is not None:
+                    scratch.tools.register(definition)
+            for plugin_id, plugin in built:
+                scratch.plugin(plugin, id=plugin_id)
+        except ConfigError as error:
+            raise _in_file(error, source) from error
+        warnings = tuple(getattr(check(scratch), "warnings", ())) if check else ()
+        old = [(handle.id, cast(Plugin, handle.plugin)) for handle in self.plugins]
+        before = self.version
+        self.version += 1
+        try:
+            self._swap(built)  # no await from the first removal to the last application
+        except BaseException:  # it applied on the scratch harness: a plugin that is not
+            self.version = before  # pure; the old stack back, as it was
+            self._swap(old)
+            raise
+        return Reloaded(self.version, tuple(plugin_id for plugin_id, _ in built), warnings)
+
+    def _swap(self, plugins: Sequence[tuple[str, Plugin]]) -> None:
+        for handle in reversed(list(self.plugins)):
+            handle.dispose()
+        self._applied.clear()  # the same ids: the same namespaces, the same stored state
+        for plugin_id, plugin in plugins:
+            self.plugin(plugin, id=plugin_id)
+
+    def _built(
+        self,
+        source: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Mapping[str, Any],
+        allow_imports: bool,
+    ) -> list[tuple[str, Plugin]]:
+        """The plugins ``source`` configures, built (not applied)."""
+        entries = _read_entries(source)
+        stores = [e for e in entries if e.get("name") in _STORE_ENTRIES]
+        if stores and (len(stores) > 1 or stores[0] != self._store_entry):
+            raise ConfigError(
+                "a reload keeps the store the harness has: restart to change it",
+                key="name",
+                value=stores[0].get("name"),
+            )
+        entries = [e for e in entries if e.get("name") not in _STORE_ENTRIES]
+        factories = [
+            _resolve_entry(entry, position, allow_imports) for position, entry in enumerate(entries)
+        ]
+        return [
+            (plugin_id, _build(plugin_id, name, factory, entry))
+            for (plugin_id, name, factory), entry in zip(factories, entries, strict=True)
+        ]
 
     def reset(self, conversation: Hashable | None) -> None:
         """Start a new person's turn in ``conversation``, for callers outside the loop.

@@ -442,12 +442,19 @@ class ToolRegistry:
         tool = self._tools.get(call.name) if override is None else override
         if call.tool is not tool:
             call = call.resolved(tool)
+        # The stages as they are now, before anything can suspend: a stack swapped while
+        # this call runs (``Harness.reload``) is the next call's, never half of this one's.
         # Stages without layers are skipped outright: zero cost when unused.
+        pre = self.pre_execute
+        pre_chain = pre._chain if pre.layered else None
+        dispatch = self.dispatch._chain
+        post = self.post_execute
+        post_chain = post._chain if post.layered else None
         if order is not None:
             await order.enter("pre_execute")
             placed = CALL_ORDER.set(order)
         try:
-            decided = await self._pre_executed(call)
+            decided = await self._pre_executed(call, pre_chain)
             if type(decided) is ToolCall:  # a person edited the arguments
                 call, decided = decided, None
         finally:
@@ -458,7 +465,7 @@ class ToolRegistry:
             if order is not None:
                 await order.enter("dispatch")
             try:
-                result = await self.dispatch._chain(call)
+                result = await dispatch(call)
                 if type(result) is not ToolResult:
                     result = _checked(result)
             except Exception as error:
@@ -466,7 +473,7 @@ class ToolRegistry:
             else:
                 if type(result.value) is Pending:  # a child agent waits for a person
                     return ToolOutcome(result, (), False, result.value.approval)
-                if order is None and not self.post_execute.layered:
+                if order is None and post_chain is None:
                     return ToolOutcome(result)
                 decided = _Early(result)
             finally:
@@ -478,14 +485,18 @@ class ToolRegistry:
         if order is not None:
             await order.enter("post_execute")
         try:
-            return await self._finalize(call, decided)
+            return await self._finalize(call, decided, post_chain)
         finally:
             if order is not None:
                 order.leave("post_execute")
 
-    async def _pre_executed(self, call: ToolCall) -> _Early | ToolCall | None:
+    async def _pre_executed(
+        self, call: ToolCall, chain: PreNext | bool | None = True
+    ) -> _Early | ToolCall | None:
         """The arguments checked and the pre-execute stage run (under the ancestors' tree
-        caps): ``None`` to run the call, the edited call, or what answers it instead."""
+        caps): ``None`` to run the call, the edited call, or what answers it instead.
+        ``chain``: the stage's chain as the call found it (``None``: no layers; ``True``:
+        read it now)."""
         early = _check_arguments(call.arguments)
         if early is not None:
             return _Early(early)
@@ -501,8 +512,10 @@ class ToolRegistry:
         caps = getattr(agent, "tree_caps", ()) if agent is not None else TREE_CAPS.get()
         if caps:
             return await self._pre_execute(call, _under_ancestors(call, caps, self))
-        if self.pre_execute.layered:
-            return await self._pre_execute(call, self.pre_execute._chain)
+        if chain is True:
+            chain = self.pre_execute._chain if self.pre_execute.layered else None
+        if chain is not None and chain is not False:
+            return await self._pre_execute(call, chain)
         return None
 
     async def decide(
@@ -636,12 +649,16 @@ class ToolRegistry:
             return ToolOutcome(decided.result, (), False, decided.pending)
         return await self._finalize(call, decided)
 
-    async def _finalize(self, call: ToolCall, early: _Early) -> ToolOutcome:
-        if early.final or not self.post_execute.layered:
+    async def _finalize(
+        self, call: ToolCall, early: _Early, chain: PostNext | bool | None = True
+    ) -> ToolOutcome:
+        if chain is True:
+            chain = self.post_execute._chain if self.post_execute.layered else None
+        if early.final or chain is None or chain is False:
             return ToolOutcome(early.result, (), early.ends_turn)
         result, ends_turn = early.result, early.ends_turn
         try:
-            decision = await self.post_execute._chain(call, result)
+            decision = await chain(call, result)
             if isinstance(decision, Block):
                 message = decision.feedback or "tool result blocked by post-execute policy"
                 blocked = ToolResult(decision.feedback, is_error=True, error=ToolError(message))

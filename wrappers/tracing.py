@@ -175,6 +175,14 @@ def _end_with_exception(span: Span, error: BaseException) -> None:
         _record(span, error)
 
 
+#: The stack version a span's call ran on (after a ``Harness.reload``; none before one).
+STACK_VERSION = "guardstack.stack.version"
+
+
+def _stack(version: int) -> dict[str, AttributeValue]:
+    return {STACK_VERSION: version} if version else {}
+
+
 def _json(value: object) -> str:
     """Content as JSON text for a span attribute; never raises."""
     if isinstance(value, str):
@@ -328,13 +336,22 @@ class Tracing:
     def apply(self, scope: Scope) -> None:
         """Instrument turns, model calls and tool calls, and (optionally) every layer."""
         tools = scope.tools
+        version = getattr(scope, "version", 0)
         scope.adopt(scope.signals.listen(self.emit))
-        scope.adopt(tools.instrument(lambda execute: self.wrap_execute(execute, tools.get)))
-        scope.adopt(scope.loop.instrument_turn(self.wrap_turn))
-        scope.adopt(scope.loop.instrument_model_call(self.wrap_model_call))
+        scope.adopt(
+            tools.instrument(lambda execute: self.wrap_execute(execute, tools.get, version))
+        )
+        scope.adopt(scope.loop.instrument_turn(lambda run: self.wrap_turn(run, version)))
+        scope.adopt(
+            scope.loop.instrument_model_call(lambda call: self.wrap_model_call(call, version))
+        )
         if self.layer_spans:
-            scope.adopt(scope.tools.dispatch.instrument(self.wrap_layer))
-            scope.adopt(scope.loop.model_call.instrument(self.wrap_layer))
+
+            def wrap_layer(layer: Layer, info: LayerInfo) -> Layer:
+                return self.wrap_layer(layer, info, version)
+
+            scope.adopt(scope.tools.dispatch.instrument(wrap_layer))
+            scope.adopt(scope.loop.model_call.instrument(wrap_layer))
 
     def emit(
         self,
@@ -362,7 +379,7 @@ class Tracing:
             context=trace.set_span_in_context(span),
         )
 
-    def wrap_turn(self, run: TurnRun) -> TurnRun:
+    def wrap_turn(self, run: TurnRun, version: int = 0) -> TurnRun:
         tracer = self.tracer
 
         async def traced_turn(agent: Agent, text: str) -> TurnResult:
@@ -374,6 +391,7 @@ class Tracing:
                     "gen_ai.operation.name": "invoke_agent",
                     "gen_ai.agent.name": agent.session_id,
                     "gen_ai.conversation.id": agent.session_id,
+                    **_stack(version),
                 },
             )
             token = context.attach(trace.set_span_in_context(span))
@@ -397,12 +415,14 @@ class Tracing:
 
         return traced_turn
 
-    def wrap_model_call(self, call_model: ModelNext) -> ModelNext:
+    def wrap_model_call(self, call_model: ModelNext, version: int = 0) -> ModelNext:
         tracer = self.tracer
 
         async def traced_model_call(request: ModelRequest) -> ModelReply:
             name = request_model(request)
             attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat"}
+            if version:
+                attributes[STACK_VERSION] = version
             if name is not None:
                 attributes["gen_ai.request.model"] = name
             provider = getattr(request.agent.model, "provider", None)
@@ -460,12 +480,16 @@ class Tracing:
     # than with ``start_as_current_span``: same spans, about a fifth cheaper per layer.
 
     def wrap_execute(
-        self, execute: Execute, tool_of: Callable[[str], ToolDefinition | None] | None = None
+        self,
+        execute: Execute,
+        tool_of: Callable[[str], ToolDefinition | None] | None = None,
+        version: int = 0,
     ) -> Execute:
         tracer = self.tracer
 
         async def traced_execute(call: ToolCall) -> ToolOutcome:
             attributes: dict[str, AttributeValue] = {
+                **_stack(version),
                 "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": call.name,
                 "gen_ai.tool.call.id": call.call_id,
@@ -539,7 +563,7 @@ class Tracing:
 
         return traced_execute
 
-    def wrap_layer(self, layer: Layer, info: LayerInfo) -> Layer:
+    def wrap_layer(self, layer: Layer, info: LayerInfo, version: int = 0) -> Layer:
         tracer = self.tracer
         # On tools an exception out of a layer is a bug in it; on models, how calls fail.
         raising = adapter_for(info.stage).fails_by_raising
@@ -550,6 +574,7 @@ class Tracing:
                 tracer,
                 info.name,
                 attributes={
+                    **_stack(version),
                     "guardstack.layer": info.name,
                     "guardstack.layer.index": info.index,
                     "guardstack.stage": info.stage,
