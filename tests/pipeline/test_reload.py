@@ -167,7 +167,7 @@ async def test_under_load_no_call_is_lost_and_each_runs_on_one_stack_whole(
     of one version, all of that version's markers, in its order."""
     SEEN.clear()
     harness = harness_with_tool()
-    stacks = {0: ("v0a", "v0b", "v0c")}
+    stacks: dict[int, tuple[str, ...]] = {0: ("v0a", "v0b", "v0c")}
     harness.load(marked(*stacks[0]), allow_imports=True)
     answered: dict[str, str] = {}
 
@@ -195,11 +195,11 @@ async def test_under_load_no_call_is_lost_and_each_runs_on_one_stack_whole(
     assert sorted(answered) == sorted(started)
     assert set(answered.values()) == {"done"} or not answered
     for call_id in started:
-        tags = [tag for seen_id, tag in SEEN if seen_id == call_id]
-        versions = {tag.split("-")[0].rstrip("abc") for tag in tags}
-        assert len(versions) == 1, (call_id, tags)
+        seen = [tag for seen_id, tag in SEEN if seen_id == call_id]
+        versions = {tag.split("-")[0].rstrip("abc") for tag in seen}
+        assert len(versions) == 1, (call_id, seen)
         stack = stacks[int(versions.pop()[1:])]
-        assert tags == [
+        assert seen == [
             *(f"{tag}-pre" for tag in stack),
             *stack,
             *reversed(stack),
