@@ -144,6 +144,11 @@ def _parser() -> argparse.ArgumentParser:
         help="client keys: a YAML, TOML or JSON mapping of key to tenant (else any client)",
     )
     model_proxy.add_argument(
+        "--watch",
+        action="store_true",
+        help="reload the stack when --config changes (a file that does not load changes nothing)",
+    )
+    model_proxy.add_argument(
         "--admin-key-env",
         metavar="VAR",
         help="serve manual control at /admin/control, behind the key in this environment "
@@ -288,6 +293,7 @@ def _run(arguments: argparse.Namespace) -> int:
                 max_conversations=arguments.max_conversations,
                 max_body_bytes=arguments.max_body_bytes,
                 admin_key_env=arguments.admin_key_env,
+                watch=arguments.watch,
             )
         )
     elif arguments.command == "check":

@@ -13,7 +13,10 @@ import os
 import sys
 from pathlib import Path
 
+import anyio
+
 from guardstack.cli.mcp_proxy import _listen
+from guardstack.cli.watch import watch_config
 from guardstack.integrations.model_proxy import DEFAULT, ModelProxy
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.harness import Harness, _in_file, read_config_file
@@ -93,8 +96,9 @@ async def run_model_proxy(
     max_conversations: int = 10_000,
     max_body_bytes: int = 4 * 1024 * 1024,
     admin_key_env: str | None = None,
+    watch: bool = False,
 ) -> None:
-    """Serve until stopped."""
+    """Serve until stopped (``watch``: reload the stack when ``config`` changes)."""
     import uvicorn
 
     host, port = _listen(listen)
@@ -152,6 +156,10 @@ async def run_model_proxy(
         server = uvicorn.Server(
             uvicorn.Config(proxy.app, host=host, port=port, log_level="warning")
         )
-        await server.serve()
+        async with anyio.create_task_group() as group:
+            if watch and config is not None:
+                group.start_soon(lambda: watch_config(harness, config, allow_imports=allow_imports))
+            await server.serve()
+            group.cancel_scope.cancel()
     finally:
         await proxy.aclose()

@@ -205,3 +205,32 @@ async def test_under_load_no_call_is_lost_and_each_runs_on_one_stack_whole(
             *reversed(stack),
             *(f"{tag}-post" for tag in stack),
         ]
+
+
+async def test_watching_a_file_reloads_on_a_change_and_keeps_the_stack_on_a_bad_one(
+    tmp_path: Path,
+) -> None:
+    import io
+
+    from guardstack.cli.watch import watch_config
+
+    config = tmp_path / "stack.yaml"
+    config.write_text("- name: timeout\n  config: {ms: 1000}\n")
+    harness = harness_with_tool()
+    harness.load(config)
+    said = io.StringIO()
+    async with anyio.create_task_group() as group:
+        group.start_soon(lambda: watch_config(harness, config, interval_s=0.5, say=said))
+        await anyio.sleep(0.6)
+        config.write_text("- name: timeout\n  config: {ms: 100}\n- name: retry\n")
+        await anyio.sleep(0.6)
+        assert harness.version == 1
+        config.write_text("- name: retry\n  config: {atempts: 2}\n")  # a typo
+        await anyio.sleep(0.6)
+        assert harness.version == 1  # unchanged
+        group.cancel_scope.cancel()
+    lines = said.getvalue().splitlines()
+    assert lines[0] == f"guardstack: {config} reloaded: stack version 1 (timeout, retry)"
+    assert lines[-1].startswith(f"guardstack: {config} not reloaded, the stack is unchanged:")
+    assert "atempts" in lines[-1]
+    assert "timeout: " in harness.describe()
