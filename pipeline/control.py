@@ -36,12 +36,13 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import attrs
 
 from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.onion import Registration
 from guardstack.pipeline.runtime import now
 from guardstack.pipeline.signals import CONTROL_OVERRIDES, Signals
 from guardstack.pipeline.validate import cut, did_you_mean
@@ -144,6 +145,8 @@ class Control:
         self._overrides: dict[str, Override] = {}
         self._next_read = -math.inf
         self._gauge: Any = None  # registered at the first override
+        #: What each breaker of the stack knows of a name's health (``watch_breakers``).
+        self._health: list[Callable[[str], float | None]] = []
 
     def _now(self) -> float:
         """The UTC wall clock (the store's, when it has one: its tests set it), which every
@@ -219,6 +222,27 @@ class Control:
                 until = held.get("until")
                 return max(0.0, until - self._now()) if until is not None else 0.0
         return 0.0
+
+    def watch_breakers(self, open_for: Callable[[str], float | None]) -> Registration:
+        """A breaker application says, for a tool or model name, how long until it lets
+        a call try again (``None``: it lets calls through now). For ``open_for``."""
+        self._health.append(open_for)
+
+        def remove() -> None:
+            if open_for in self._health:
+                self._health.remove(open_for)
+
+        return Registration(remove)
+
+    def open_for(self, name: str) -> float | None:
+        """How long until a call to ``name`` would get past every breaker of the stack
+        (an operator's hold included; ``0``: held open until released), or ``None`` when
+        none would refuse it now: what a health-aware ``Fallback`` asks."""
+        waits = [wait for health in self._health if (wait := health(name)) is not None]
+        held = self.breaker("", name) if self.breakers else None
+        if held in ("open", "isolated"):
+            waits.append(self.wait_s("", name) or math.inf)
+        return max(waits) if waits else None
 
     def limit(self, layer: str, name: str | None, key: str) -> float | None:
         """An operator's value for ``key`` of ``layer`` (for ``name``, else for all)."""

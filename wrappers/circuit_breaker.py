@@ -136,6 +136,8 @@ class CircuitBreaker:
         breakers = _Breakers(self, store, scope.namespace, scope.signals)
         breakers.control, breakers.plugin_id = scope.control, scope.plugin_id
         scope.adopt(scope.signals.gauge(BREAKER_STATE, breakers.observed))
+        if scope.control is not None:  # a health-aware Fallback asks it
+            scope.adopt(scope.control.watch_breakers(breakers.open_for))
         register(scope, self.stage, breakers, PLUGIN)
 
 
@@ -166,8 +168,9 @@ def _why(what: str, wait_s: float) -> str:
 class _Breakers:
     """One application: the layer, on either stage, over breakers kept in a store."""
 
-    __slots__ = ("config", "control", "failures", "keys", "namespace", "plugin_id", "shadow",
-                 "shield", "signals", "stage", "states", "store")  # fmt: skip
+    __slots__ = ("config", "control", "failures", "keys", "namespace", "open_until",
+                 "plugin_id", "shadow", "shield", "signals", "stage", "states",
+                 "store")  # fmt: skip
 
     def __init__(
         self, config: CircuitBreaker, store: StateStore, namespace: str, signals: Signals
@@ -184,6 +187,8 @@ class _Breakers:
         #: An operator's overrides (``Harness.control``), and the id they name it by.
         self.control: Control | None = None
         self.plugin_id = namespace
+        #: When (anyio time) each breaker this process saw open lets a probe through.
+        self.open_until: dict[str, float] = {}
         #: The state this process last saw of each breaker that ever left closed.
         self.states: dict[str, BreakerState] = {}
 
@@ -194,12 +199,29 @@ class _Breakers:
             for key, state in self.states.items()
         ]
 
-    def _seen_open(self, key: str) -> None:
+    def _seen_open(self, key: str, wait_s: float = 0.0) -> None:
         """Refused: the breaker is open, whoever opened it (another process, through a
         shared store, counts its own transition)."""
         name = self.keys.name_of(key)
+        self._opened(name, wait_s)
         if self.states.get(name) != "open":
             self._remember(name, "open")
+
+    def _opened(self, name: str, wait_s: float) -> None:
+        if len(self.open_until) >= _MAX_REPORTED:
+            now = anyio.current_time()
+            for gone in [k for k, until in self.open_until.items() if until <= now]:
+                del self.open_until[gone]
+        self.open_until[name] = anyio.current_time() + max(wait_s, 0.0)
+
+    def open_for(self, name: str) -> float | None:
+        """How long until this breaker lets a call to ``name`` try (as this process last
+        saw it), or ``None``: closed, or its break is over."""
+        until = self.open_until.get(self.keys.shared or name)
+        if until is None:
+            return None
+        left = until - anyio.current_time()
+        return left if left > 0 else None
 
     def _remember(self, name: str, state: BreakerState) -> None:
         """Keep ``name``'s state for the gauge; past ``_MAX_REPORTED`` breakers, closed ones
@@ -220,6 +242,10 @@ class _Breakers:
         if before == state:
             return
         self._remember(name, state)
+        if state == "open":
+            self._opened(name, self.config.break_s)
+        else:
+            self.open_until.pop(name, None)
         signals = self.signals
         # by the state entered only: a series per tool would swamp a backend (the event
         # names the tool)
@@ -260,7 +286,7 @@ class _Breakers:
                 return stage.deliver(self._refusal(item, 0.0, self.failures.reason()))
             return await call_next(item)
         if not admission.admitted:
-            self._seen_open(key)
+            self._seen_open(key, admission.wait_s)
             if self.shadow is not None:  # it would answer at once; the call goes on, uncounted
                 self.shadow.would("refuse", stage.label(item), "the breaker is open")
                 return await call_next(item)

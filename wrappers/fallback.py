@@ -26,18 +26,28 @@ inside one, the breaker sees the fallback's answer instead of the failure.
 guardstack's own control flow is never answered for: a cap's ``TurnBlocked`` or a
 denial passes through. A refusal a guardstack layer made (an open breaker, a full
 limit) is a failure with a code like any other: listed in ``on``, it falls back.
+
+**Health-aware** (``to=[…]``, a list of such targets): they are tried in order, each
+after the one before failed with a code in ``on``, and a target whose circuit breaker
+in this stack is open now (or that an operator holds open) is skipped without being
+tried. When every target is open, the fallback waits for the earliest to half-open
+if that is within ``wait_ms``, else answers at once ``*_UNAVAILABLE`` with the
+earliest time to try again (``retry_after_s``).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Final
 
+import anyio
 import attrs
 
 from guardstack.pipeline.contract import (
     MODEL_FAILED,
+    Control,
     FailureKind,
     ModelError,
     ModelReply,
@@ -46,7 +56,7 @@ from guardstack.pipeline.contract import (
     StageAdapter,
     adapter_for,
 )
-from guardstack.pipeline.validate import StageName, codes, cut, invalid, stage
+from guardstack.pipeline.validate import StageName, codes, cut, invalid, optional_integer, stage
 from guardstack.pipeline.values import (
     ToolCall,
     ToolDefinition,
@@ -91,30 +101,51 @@ class Fallback:
     on: frozenset[str] = attrs.field(
         default=attrs.Factory(_default_on, takes_self=True), converter=_on
     )
+    #: With ``to=[…]``: how long to wait for the earliest open target to half-open
+    #: (``None``: not at all — answer at once with when to try again).
+    wait_ms: int | None = attrs.field(
+        default=None, kw_only=True, validator=optional_integer(PLUGIN, "wait_ms")
+    )
 
     def __attrs_post_init__(self) -> None:
         check_codes(PLUGIN, "on", self.stage, self.on)
+        targets = self.targets
+        if isinstance(self.to, list | tuple) and not targets:
+            raise invalid(PLUGIN, "to", self.to, "at least one target")
+        for target in targets:
+            self._check(target)
+
+    @property
+    def targets(self) -> tuple[Any, ...]:
+        """What answers instead, in order (one, unless ``to`` is a list)."""
+        return tuple(self.to) if isinstance(self.to, list | tuple) else (self.to,)
+
+    def _check(self, target: Any) -> None:
         # Without tools on the stage (model calls), the answer instead can only be a model.
         if not adapter_for(self.stage).has_names:
-            if isinstance(self.to, Mapping):
-                _check_upstream(self.to)
-            elif not callable(getattr(self.to, "complete", None)):
+            if isinstance(target, Mapping):
+                _check_upstream(target)
+            elif not callable(getattr(target, "complete", None)):
                 raise invalid(
-                    PLUGIN, "to", self.to, "a model (an object with complete()) or {upstream: NAME}"
+                    PLUGIN, "to", target, "a model (an object with complete()) or {upstream: NAME}"
                 )
-        elif isinstance(self.to, str):
-            if not self.to:
-                raise invalid(PLUGIN, "to", self.to, "a tool's name or an async function")
-        elif not inspect.iscoroutinefunction(self.to):
-            raise invalid(PLUGIN, "to", self.to, "a tool's name or an async function")
+        elif isinstance(target, str):
+            if not target:
+                raise invalid(PLUGIN, "to", target, "a tool's name or an async function")
+        elif not inspect.iscoroutinefunction(target):
+            raise invalid(PLUGIN, "to", target, "a tool's name or an async function")
 
     def apply(self, scope: Scope) -> None:
         """Register on the stage it names; a tool named by ``to`` is looked up per call."""
-        register(scope, self.stage, _Fallback(self, self._instead(scope)), PLUGIN)
+        if isinstance(self.to, list | tuple):
+            targets = [(_name_of(t), self._instead(scope, t)) for t in self.targets]
+            layer: Any = _Healthy(self, targets, scope.control)
+        else:
+            layer = _Fallback(self, self._instead(scope, self.to))
+        register(scope, self.stage, layer, PLUGIN)
 
-    def _instead(self, scope: Scope) -> _Instead:
-        """What answers instead, for what ``to`` is (checked at construction)."""
-        target = self.to
+    def _instead(self, scope: Scope, target: Any) -> _Instead:
+        """What answers instead, for what ``target`` is (checked at construction)."""
         if isinstance(target, Mapping):
             name, model = target["upstream"], target.get("model")
 
@@ -154,7 +185,10 @@ class Fallback:
         target = self.to if isinstance(self.to, str) else getattr(self.to, "__name__", None)
         if isinstance(self.to, Mapping):
             target = dict(self.to)
-        return f"Fallback(to={cut(target or self.to)}{where}, on={sorted(self.on)})"
+        if isinstance(self.to, list | tuple):
+            target = [t if isinstance(t, str) else _name_of(t) for t in self.to]
+        waits = f", wait_ms={self.wait_ms}" if self.wait_ms is not None else ""
+        return f"Fallback(to={cut(target or self.to)}{where}, on={sorted(self.on)}{waits})"
 
 
 def _check_upstream(target: Mapping[Any, Any]) -> None:
@@ -188,6 +222,83 @@ class _Fallback:
         ):
             return stage.deliver(outcome)
         return await self.instead(item, call_next)
+
+    def __repr__(self) -> str:
+        return repr(self.config)
+
+
+def _name_of(target: Any) -> str:
+    """The name a target's breaker knows it by: a tool's, a model's, an upstream's."""
+    if isinstance(target, str):
+        return target
+    if isinstance(target, Mapping):
+        return str(target.get("model") or target["upstream"])
+    name = getattr(target, "model", None) or getattr(target, "__name__", None)
+    return name if isinstance(name, str) else repr(target)
+
+
+def _answered_by(instead: _Instead, call_next: Any) -> Callable[[Any], Awaitable[Any]]:
+    def answer(item: Any) -> Awaitable[Any]:
+        return instead(item, call_next)
+
+    return answer
+
+
+class _Healthy:
+    """``to=[…]``: the targets in order after a failure, skipping those whose breaker is
+    open; all open: the earliest, waited for within ``wait_ms``, else an answer now."""
+
+    __slots__ = ("config", "control", "stage", "targets")
+
+    def __init__(
+        self, config: Fallback, targets: list[tuple[str, _Instead]], control: Control | None
+    ) -> None:
+        self.config = config
+        self.targets = targets
+        self.control = control
+        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+
+    def _failed(self, outcome: Any) -> bool:
+        stage = self.stage
+        return (
+            stage.failed(outcome)
+            and stage.code(outcome) in self.config.on
+            and not (stage.is_control(outcome) and not stage.is_refusal(outcome))
+        )
+
+    async def __call__(self, item: Any, call_next: Any) -> Any:
+        stage = self.stage
+        outcome = await stage.attempt(call_next, item)
+        if not self._failed(outcome):
+            return stage.deliver(outcome)
+        waits: list[tuple[float, str, _Instead]] = []
+        for name, instead in self.targets:
+            wait = self.control.open_for(name) if self.control is not None else None
+            if wait is not None:
+                waits.append((wait, name, instead))
+                continue  # its breaker is open: not tried
+            outcome = await stage.attempt(_answered_by(instead, call_next), item)
+            if not self._failed(outcome):
+                return stage.deliver(outcome)
+        if len(waits) < len(self.targets):
+            return stage.deliver(outcome)  # the last target tried failed too
+        wait, name, instead = min(waits, key=lambda known: known[0])
+        limit = self.config.wait_ms
+        if limit is not None and wait <= limit / 1000:
+            await anyio.sleep(wait)  # the earliest half-opens: its probe is this call
+            return await instead(item, call_next)
+        return stage.deliver(
+            stage.refusal(
+                item,
+                "UNAVAILABLE",
+                f"{stage.label(item)} and every fallback ({', '.join(n for _, n, _ in waits)}) "
+                f"are unavailable: their circuit breakers are open. Try again in "
+                f"{math.ceil(wait) if math.isfinite(wait) else 'a while'}s, or do without it.",
+                layer=PLUGIN,
+                name="FallbackUnavailableError",
+                retry_after_s=wait if math.isfinite(wait) and wait > 0 else None,
+            )
+        )
 
     def __repr__(self) -> str:
         return repr(self.config)

@@ -440,8 +440,10 @@ def _check_fallbacks(harness: Harness, upstreams: Mapping[str, Target]) -> None:
 
     for handle in harness.plugins:
         plugin = handle.plugin
-        if isinstance(plugin, Fallback) and isinstance(plugin.to, Mapping):
-            name = plugin.to["upstream"]
+        for target in plugin.targets if isinstance(plugin, Fallback) else ():
+            if not isinstance(target, Mapping):
+                continue
+            name = target["upstream"]
             if name not in upstreams:
                 known = [n for n in upstreams if n != DEFAULT]
                 near = difflib.get_close_matches(name, known, n=1)

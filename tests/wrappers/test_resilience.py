@@ -23,6 +23,8 @@ from guardstack.pipeline import (
     ModelError,
     ModelReply,
     ScriptedModel,
+    ToolCall,
+    ToolDefinition,
     ToolResult,
 )
 from guardstack.pipeline.testing import Hang, Raise, Reply, ScriptedTool
@@ -484,3 +486,63 @@ async def test_model_stage_bulkhead_hedge_and_chaos() -> None:
     chaotic.plugin(Chaos(rate=1.0, fault="fail:MODEL_RATE_LIMITED", stage="model"))
     turn = await chaotic.loop.create("s").prompt("hi")
     assert turn.error == "ModelError: MODEL_RATE_LIMITED: chaos: injected MODEL_RATE_LIMITED"
+
+
+# -- a health-aware fallback: Fallback(to=[…]) ------------------------------------------------
+
+
+def health_rig(wait_ms: int | None = None) -> tuple[Harness, dict[str, int]]:
+    """``search`` fails; ``mirror-a`` fails too; ``mirror-b`` answers. A breaker (each
+    opens on its first failure for 10 s) inside the fallback."""
+    runs: dict[str, int] = {}
+
+    def tool(name: str, fails: bool) -> ToolDefinition:
+        async def run(arguments: Any, call: ToolCall) -> str:
+            runs[name] = runs.get(name, 0) + 1
+            if fails:
+                raise RuntimeError(f"{name} is down")
+            return f"{name} answered"
+
+        return ToolDefinition(name, run)
+
+    harness = Harness()
+    for name, fails in (("search", True), ("mirror-a", True), ("mirror-b", False)):
+        harness.tools.register(tool(name, fails))
+    harness.plugin(Fallback(to=["mirror-a", "mirror-b"], wait_ms=wait_ms))
+    harness.plugin(CircuitBreaker(minimum_calls=1, failure_ratio=1.0, break_s=10))
+    return harness, runs
+
+
+async def test_a_fallback_skips_a_target_whose_breaker_is_open() -> None:
+    harness, runs = health_rig()
+    first = await harness.tools.execute(ToolCall("search", {}, "c1"))
+    assert first.result.content == "mirror-b answered"  # a failed, then b
+    assert runs == {"search": 1, "mirror-a": 1, "mirror-b": 1}
+    second = await harness.tools.execute(ToolCall("search", {}, "c2"))
+    assert second.result.content == "mirror-b answered"
+    assert runs["mirror-a"] == 1  # open: skipped, never tried again
+    await harness.control.isolate("mirror-b")  # an operator holds it open too
+    third = await harness.tools.execute(ToolCall("search", {}, "c3"))
+    assert third.result.code == TOOL_UNAVAILABLE
+    assert "every fallback (mirror-a, mirror-b)" in third.result.content
+    assert third.result.error is not None
+    assert 0 < (third.result.error.retry_after_s or 0) <= 10  # mirror-a's break
+
+
+async def test_when_every_target_is_open_it_waits_for_the_earliest_within_wait_ms() -> None:
+    harness, runs = health_rig(wait_ms=15_000)
+    await harness.tools.execute(ToolCall("search", {}, "c1"))  # opens search and mirror-a
+    await harness.control.isolate("mirror-b")
+    started = anyio.current_time()
+    answered = await harness.tools.execute(ToolCall("search", {}, "c2"))
+    # mirror-a half-opened at 10 s: its probe was this call, and it failed again
+    assert anyio.current_time() - started == pytest.approx(10.0)
+    assert runs["mirror-a"] == 2
+    assert answered.result.code in (TOOL_FAILED, TOOL_UNAVAILABLE)
+
+
+def test_a_fallback_list_is_checked_target_by_target() -> None:
+    with pytest.raises(ConfigError):
+        Fallback(to=[])
+    with pytest.raises(ConfigError):
+        Fallback(to=["ok", 5])
