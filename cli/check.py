@@ -172,6 +172,13 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
         return (
             f"repeat-tool-reminder: reminds at {list(plugin.thresholds)} identical calls in a row"
         )
+    if isinstance(plugin, UsageLimit) and plugin.downgrade is not None:
+        to = plugin.downgrade["to"]
+        name = to if isinstance(to, str) else getattr(to, "model", None) or repr(to)
+        return (
+            f"{plugin.name}: past {plugin.downgrade['at']:.0%} of a window the cheaper model "
+            f"{name} answers; ends the turn blocked at its limit, before the next model request"
+        )
     if isinstance(plugin, ModelCallLimit | UsageLimit):
         return f"{plugin.name}: ends the turn blocked at its limit, before the next model request"
     if isinstance(plugin, LoopDetector):

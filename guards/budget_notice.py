@@ -86,7 +86,10 @@ class BudgetNotice:
                 parts.append(f"{round(amount):,} s")
         if not parts:
             return None
-        return f"Budget left: {', '.join(parts)}. Plan to finish within it."
+        text = f"Budget left: {', '.join(parts)}. Plan to finish within it."
+        if left.get("downgraded"):
+            text += " The budget is nearly spent: a cheaper model answers from now on."
+        return text
 
     def apply(self, scope: Scope) -> None:
         noted: weakref.WeakKeyDictionary[Agent, tuple[int, int]] = weakref.WeakKeyDictionary()

@@ -49,12 +49,14 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
 
 import attrs
+from opentelemetry import trace
 
 from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
 from guardstack.pipeline.contract import (
+    Model,
     ModelNext,
     ModelReply,
     ModelRequest,
@@ -72,7 +74,7 @@ from guardstack.pipeline.contract import (
 )
 from guardstack.pipeline.errors import ConfigError, GuardstackWarning, TurnBlocked
 from guardstack.pipeline.signals import USAGE_USD, Shadow
-from guardstack.pipeline.validate import flag, invalid, number, optional_integer
+from guardstack.pipeline.validate import cut, flag, invalid, number, optional_integer
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
@@ -140,6 +142,20 @@ def _prices(value: object) -> dict[str, Price] | None:
     return prices
 
 
+def _downgrade(value: object) -> Mapping[str, Any] | None:
+    """``{"at": FRACTION, "to": MODEL}``: ``at`` in (0, 1], ``to`` a ``Model`` or a name."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != {"at", "to"}:
+        raise invalid(PLUGIN, "downgrade", value, '{"at": a fraction, "to": a model or its name}')
+    at, to = value["at"], value["to"]
+    if isinstance(at, bool) or not isinstance(at, int | float) or not 0 < at <= 1:
+        raise invalid(PLUGIN, "downgrade.at", at, "a fraction of the limit, in (0, 1]")
+    if not (isinstance(to, str) and to) and not callable(getattr(to, "complete", None)):
+        raise invalid(PLUGIN, "downgrade.to", to, "a Model, or the name of one")
+    return {"at": float(at), "to": to}
+
+
 @attrs.frozen
 class UsageLimit:
     """Caps on tokens and dollars per turn, per session and per calendar window."""
@@ -178,6 +194,12 @@ class UsageLimit:
     )
     #: Count as usual, record what it would have refused, refuse nothing.
     shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
+    #: ``{"at": 0.8, "to": MODEL}``: past that fraction of any window, the model stage
+    #: switches to the cheaper model (a ``Model``, or a name the answering model can
+    #: switch to with ``with_model``) instead of stopping at the limit.
+    downgrade: Mapping[str, Any] | None = attrs.field(
+        default=None, kw_only=True, converter=_downgrade
+    )
 
     def __attrs_post_init__(self) -> None:
         limits = (
@@ -264,6 +286,23 @@ class UsageLimit:
         _Limits(self, scope).register(scope)
 
 
+def _cheaper_model(to: object, answering: object) -> object:
+    """The model a downgrade sends calls to: ``to`` itself, or the answering model
+    switched to the name ``to`` (``with_model``)."""
+    if not isinstance(to, str):
+        return to
+    switch = getattr(answering, "with_model", None)
+    if not callable(switch):
+        raise ConfigError(
+            f"{PLUGIN}: downgrade.to names the model {to!r}, but {cut(answering)} cannot switch "
+            "to another model (it has no with_model); give a Model instead",
+            plugin=PLUGIN,
+            key="downgrade.to",
+            value=to,
+        )
+    return switch(to)
+
+
 def _cost(usage: Usage, price: Price) -> float:
     per_input, per_output, per_read, per_write = price
     plain = max(0, usage.input_tokens - usage.cached_input_tokens - usage.cache_write_tokens)
@@ -293,6 +332,8 @@ class _Limits:
         self.accounts = Accounts(scope, config.store)
         self.signals = scope.signals
         self.shadow = Shadow(scope.namespace, scope.signals) if config.shadow else None
+        #: Agents whose calls go to the downgrade's model now (for ``BudgetNotice``).
+        self.downgraded: weakref.WeakKeyDictionary[Agent, str] = weakref.WeakKeyDictionary()
         self.wall_clock: Callable[[], float] = getattr(
             self.accounts.ledger, "wall_clock", time.time
         )
@@ -419,9 +460,11 @@ class _Limits:
     async def layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
         config, accounts = self.config, self.accounts
         agent = request.agent
+        windows = self.windows(agent, request)
+        if config.downgrade is not None:
+            request = await self.maybe_downgraded(request, windows)
         asked_for = _model_name(_answering(request))
         estimate = config.estimate(request, asked_for)
-        windows = self.windows(agent, request)
         op_id = accounts.operation()
         try:
             reservation = await accounts.reserve(op_id, estimate, windows)
@@ -449,6 +492,42 @@ class _Limits:
             raise
         await self.settle(op_id, request, reply, asked_for, windows)
         return reply
+
+    async def maybe_downgraded(self, request: ModelRequest, windows: list[Window]) -> ModelRequest:
+        """The request, sent to the cheaper model once any window is past the downgrade's
+        fraction of its limit (logged, an event, the chat span's attributes)."""
+        downgrade = self.config.downgrade
+        assert downgrade is not None
+        at = float(downgrade["at"])
+        try:
+            past = [
+                window
+                for window in windows
+                if window.limit and await self.accounts.balance(window) >= at * window.limit
+            ]
+        except Exception:
+            return request  # a store that does not answer decides nothing here
+        agent = request.agent
+        if not past:
+            self.downgraded.pop(agent, None)
+            return request
+        cheaper = _cheaper_model(downgrade["to"], _answering(request))
+        name = _model_name(cheaper) or repr(cheaper)
+        if self.downgraded.get(agent) != name:
+            self.downgraded[agent] = name
+            window = past[0]
+            share = round(at * 100)
+            logger.info("%s: past %d%% of %s: %s answers now", PLUGIN, share, window.key, name)
+            self.signals.event(
+                "guardstack.downgrade",
+                {"guardstack.window": window.key, "gen_ai.request.model": name, "at": at},
+                "WARN",
+            )
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attribute("gen_ai.request.model", name)
+            span.set_attribute("guardstack.downgraded", True)
+        return attrs.evolve(request, model=cast(Model, cheaper))
 
     async def settle(
         self,
@@ -503,8 +582,11 @@ class _Limits:
                 )
 
     async def remaining(self, agent: Agent) -> dict[str, float]:
-        """What is left of every limit that applies (for ``BudgetNotice``)."""
+        """What is left of every limit that applies (for ``BudgetNotice``; ``downgraded``
+        when its calls go to the cheaper model)."""
         left: dict[str, list[float]] = {"tokens": [], "usd": []}
+        if agent in self.downgraded:
+            left["downgraded"] = [1.0]
         try:
             for window in self.windows(agent, None):
                 assert window.limit is not None

@@ -49,6 +49,7 @@ Server-side tool blocks (web search and friends) are not kept.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from collections.abc import Mapping
@@ -131,6 +132,13 @@ class AnthropicModel:
         self.stream = bool(stream)
         self.on_delta = on_delta
         self.request_params = request_params
+
+    def with_model(self, model: str) -> AnthropicModel:
+        """The same client and settings, asking for ``model`` (a ``UsageLimit``'s
+        downgrade to a cheaper model)."""
+        switched = copy.copy(self)
+        switched.model = model
+        return switched
 
     #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
     #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.

@@ -42,6 +42,7 @@ exceptions map to the same codes as the other adapters: ``RateLimitError`` →
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,6 +110,13 @@ class LiteLLMModel:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
         return None
+
+    def with_model(self, model: str) -> LiteLLMModel:
+        """The same client and settings, asking for ``model`` (a ``UsageLimit``'s
+        downgrade to a cheaper model)."""
+        switched = copy.copy(self)
+        switched.model = model
+        return switched
 
     #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
     #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.

@@ -35,6 +35,7 @@ What it does:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +112,13 @@ class OpenAIChatModel:
         """The request's output limit (``max_completion_tokens`` or ``max_tokens``), which
         a spend cap reserves for each call; ``None`` when none is given."""
         return _output_limit(self.request_params)
+
+    def with_model(self, model: str) -> OpenAIChatModel:
+        """The same client and settings, asking for ``model`` (a ``UsageLimit``'s
+        downgrade to a cheaper model)."""
+        switched = copy.copy(self)
+        switched.model = model
+        return switched
 
     #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
     #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.

@@ -176,6 +176,8 @@ EVENTS: Final[dict[str, str]] = {
     "what, reason) and let the call through",
     "guardstack.control": "an operator forced a breaker, paused or resumed a tool, or changed "
     "a limit (action, layer, tool)",
+    "guardstack.downgrade": "a usage limit past its downgrade point sends calls to the cheaper "
+    "model (window, model, fraction)",
 }
 
 

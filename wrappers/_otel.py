@@ -44,8 +44,10 @@ def exception_error_type(error: BaseException) -> str:
 
 
 def request_model(request: ModelRequest) -> str | None:
-    """The model name a request goes to: the agent's model's ``model`` attribute, if text."""
-    name = getattr(request.agent.model, "model", None)
+    """The model name a request goes to: the ``model`` attribute, if text, of the request's
+    own model (a child's, the proxy's upstream) or else its agent's."""
+    answering = request.model if request.model is not None else request.agent.model
+    name = getattr(answering, "model", None)
     return name if isinstance(name, str) and name else None
 
 

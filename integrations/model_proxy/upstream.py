@@ -82,6 +82,11 @@ class Upstream:
         self.started = False  # a byte of a streamed reply has reached the client
         self.gone = False  # the client left: read on for the usage, send nothing
 
+    def with_model(self, model: str) -> Via:
+        """The same request, asking the default upstream for ``model`` (a ``UsageLimit``'s
+        downgrade to a cheaper model)."""
+        return Via(self, DEFAULT, model)
+
     def upstream(self, name: str, *, model: str | None = None) -> Via:
         """The same request to the upstream ``name`` (``Fallback(to={"upstream": …})``)."""
         return Via(self, name, model)

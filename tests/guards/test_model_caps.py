@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,3 +212,67 @@ def test_caps_load_from_config_and_refuse_bad_values() -> None:
 def test_a_dollar_limit_of_zero_is_refused() -> None:
     with pytest.raises(ConfigError, match="usd_per_session"):
         UsageLimit(usd_per_session=0, prices={"m": (1, 1)})
+
+
+# -- downgrade before the budget ends ---------------------------------------------------------
+
+
+async def test_past_its_fraction_a_usage_limit_sends_calls_to_the_cheaper_model() -> None:
+    """Each reply costs $0.30 at the expensive price ($0.03 at the cheap one); past 80 %
+    of the $1.00 session the calls go to the cheap model, logged with its name, shown by
+    BudgetNotice, and the session goes on instead of stopping."""
+    from guardstack.guards import BudgetNotice, UsageLimit
+    from guardstack.pipeline import AssistantMessage, UserMessage
+
+    expensive = ScriptedModel([ModelReply("big", usage=Usage(0, 300_000))] * 3, model="big")
+    cheap = ScriptedModel([ModelReply("small", usage=Usage(0, 300_000))] * 5, model="small")
+    harness = Harness(expensive)
+    harness.plugin(BudgetNotice(show=("usd",)))
+    harness.plugin(
+        UsageLimit(
+            usd_per_session=1.0,
+            prices={"big": (1.0, 1.0), "small": (0.1, 0.1)},
+            estimate_output_tokens=1,
+            downgrade={"at": 0.8, "to": cheap},
+        )
+    )
+    agent = harness.loop.create("s")
+    answers = [(await agent.prompt(f"q{n}")).text for n in range(5)]
+    assert answers == ["big", "big", "big", "small", "small"]  # $0.90 > $0.80, then cheap
+    models = [e.model for e in agent.session.events if isinstance(e, AssistantMessage)]
+    assert models == ["big", "big", "big", "small", "small"]
+    notes = [e.text for e in agent.session.events if isinstance(e, UserMessage) and e.source.plugin]
+    assert "a cheaper model answers from now on" in notes[-1]
+    assert "a cheaper model answers" not in notes[2]
+
+
+async def test_a_downgrade_by_name_switches_the_answering_model() -> None:
+    from guardstack.guards import UsageLimit
+
+    class Named(ScriptedModel):
+        def with_model(self, name: str) -> ScriptedModel:
+            return ScriptedModel([ModelReply(f"from {name}", usage=Usage(0, 1))] * 3, model=name)
+
+    harness = Harness(Named([ModelReply("first", usage=Usage(0, 1_000))] * 3, model="big"))
+    harness.plugin(UsageLimit(tokens_per_session=1_500, estimate_output_tokens=1,
+                              downgrade={"at": 0.5, "to": "small"}))  # fmt: skip
+    agent = harness.loop.create("s")
+    assert (await agent.prompt("one")).text == "first"
+    assert (await agent.prompt("two")).text == "from small"
+
+
+@pytest.mark.parametrize(
+    ("downgrade", "key"),
+    [
+        ({"at": 0, "to": "m"}, "downgrade.at"),
+        ({"at": 1.5, "to": "m"}, "downgrade.at"),
+        ({"at": 0.5, "to": 5}, "downgrade.to"),
+        ({"at": 0.5}, "downgrade"),
+    ],
+)
+def test_a_bad_downgrade_fails_loud(downgrade: Any, key: str) -> None:
+    from guardstack.guards import UsageLimit
+
+    with pytest.raises(ConfigError) as raised:
+        UsageLimit(tokens_per_session=10, downgrade=downgrade)
+    assert raised.value.key == key

@@ -280,3 +280,12 @@ def test_a_layer_in_shadow_says_so() -> None:
     harness.plugin(CircuitBreaker(key="other"))
     lines = check(harness).lines
     assert sum("IN SHADOW" in line for line in lines) == 1
+
+
+def test_a_downgrade_is_explained() -> None:
+    from guardstack.guards import UsageLimit
+
+    harness = Harness()
+    harness.plugin(UsageLimit(tokens_per_day=1_000, downgrade={"at": 0.8, "to": "gpt-mini"}))
+    assert any("past 80% of a window the cheaper model gpt-mini answers" in line
+               for line in check(harness).lines)  # fmt: skip
