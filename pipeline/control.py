@@ -447,7 +447,7 @@ class Control:
         if what == "set":
             attributes["guardstack.control.value"] = json.dumps(dict(override.value))
         self._signals.event("guardstack.control", attributes, "WARN")
-        logger.warning(
+        logger.info(
             "control: %s %s %s",
             override.kind,
             what,

@@ -27,6 +27,15 @@ ELSEWHERE = {
 PRINTS = {
     "docs/api.md": [],  # the reference, built from the docstrings
     "docs/releases.md": [],
+    "docs/operate.md": [
+        "completed - done",
+        'Error: tool "lookup" is paused: the index is being rebuilt until 14:00\nTOOL_UNAVAILABLE'
+        "\nfound\ncontrol: no tool 'lookpu' (did you mean 'lookup'?); the tools are lookup",
+        "Reloaded(version=1, plugins=('timeout', 'retry'), warnings=())\nConfigError - 1",
+        "answered by mirror-us\nanswered by mirror-us\n['search', 'mirror-eu', 'mirror-us', "
+        "'mirror-us']",
+        "['from big', 'from big', 'from big', 'from small', 'from small']",
+    ],
     "docs/streams-tokens-priority.md": [
         "completed - The answer is 42. - 2 requests",
         "index -> indexed\nstalls -> Error: tool call timed out: no progress report for 80ms",
