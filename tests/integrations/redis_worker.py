@@ -137,6 +137,7 @@ async def main(mode: str, url: str, prefix: str, seconds: float) -> None:
         return "ok"
 
     harness.tools.register(ToolDefinition("work", work))
+    harness.control.refresh_s = 0.05  # an override made elsewhere holds here within this
     if mode == "rate":
         harness.plugin(RateLimit(per_second=20, burst=5))
     elif mode in ("slots", "hold"):
@@ -144,6 +145,7 @@ async def main(mode: str, url: str, prefix: str, seconds: float) -> None:
     elif mode == "breaker":
         harness.plugin(CircuitBreaker(minimum_calls=3, failure_ratio=1.0, break_s=1.0))
     hold = {"slots": 0.03, "hold": 3600.0}.get(mode, 0.0)
+    pause = {"control": 0.05}.get(mode, 0.0)
     deadline = time.monotonic() + seconds
     say(event="ready")
 
@@ -152,7 +154,7 @@ async def main(mode: str, url: str, prefix: str, seconds: float) -> None:
             call = ToolCall("work", {"hold": hold}, f"c{n}", conversation="shared")
             outcome = await harness.tools.execute(call)
             say(event="result", code=outcome.result.code)
-            if mode == "breaker":
+            if mode == "breaker" or pause:
                 await anyio.sleep(0.05)
 
     async with anyio.create_task_group() as group:

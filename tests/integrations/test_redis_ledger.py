@@ -436,3 +436,54 @@ async def test_an_override_made_in_one_process_holds_in_another(store: RedisStor
         assert await there.control.overrides() == []
     finally:
         await other.aclose()
+
+
+def test_a_tool_paused_by_one_process_is_denied_in_another() -> None:
+    """A worker process calls ``work`` every 50 ms for three seconds; this process pauses
+    it after one and resumes it after two, through its own harness on the same server:
+    the worker's calls are denied in between, within its refresh of the overrides."""
+    import json
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    prefix = f"w{uuid.uuid4().hex[:8]}:"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.integrations.redis_worker", "control", ENV.server.url,
+         prefix, "3.0"],
+        cwd=root, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert worker.stdout is not None
+    assert json.loads(worker.stdout.readline())["event"] == "ready"
+
+    async def operator() -> tuple[float, float]:
+        store = RedisStore(ENV.server.url, prefix=prefix, timeout_ms=1000)
+        harness = Harness(store=store)
+        harness.tools.register(ToolDefinition("work", _noop))
+        try:
+            await anyio.sleep(1.0)
+            paused = time.time()
+            await harness.control.pause("work", reason="maintenance", by="oncall")
+            await anyio.sleep(1.0)
+            resumed = time.time()
+            await harness.control.resume("work")
+            return paused, resumed
+        finally:
+            await store.aclose()
+
+    paused, resumed = ENV.loop.run(operator())
+    out, _ = worker.communicate(timeout=30)
+    assert worker.returncode == 0
+    results = [json.loads(line) for line in out.splitlines() if line.strip()]
+    codes = [(e["t"], e["code"]) for e in results if e["event"] == "result"]
+    lag = 0.3  # the worker's refresh (50 ms) and its call period (50 ms), with room
+    assert all(code is None for at, code in codes if at < paused)
+    assert all(code == TOOL_DENIED for at, code in codes if paused + lag < at < resumed)
+    assert all(code is None for at, code in codes if at > resumed + lag)
+    assert sum(code == TOOL_DENIED for _, code in codes) >= 10
+
+
+async def _noop(arguments: Any, call: ToolCall) -> str:
+    return "ok"

@@ -23,9 +23,22 @@ from guardstack.pipeline import (
     ToolCall,
     ToolDefinition,
 )
+from guardstack.wrappers import Tracing
+from tests.wrappers.otel import SpanRig
 
 #: What every ``Marker`` layer saw: (call id, its tag), in order.
 SEEN: list[tuple[str, str]] = []
+#: The spans of the stacks a reload builds from configuration (``RigTracing``).
+SPANS = SpanRig()
+
+
+class RigTracing(Tracing):
+    """``Tracing`` into the tests' span rig, for stacks built from configuration."""
+
+    name: ClassVar[str] = "tracing"
+
+    def __init__(self) -> None:
+        super().__init__(SPANS.provider)
 
 
 @attrs.frozen
@@ -59,8 +72,11 @@ class Marker:
 
 def marked(*tags: str) -> list[dict[str, Any]]:
     return [
-        {"id": f"m{n}", "name": f"{__name__}:Marker", "config": {"tag": tag}}
-        for n, tag in enumerate(tags)
+        {"id": "tracing", "name": f"{__name__}:RigTracing"},
+        *(
+            {"id": f"m{n}", "name": f"{__name__}:Marker", "config": {"tag": tag}}
+            for n, tag in enumerate(tags)
+        ),
     ]
 
 
@@ -166,6 +182,7 @@ async def test_under_load_no_call_is_lost_and_each_runs_on_one_stack_whole(
     every call answers, and every marker a call passed — on the way in and out — is
     of one version, all of that version's markers, in its order."""
     SEEN.clear()
+    SPANS.clear()
     harness = harness_with_tool()
     stacks: dict[int, tuple[str, ...]] = {0: ("v0a", "v0b", "v0c")}
     harness.load(marked(*stacks[0]), allow_imports=True)
@@ -205,6 +222,13 @@ async def test_under_load_no_call_is_lost_and_each_runs_on_one_stack_whole(
             *reversed(stack),
             *(f"{tag}-post" for tag in stack),
         ]
+    # every call's spans — its execute_tool span and its layers' — name one version
+    by_trace: dict[int, set[int]] = {}
+    for span in SPANS.spans:
+        version = int((span.attributes or {}).get("guardstack.stack.version", 0))
+        by_trace.setdefault(span.context.trace_id, set()).add(version)
+    assert len(by_trace) == len(started)
+    assert all(len(versions) == 1 for versions in by_trace.values())
 
 
 async def test_watching_a_file_reloads_on_a_change_and_keeps_the_stack_on_a_bad_one(
