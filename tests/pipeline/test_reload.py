@@ -225,9 +225,9 @@ async def test_under_load_no_call_is_lost_and_each_runs_on_one_stack_whole(
     # every call's spans — its execute_tool span and its layers' — name one version
     by_trace: dict[int, set[int]] = {}
     for span in SPANS.spans:
-        version = (span.attributes or {}).get("guardstack.stack.version", 0)
-        assert isinstance(version, int)
-        by_trace.setdefault(span.context.trace_id, set()).add(version)
+        stamped = (span.attributes or {}).get("guardstack.stack.version", 0)
+        assert isinstance(stamped, int)
+        by_trace.setdefault(span.context.trace_id, set()).add(stamped)
     assert len(by_trace) == len(started)
     assert all(len(versions) == 1 for versions in by_trace.values())
 
