@@ -208,11 +208,11 @@ class _Breakers:
             self._remember(name, "open")
 
     def _opened(self, name: str, wait_s: float) -> None:
-        if len(self.open_until) >= _MAX_REPORTED:
-            now = anyio.current_time()
-            for gone in [k for k, until in self.open_until.items() if until <= now]:
-                del self.open_until[gone]
-        self.open_until[name] = anyio.current_time() + max(wait_s, 0.0)
+        known = self.open_until
+        known.pop(name, None)  # the most recently opened last
+        known[name] = anyio.current_time() + max(wait_s, 0.0)
+        while len(known) > _MAX_REPORTED:  # the longest-known go first: bounded, O(1)
+            del known[next(iter(known))]
 
     def open_for(self, name: str) -> float | None:
         """How long until this breaker lets a call to ``name`` try (as this process last
