@@ -144,6 +144,7 @@ class Control:
         self.limits: dict[tuple[str, str | None], Mapping[str, float]] = {}
         self._overrides: dict[str, Override] = {}
         self._next_read = -math.inf
+        self._warned_at = -math.inf
         self._gauge: Any = None  # registered at the first override
         #: What each breaker of the stack knows of a name's health (``watch_breakers``).
         self._health: list[Callable[[str], float | None]] = []
@@ -186,9 +187,11 @@ class Control:
         try:
             stored = await store.read_controls()
         except Exception as error:
-            logger.warning(
-                "control: the overrides could not be read (%s); kept as they were", error
-            )
+            if now() - self._warned_at >= 60.0:  # at most once a minute while it is down
+                self._warned_at = now()
+                logger.warning(
+                    "control: the overrides could not be read (%s); kept as they were", error
+                )
             return
         found = {}
         for text in stored.values():

@@ -173,6 +173,7 @@ async def test_a_slot_whose_acquire_reply_was_lost_is_given_back_at_the_next_con
     harness.tools.register(ToolDefinition("work", work))
     harness.plugin(ConcurrencyLimit(1))
     try:
+        await harness.control.refresh()  # the overrides read now: the next reply is the slot's
         ENV.link.lose(1)  # the acquire runs on the server; its answer never comes back
         with pytest.warns(GuardstackWarning, match="redis store failed"):
             first = await harness.tools.execute(ToolCall("work", {}, "a", conversation="x"))
