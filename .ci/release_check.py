@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATIONS = [
     "anthropic", "openai", "litellm", "redis", "mcp", "model_proxy", "langchain",
-    "openai_agents", "pydantic_ai", "temporal", "otel", "claude_agent", "adk",
+    "openai_agents", "pydantic_ai", "temporal", "otel", "claude_agent", "adk", "mcp_gateway",
 ]  # fmt: skip
 
 
@@ -58,6 +58,15 @@ def main(work: Path) -> None:
         stray = [n for n in names if n.startswith(("tests/", "benchmarks/", "examples/"))]
         assert not stray, f"the wheel carries {stray[:5]}"
         assert not [n for n in names if n.endswith((".jsonl", ".png"))], "data in the wheel"
+        # every module of the source folders (subpackages too) is in the wheel
+        folders = ("pipeline", "guards", "wrappers", "integrations", "cli")
+        sources = [
+            f"guardstack/{path.relative_to(clean).as_posix()}"
+            for folder in folders
+            for path in (clean / folder).rglob("*.py")
+        ]
+        missing = sorted(set(sources) - set(names))
+        assert not missing, f"the wheel lacks {missing[:5]} (add the package to pyproject)"
         with tarfile.open(sdist) as archive:
             assert any(n.endswith("/CHANGELOG.md") for n in archive.getnames())
         # 3. a fresh environment, the demo extra, no checkout anywhere near

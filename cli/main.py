@@ -47,8 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check", help="what a plugin config means layer by layer, and likely mistakes"
     )
-    check.add_argument("config", type=Path, help="a YAML, TOML or JSON plugin list")
+    check.add_argument(
+        "config", type=Path, help="a YAML, TOML or JSON plugin list, or an MCP gateway's file"
+    )
     check.add_argument("--strict", action="store_true", help="exit 1 when there is a warning")
+    check.add_argument(
+        "--keys", type=Path, metavar="FILE", help="an MCP gateway's keys file, checked too"
+    )
     _allow_imports(check)
     compare = commands.add_parser(
         "compare",
@@ -78,9 +83,15 @@ def _parser() -> argparse.ArgumentParser:
         "mcp-proxy",
         help="serve an MCP server's tools through a guard stack (needs guardstack[mcp])",
         description="Start COMMAND as an MCP server over stdio and serve its tools on this "
-        "process's stdin/stdout, every call through the plugins of --config.",
+        "process's stdin/stdout, every call through the plugins of --config. A --config "
+        "that lists servers ({servers: ..., plugins: [...]}) runs a gateway in front of "
+        "all of them instead (docs/mcp-gateway.md).",
     )
-    proxy.add_argument("--config", type=Path, help="a YAML, TOML or JSON plugin list")
+    proxy.add_argument(
+        "--config",
+        type=Path,
+        help="a YAML, TOML or JSON plugin list, or a gateway's {servers, plugins}",
+    )
     _allow_imports(proxy)
     proxy.add_argument(
         "--timeout",
@@ -107,6 +118,41 @@ def _parser() -> argparse.ArgumentParser:
         "--connect",
         metavar="URL",
         help="the downstream MCP server over streamable HTTP, instead of a command",
+    )
+    proxy.add_argument(
+        "--keys",
+        type=Path,
+        metavar="FILE",
+        help="a gateway's client keys and tenants: {keys: {KEY: TENANT}, tenants: {...}} "
+        "(needs --transport http)",
+    )
+    proxy.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin that may call the proxy over HTTP; none by default",
+    )
+    proxy.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name the proxy answers besides its listen address and loopback",
+    )
+    proxy.add_argument(
+        "--session-idle-s",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="over HTTP, end a client session idle this long (600)",
+    )
+    proxy.add_argument(
+        "--max-sessions",
+        type=int,
+        default=500,
+        metavar="N",
+        help="over HTTP, at most this many client sessions at once (500)",
     )
     proxy.add_argument(
         "server", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the MCP server to start"
@@ -273,6 +319,11 @@ def _run(arguments: argparse.Namespace) -> int:
                 transport=arguments.transport,
                 listen=arguments.listen,
                 connect=arguments.connect,
+                keys=arguments.keys,
+                allow_origins=arguments.allow_origin,
+                allow_hosts=arguments.allow_host,
+                session_idle_s=arguments.session_idle_s,
+                max_sessions=arguments.max_sessions,
             )
         )
     elif arguments.command == "model-proxy":
@@ -298,9 +349,18 @@ def _run(arguments: argparse.Namespace) -> int:
         )
     elif arguments.command == "check":
         from guardstack.cli.check import check
+        from guardstack.integrations.mcp_gateway.config import is_gateway_config
 
-        harness = Harness()
-        harness.load(arguments.config, allow_imports=arguments.allow_imports)
+        if is_gateway_config(arguments.config):  # an MCP gateway: its servers, then its stack
+            from guardstack.cli.mcp_gateway import load_gateway
+
+            gateway, harness = load_gateway(
+                arguments.config, arguments.keys, allow_imports=arguments.allow_imports
+            )
+            _print(gateway.describe_servers())
+        else:
+            harness = Harness()
+            harness.load(arguments.config, allow_imports=arguments.allow_imports)
         checked = check(harness)
         _print(checked.render())
         if arguments.strict and checked.warnings:

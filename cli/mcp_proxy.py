@@ -19,20 +19,24 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
 
+from guardstack.cli.mcp_gateway import run_gateway
 from guardstack.guards import ToolCallTimeoutPolicy
+from guardstack.integrations._gate import Gate
 from guardstack.integrations.mcp import (
+    McpServerError,
     NotificationRelay,
     serve_proxy,
     serve_proxy_http,
     sync_tools,
     tracing_provider,
 )
+from guardstack.integrations.mcp_gateway.config import is_gateway_config
 from guardstack.pipeline.errors import ConfigError, GuardstackError
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.values import MAX_TIMEOUT_MS, message_of
@@ -95,14 +99,56 @@ async def run_proxy(
     transport: str = "stdio",
     listen: str = "127.0.0.1:8808",
     connect: str | None = None,
+    keys: Path | None = None,
+    allow_origins: list[str] | None = None,
+    allow_hosts: list[str] | None = None,
+    session_idle_s: float = 600.0,
+    max_sessions: int = 500,
 ) -> None:
     """Proxy ``command``'s MCP server (or the one at ``connect``) over stdio until the
-    client disconnects, or over streamable HTTP until stopped."""
+    client disconnects, or over streamable HTTP until stopped; with a gateway's
+    ``config`` (a mapping with ``servers``), serve every server it lists
+    (``cli.mcp_gateway``)."""
+    host, port = _listen(listen)
+    gate = Gate(
+        host, allow_origins=tuple(allow_origins or ()), allow_hosts=tuple(allow_hosts or ())
+    )
+    if config is not None and is_gateway_config(config):
+        if command or connect is not None:
+            raise ConfigError(
+                f"mcp-proxy: {config} lists the servers of a gateway; give no -- COMMAND "
+                "or --connect with it",
+                key="servers",
+            )
+        if timeouts_ms or default_timeout_ms is not None:
+            raise ConfigError(
+                f"mcp-proxy: {config} lists the servers of a gateway; give their budgets "
+                "there (timeouts_ms under each server), not with --timeout",
+                key="timeout",
+            )
+        await _fatal_in_one_line(
+            run_gateway(
+                config,
+                keys=keys,
+                allow_imports=allow_imports,
+                transport=transport,
+                host=host,
+                port=port,
+                allow_origins=allow_origins,
+                allow_hosts=allow_hosts,
+                session_idle_s=session_idle_s,
+                max_sessions=max_sessions,
+            )
+        )
+        return
+    if keys is not None:
+        raise ConfigError(
+            "mcp-proxy: --keys is for a gateway (a --config that lists servers)", key="keys"
+        )
     if connect is not None and command:
         raise ConfigError("mcp-proxy: give either --connect URL or -- COMMAND, not both")
     if connect is None and not command:
         raise ConfigError("mcp-proxy: give the server to start after --, e.g. -- npx server")
-    host, port = _listen(listen)
     harness = Harness()
     if config is not None:
         harness.load(config, allow_imports=allow_imports)
@@ -112,8 +158,17 @@ async def run_proxy(
     telemetry = export_from_environment("guardstack-mcp-proxy")
     try:
         if transport == "http":
-            await _proxy_http(
-                harness, command, connect, host, port, timeouts_ms, default_timeout_ms
+            await _fatal_in_one_line(
+                _proxy_http(
+                    harness,
+                    command,
+                    connect,
+                    gate,
+                    port,
+                    timeouts_ms,
+                    default_timeout_ms,
+                    (session_idle_s, max_sessions),
+                )
             )
             return
         await _proxy_stdio(harness, command, connect, timeouts_ms, default_timeout_ms)
@@ -276,22 +331,80 @@ async def _downstream(
         yield session
 
 
+async def _fatal_in_one_line(running: Awaitable[None]) -> None:
+    """Run ``running``; what ends it other than a stop is a ``GuardstackError`` whose
+    message is the one line ``main`` prints (exit 2), never an exception group."""
+    try:
+        await running
+    except (GuardstackError, OSError):
+        raise
+    except BaseExceptionGroup as group:
+        reportable = _first_reportable(group)
+        if isinstance(reportable, GuardstackError | OSError):
+            raise reportable from None
+        if isinstance(reportable, KeyboardInterrupt | SystemExit):
+            raise reportable from None
+        raise McpServerError(message_of(reportable)) from None
+    except Exception as error:
+        raise McpServerError(message_of(error)) from None
+
+
 async def _proxy_http(
     harness: Harness,
     command: Sequence[str],
     connect: str | None,
-    host: str,
+    gate: Gate,
     port: int,
     timeouts_ms: dict[str, int] | None,
     default_timeout_ms: int | None,
+    sessions: tuple[float, int] = (600.0, 500),
 ) -> None:
     relay = NotificationRelay()
-    async with _downstream(command, connect, relay) as downstream:
-        await _keep_tools(harness, downstream, relay, timeouts_ms, default_timeout_ms)
+    held: list[Any] = []
+    failed: list[BaseException] = []
+    ready, gone, stop = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def hold() -> None:
+        # In a task of its own: a downstream whose connection fails ends this task only,
+        # so the calls waiting on it are answered (the session fails them) and the
+        # server stops after its answers, instead of being torn down mid-response.
+        try:
+            async with _downstream(command, connect, relay) as downstream:
+                await _keep_tools(harness, downstream, relay, timeouts_ms, default_timeout_ms)
+                held.append(downstream)
+                ready.set()
+                await stop.wait()
+        except Exception as error:
+            failed.append(error)
+        finally:
+            ready.set()
+            gone.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(hold)
+        await ready.wait()
+        if not held:
+            raise failed[0] if failed else McpServerError("the MCP server did not start")
         print(
-            f"guardstack mcp-proxy: serving http://{host}:{port}/mcp", file=sys.stderr, flush=True
+            f"guardstack mcp-proxy: serving http://{gate.listen_host}:{port}/mcp",
+            file=sys.stderr,
+            flush=True,
         )
-        await serve_proxy_http(harness, downstream, host, port, relay, tracing_provider(harness))
+        await serve_proxy_http(
+            harness,
+            held[0],
+            gate.listen_host,
+            port,
+            relay,
+            tracing_provider(harness),
+            gate,
+            downstream_gone=gone,
+            session_idle_s=sessions[0],
+            max_sessions=sessions[1],
+        )
+        stop.set()
+    if failed:
+        raise McpServerError("the MCP server behind the proxy stopped; the proxy stops too")
 
 
 def _first_reportable(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -43,7 +43,6 @@ ends the turn (a spend cap fails closed, unless the store's ``on_error`` says
 
 from __future__ import annotations
 
-import datetime
 import logging
 import time
 import warnings
@@ -66,6 +65,7 @@ from guardstack.pipeline.contract import (
     StateStore,
     Usage,
     Window,
+    calendar_periods,
     input_estimate,
     key_parts,
     never_reached,
@@ -103,24 +103,6 @@ def _check_tenant(_: Any, __: Any, value: Any) -> None:
 def _check_warn_at(_: Any, __: Any, value: Any) -> None:
     if value is not None and not (0 < number(PLUGIN, "warn_at", value) < 1):
         raise invalid(PLUGIN, "warn_at", value, "a fraction between 0 and 1")
-
-
-#: A calendar window's entry outlives its end by this much (clocks a little apart).
-_GRACE_S: Final = 3_600.0
-
-
-def _calendar(now: float) -> dict[str, tuple[str, float]]:
-    """The calendar (UTC) window each limit counts in at ``now``: its name, and the
-    seconds until it ends (its entry's lifetime)."""
-    moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
-    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
-    month = day.replace(day=1)
-    next_day = day + datetime.timedelta(days=1)
-    next_month = (month + datetime.timedelta(days=32)).replace(day=1)
-    return {
-        "day": (moment.strftime("%Y-%m-%d"), next_day.timestamp() - now + _GRACE_S),
-        "month": (moment.strftime("%Y-%m"), next_month.timestamp() - now + _GRACE_S),
-    }
 
 
 def _prices(value: object) -> dict[str, Price] | None:
@@ -417,7 +399,7 @@ class _Limits:
             )
         if self.calendar and (request is not None or not callable(config.tenant)):
             tenant = self.tenant_of(request, agent, "all")
-            periods = _calendar(self.wall_clock())
+            periods = calendar_periods(self.wall_clock())
             for kind, period, limit in self.calendar:
                 name, ttl_s = periods[period]
                 found.append(

@@ -48,6 +48,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._framework import budgets
+from guardstack.integrations._gate import Gate, Refused
 from guardstack.pipeline import (
     Approve,
     Edit,
@@ -61,7 +62,12 @@ from guardstack.pipeline import (
 )
 from guardstack.pipeline.approval import Decision
 from guardstack.pipeline.validate import cut
-from guardstack.pipeline.values import TOOL_UNAVAILABLE, failed_result, validate_timeout_ms
+from guardstack.pipeline.values import (
+    TOOL_ABORTED,
+    TOOL_UNAVAILABLE,
+    failed_result,
+    validate_timeout_ms,
+)
 from guardstack.wrappers._otel import VERSION, check_provider, end_span, start_span
 
 if TYPE_CHECKING:
@@ -72,9 +78,13 @@ __all__ = [
     "MAX_PAGES",
     "McpServerError",
     "NotificationRelay",
+    "checked_by_gate",
+    "client_tracer",
+    "gated",
     "mcp_tools",
     "proxy_server",
     "render_content",
+    "serve_call",
     "serve_proxy",
     "serve_proxy_http",
     "sync_tools",
@@ -151,7 +161,7 @@ async def mcp_tools(
         definitions.append(
             ToolDefinition(
                 tool.name,
-                _caller(session, tool.name, _client_tracer(tracer_provider)),
+                _caller(session, tool.name, client_tracer(tracer_provider)),
                 tool.description or "",
                 dict(tool.input_schema),
                 budget,
@@ -271,7 +281,7 @@ def _forward_progress(call: ToolCall) -> Any:
     return relay
 
 
-def _client_tracer(provider: Any) -> Any:
+def client_tracer(provider: Any) -> Any:
     """A tracer for guardstack's own MCP client spans, or ``None`` when the SDK's spans
     already land in ``provider`` (it is the global one, or none was given)."""
     if check_provider(OWNER, "tracer_provider", provider, "get_tracer") is None:
@@ -550,13 +560,12 @@ def proxy_server(
     through unchanged. Each client session is one conversation and one turn."""
     require("mcp", EXTRA)
     from mcp.server.lowlevel import NotificationOptions, Server
-    from mcp.types import CallToolResult, TextContent
 
     conversations: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
     calls = itertools.count(1)
     # The SDK's own server span (global provider) parents the call's spans; with another
     # provider for Tracing, the proxy makes the server span there, from the request's _meta.
-    server_tracer = _client_tracer(tracer_provider)
+    server_tracer = client_tracer(tracer_provider)
 
     def conversation_of(ctx: Any) -> str:
         # the SDK hands each request its own ServerSession over one connection: the
@@ -582,62 +591,10 @@ def proxy_server(
             f"call_{next(calls)}",
             conversation=conversation_of(ctx),
         )
-        meta = ctx.meta or {}
-        token = meta.get("progress_token", meta.get("progressToken"))
-        progress = (
-            _PROGRESS.set((ctx.session, token, ctx.request_id)) if token is not None else None
-        )
-        in_flight = id(call)
-        if relay is not None:
-            relay.calls[in_flight] = (ctx.session, ctx.request_id)
-        span = token = None
-        if server_tracer is not None:
-            from opentelemetry.propagate import extract
-
-            span = start_span(
-                server_tracer,
-                f"tools/call {params.name}",
-                context=extract(dict(meta)) if meta else None,
-                kind=SpanKind.SERVER,
-                attributes={
-                    "mcp.method.name": "tools/call",
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": params.name,
-                    "jsonrpc.request.id": str(ctx.request_id),
-                },
-            )
-            token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            outcome = await harness.tools.execute(call)
-        finally:
-            if progress is not None:
-                _PROGRESS.reset(progress)
-            if relay is not None:
-                relay.calls.pop(in_flight, None)
-            if token is not None:
-                otel_context.detach(token)
-        if outcome.pending is not None:  # Approval: ask the person at the client
-            decision = await _ask_client(ctx, outcome.pending)
-            outcome = await harness.tools.run_decided(
-                call, decision, asked_by=outcome.pending.asked_by
-            )
-        result = outcome.result
-        if span is not None:
-            if result.is_error:
-                _span_failed(span, "tool_error")
-            end_span(span)
+        answer, result = await serve_call(harness, ctx, call, server_tracer, relay)
         if on_lost is not None and result.error is not None and result.error.name == SERVER_GONE:
             on_lost()  # this answer goes out, then the proxy stops
-        original = result.value if isinstance(result.value, CallToolResult) else None
-        if original is not None and not result.is_error:
-            content = list(original.content)
-            structured = original.structured_content
-        else:
-            content, structured = [TextContent(type="text", text=result.content)], None
-        content.extend(TextContent(type="text", text=context.text) for context in outcome.contexts)
-        return CallToolResult(
-            content=content, structured_content=structured, is_error=result.is_error
-        )
+        return answer
 
     handlers = _passthrough(downstream)
     if relay is not None:
@@ -669,6 +626,86 @@ def proxy_server(
 
     server.create_initialization_options = create_initialization_options  # type: ignore[method-assign]
     return server
+
+
+async def serve_call(
+    harness: Harness,
+    ctx: Any,
+    call: ToolCall,
+    server_tracer: Any = None,
+    relay: NotificationRelay | None = None,
+) -> tuple[CallToolResult, ToolResult]:
+    """Run one client's ``tools/call`` through ``harness``: the client's progress token
+    relayed, its trace context joined (a server span when ``server_tracer`` is given),
+    ``Approval`` asked of the person at the client; the MCP answer and guardstack's
+    result."""
+    from mcp.types import CallToolResult, TextContent
+
+    meta = ctx.meta or {}
+    token = meta.get("progress_token", meta.get("progressToken"))
+    progress = _PROGRESS.set((ctx.session, token, ctx.request_id)) if token is not None else None
+    in_flight = id(call)
+    if relay is not None:
+        relay.calls[in_flight] = (ctx.session, ctx.request_id)
+    span = attached = None
+    if server_tracer is not None:
+        from opentelemetry.propagate import extract
+
+        span = start_span(
+            server_tracer,
+            f"tools/call {call.name}",
+            context=extract(dict(meta)) if meta else None,
+            kind=SpanKind.SERVER,
+            attributes={
+                "mcp.method.name": "tools/call",
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.name,
+                "jsonrpc.request.id": str(ctx.request_id),
+            },
+        )
+        attached = otel_context.attach(trace.set_span_in_context(span))
+    calls = _calls_of(ctx)
+    try:
+        with anyio.CancelScope() as left:
+            if calls is not None:
+                calls.append(left)  # cancelled when the client's connection drops
+            outcome = await harness.tools.execute(call)
+    finally:
+        if calls is not None:
+            calls.remove(left)
+        if progress is not None:
+            _PROGRESS.reset(progress)
+        if relay is not None:
+            relay.calls.pop(in_flight, None)
+        if attached is not None:
+            otel_context.detach(attached)
+    if left.cancelled_caught:  # nobody is there to read an answer: a short one
+        if span is not None:
+            _span_failed(span, "client_left")
+            end_span(span)
+        gone = ToolResult.failure("the client went away", name="ClientLeft", code=TOOL_ABORTED)
+        return CallToolResult(
+            content=[TextContent(type="text", text=gone.content)], is_error=True
+        ), gone
+    if outcome.pending is not None:  # Approval: ask the person at the client
+        decision = await _ask_client(ctx, outcome.pending)
+        outcome = await harness.tools.run_decided(call, decision, asked_by=outcome.pending.asked_by)
+    result = outcome.result
+    if span is not None:
+        if result.is_error:
+            _span_failed(span, "tool_error")
+        end_span(span)
+    original = result.value if isinstance(result.value, CallToolResult) else None
+    if original is not None and not result.is_error:
+        content = list(original.content)
+        structured = original.structured_content
+    else:
+        content, structured = [TextContent(type="text", text=result.content)], None
+    content.extend(TextContent(type="text", text=context.text) for context in outcome.contexts)
+    answer = CallToolResult(
+        content=content, structured_content=structured, is_error=result.is_error
+    )
+    return answer, result
 
 
 def _passthrough(downstream: ClientSession) -> dict[str, Any]:
@@ -770,9 +807,17 @@ async def serve_proxy_http(
     port: int,
     relay: NotificationRelay | None = None,
     tracer_provider: Any = None,
+    gate: Gate | None = None,
+    *,
+    downstream_gone: anyio.Event | None = None,
+    session_idle_s: float = 600.0,
+    max_sessions: int = 500,
 ) -> None:
     """Serve ``proxy_server`` over streamable HTTP at ``http://host:port/mcp`` (the SDK's
-    default path), until cancelled."""
+    default path), until cancelled, behind ``gate`` (by default: no browser origin, and
+    a ``Host`` that is ``host``, ``localhost`` or loopback — on every listen address).
+    When ``downstream_gone`` is set, it stops after the answers in flight. A session
+    idle ``session_idle_s`` ends; at most ``max_sessions`` are open at once."""
     import uvicorn
 
     running: Any = None
@@ -784,9 +829,104 @@ async def serve_proxy_http(
             running.should_exit = True  # after the answers in flight
 
     server = proxy_server(harness, downstream, lost, relay, tracer_provider)
-    app = server.streamable_http_app(host=host)
+    gate = gate if gate is not None else Gate(host)
+    inner = server.streamable_http_app(
+        host=host,
+        transport_security=checked_by_gate(),
+        session_idle_timeout=session_idle_s,
+        max_sessions=max_sessions,
+        max_request_body_size=gate.max_body_bytes,
+    )
+    app = gated(inner, gate)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     running = uvicorn.Server(config)
-    await running.serve()
+    async with anyio.create_task_group() as group:
+        if downstream_gone is not None:
+
+            async def stop_when_gone() -> None:
+                await downstream_gone.wait()
+                lost()
+
+            group.start_soon(stop_when_gone)
+        await running.serve()
+        group.cancel_scope.cancel()
     if gone:
         raise McpServerError("the MCP server behind the proxy stopped; the proxy stops too")
+
+
+def checked_by_gate() -> Any:
+    """The SDK's own Origin/Host checks are off: the gate makes them, on every address."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+
+
+#: Where ``gated`` keeps, in a request's ASGI scope, the calls that request carries.
+_CALLS: Final = "guardstack.mcp.calls"
+
+
+def _calls_of(ctx: Any) -> list[anyio.CancelScope] | None:
+    """The calls of the HTTP request ``ctx`` came in (``None``: not through ``gated``)."""
+    request = getattr(ctx, "request", None)
+    scope = getattr(request, "scope", None)
+    calls = scope.get(_CALLS) if isinstance(scope, dict) else None
+    return calls if isinstance(calls, list) else None
+
+
+def gated(inner: Any, gate: Gate) -> Any:
+    """The ASGI app ``inner`` behind ``gate``'s checks: a refusal is a JSON-RPC error
+    with the gate's status, never a 500. Lifespan events pass straight through. A
+    client whose connection drops before its answer was sent has the calls that
+    request carries cancelled (downstream too: the SDK tells the server)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await inner(scope, receive, send)
+            return
+        headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1")
+            for name, value in scope.get("headers", ())
+        }
+        method = str(scope.get("method", "GET")).upper()
+        try:
+            gate.check(headers, method)
+        except Refused as refused:
+            body = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32600, "message": refused.message},
+                }
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": refused.status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        calls: list[anyio.CancelScope] = []
+        scope[_CALLS] = calls
+        answered = False
+
+        async def watched_receive() -> Any:
+            message = await receive()
+            if message.get("type") == "http.disconnect" and not answered:
+                for call in list(calls):
+                    call.cancel()
+            return message
+
+        async def watched_send(message: Any) -> None:
+            nonlocal answered
+            if message.get("type") == "http.response.body" and not message.get("more_body"):
+                answered = True
+            await send(message)
+
+        await inner(scope, watched_receive, watched_send)
+
+    return app

@@ -51,7 +51,7 @@ from guardstack.pipeline.deadline import (
 )
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.keys import key_parts, new_token, store_key
-from guardstack.pipeline.ledger import Ledger, Reservation, Settlement, Window
+from guardstack.pipeline.ledger import Ledger, Reservation, Settlement, Window, calendar_periods
 from guardstack.pipeline.model import (
     MODEL_FAILED,
     MODEL_OVERLOADED,
@@ -153,6 +153,7 @@ __all__ = [
     "adapter_for",
     "answering_model",
     "as_pre_decision",
+    "calendar_periods",
     "call_digest",
     "decision_kind",
     "input_estimate",

@@ -44,6 +44,7 @@ namespace) first: an operation's id and its windows share that owner.
 
 from __future__ import annotations
 
+import datetime
 import heapq
 import math
 import time
@@ -65,6 +66,7 @@ __all__ = [
     "Settlement",
     "Window",
     "bucket_of",
+    "calendar_periods",
     "sliding_wait",
 ]
 
@@ -141,6 +143,25 @@ def sliding_wait(
         if freed >= excess - _EPSILON:
             return max(0.0, (index + SLIDING_BUCKETS + 1) * width - now)
     return None
+
+
+#: A calendar window's entry outlives its end by this much (clocks a little apart).
+CALENDAR_GRACE_S: Final = 3_600.0
+
+
+def calendar_periods(now: float) -> dict[str, tuple[str, float]]:
+    """The calendar (UTC) periods a window counts in at ``now`` (``day``, ``month``):
+    each one's name (``2026-12-04``, ``2026-12``) and the seconds until it ends, plus a
+    grace (its entry's lifetime)."""
+    moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    month = day.replace(day=1)
+    next_day = day + datetime.timedelta(days=1)
+    next_month = (month + datetime.timedelta(days=32)).replace(day=1)
+    return {
+        "day": (moment.strftime("%Y-%m-%d"), next_day.timestamp() - now + CALENDAR_GRACE_S),
+        "month": (moment.strftime("%Y-%m"), next_month.timestamp() - now + CALENDAR_GRACE_S),
+    }
 
 
 @quick_init

@@ -19,6 +19,7 @@ PAGES = ["README.md", *sorted(f"docs/{page.name}" for page in (ROOT / "docs").gl
 ELSEWHERE = {
     "docs/models.md": "tests/integrations/test_docs_models.py",
     "docs/mcp.md": "tests/integrations/test_docs_mcp.py",
+    "docs/mcp-gateway.md": "tests/integrations/test_docs_mcp.py",
     "docs/temporal.md": "tests/integrations/test_docs_temporal.py",
     "docs/shared-limits.md": "tests/integrations/test_redis.py",
 }
@@ -105,6 +106,7 @@ PRINTS = {
     "docs/design.md": [],
     "docs/models.md": [],
     "docs/mcp.md": [],
+    "docs/mcp-gateway.md": [],
     "docs/model-proxy.md": [],
     "docs/temporal.md": [],
     "docs/shared-limits.md": [],

@@ -40,6 +40,17 @@ def test_the_wheels_only_top_level_name_is_guardstack(wheel: Path) -> None:
         assert f"guardstack/{package}/py.typed" in names
 
 
+def test_the_wheel_carries_every_module_subpackages_included(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    sources = {
+        f"guardstack/{path.relative_to(ROOT).as_posix()}"
+        for folder in ("pipeline", "guards", "wrappers", "integrations", "cli")
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    assert "guardstack/cli/compare/engine.py" in sources
+    assert sorted(sources - names) == []
+
+
 def test_the_installed_wheel_imports_under_guardstack_only(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run(

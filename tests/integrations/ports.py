@@ -13,12 +13,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def until_listening(port: int, timeout_s: float = 20) -> None:
-    """Return once something accepts connections on ``port`` (another process starts it)."""
+async def until_listening(port: int, timeout_s: float = 20, host: str = "127.0.0.1") -> None:
+    """Return once something accepts connections on ``host:port`` (another process starts
+    it)."""
     with anyio.fail_after(timeout_s):
         while True:
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                with socket.create_connection((host, port), timeout=0.2):
                     return
             except OSError:
                 await anyio.sleep(0.05)

@@ -1,0 +1,118 @@
+"""``guardstack mcp-proxy --config gateway.yaml``: several MCP servers behind one front door.
+
+    guardstack mcp-proxy --config gateway.yaml --keys keys.yaml --transport http
+
+When ``--config`` is a mapping with ``servers`` (not a plain plugin list), the proxy is
+a gateway: it starts (or connects to) every server the file lists, keeps each running
+(restarting one that dies, with backoff, while the others serve on), and serves their
+tools, prompts and resources as ``<server>_<name>`` through the guard stack of the
+file's ``plugins``. With ``--keys``, each client key is a tenant that sees only the
+servers and tools it is given, within its daily quotas. Both files are read and checked
+before anything starts: a bad one is one line naming file, key and value, and exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from guardstack.integrations._gate import Gate
+from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.harness import Harness
+
+__all__ = ["load_gateway", "run_gateway"]
+
+
+def load_gateway(
+    config: Path, keys: Path | None = None, *, allow_imports: bool = False
+) -> tuple[Any, Harness]:
+    """The gateway ``config`` (and ``keys``) describe, and its harness; nothing started."""
+    from guardstack.integrations.mcp_gateway import Gateway, read_gateway, read_keys
+
+    described = read_gateway(config)
+    harness = Harness()
+    try:
+        harness.load(list(described.plugins), allow_imports=allow_imports)
+    except ConfigError as error:
+        raise ConfigError(
+            f"{config}: plugins: {error}",
+            plugin=error.plugin,
+            key=error.key,
+            value=error.value,
+            reason=error.reason,
+        ) from error
+    tenants = read_keys(keys, described.names()) if keys is not None else None
+    return Gateway(harness, described, keys=tenants), harness
+
+
+async def run_gateway(
+    config: Path,
+    *,
+    keys: Path | None = None,
+    allow_imports: bool = False,
+    transport: str = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8808,
+    allow_origins: list[str] | None = None,
+    allow_hosts: list[str] | None = None,
+    session_idle_s: float = 600.0,
+    max_sessions: int = 500,
+) -> None:
+    """Serve the gateway over stdio until the client leaves, or over HTTP until stopped."""
+    if keys is not None and transport != "http":
+        raise ConfigError(
+            "mcp-proxy: --keys needs --transport http (over stdio the client is the one "
+            "process that started the gateway)",
+            key="keys",
+        )
+    gateway, _ = load_gateway(config, keys, allow_imports=allow_imports)
+    async with anyio.create_task_group() as group:
+        await group.start(lambda task_status: gateway.run(task_status=task_status))
+        if transport == "http":
+            await _serve_http(
+                gateway,
+                Gate(
+                    host,
+                    keys=_key_tenants(gateway),
+                    allow_origins=tuple(allow_origins or ()),
+                    allow_hosts=tuple(allow_hosts or ()),
+                ),
+                port,
+                session_idle_s,
+                max_sessions,
+            )
+        else:
+            await _serve_stdio(gateway)
+        group.cancel_scope.cancel()
+
+
+def _key_tenants(gateway: Any) -> dict[str, str] | None:
+    return dict(gateway.keys.keys) if gateway.keys is not None else None
+
+
+async def _serve_stdio(gateway: Any) -> None:
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read, write):
+        try:
+            await gateway.serve_stdio(read, write)
+        finally:
+            await write.aclose()
+
+
+async def _serve_http(
+    gateway: Any, gate: Gate, port: int, session_idle_s: float, max_sessions: int
+) -> None:
+    import uvicorn
+
+    app = gateway.http_app(gate, session_idle_s=session_idle_s, max_sessions=max_sessions)
+    host = gate.listen_host
+    serving = f"guardstack mcp-proxy: gateway serving http://{host}:{port}/mcp"
+    print(serving, file=sys.stderr, flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    )
+    await server.serve()
