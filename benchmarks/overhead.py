@@ -72,7 +72,7 @@ async def measure() -> dict[str, float]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
 
     async def through_the_stage() -> ModelReply:
-        reply: ModelReply = await loop.model_call._chain(ModelRequest(agent, messages, []))
+        reply: ModelReply = await loop.model_call.entry(ModelRequest(agent, messages, []))
         return reply
 
     operations["model: direct"] = partial(agent.model.complete, messages, [])

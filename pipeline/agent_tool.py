@@ -81,7 +81,7 @@ class _ThroughParent:
             else self.inner
         )
         request = ModelRequest(parent, messages, tools, model=answering)
-        reply: ModelReply = await parent.loop.model_call._chain(request)
+        reply: ModelReply = await parent.loop.model_call.entry(request)
         if isinstance(reply, ModelReply) and reply.usage is not None:
             parent.turn_usage += reply.usage  # rolled up as it happens: the parent's caps see it
             parent.usage += reply.usage

@@ -28,7 +28,7 @@ import functools
 import inspect
 import types
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import attrs
 
@@ -168,7 +168,10 @@ class Pipeline(Generic[NextT]):
         self.layered = False
         self._entries: list[_Entry] = []
         self._hooks: list[Instrumentation] = []
-        self._chain: Callable[..., Awaitable[Any]] = terminal
+        #: The stage's one entrance: the composed chain, every layer outermost first.
+        #: ``await stage.entry(call)`` is ``await stage(call)`` without the extra frame;
+        #: read it at each call, since ``use`` composes a new one.
+        self.entry: NextT = terminal
 
     def use(self, layer: Layer, *, name: str | None = None) -> Registration:
         """Add ``layer`` inside every layer registered before it."""
@@ -193,7 +196,7 @@ class Pipeline(Generic[NextT]):
                 return
 
     def _compose(self) -> None:
-        self._chain = self._composed(0)
+        self.entry = cast(NextT, self._composed(0))
         self.layered = bool(self._entries)
 
     def _composed(self, start: int) -> Callable[..., Awaitable[Any]]:
@@ -215,8 +218,8 @@ class Pipeline(Generic[NextT]):
         return None if start is None else self._composed(start)
 
     def __call__(self, *args: Any) -> Awaitable[Any]:
-        """Run the chain: ``await stage(call)``. (The registry reads ``_chain`` directly.)"""
-        return self._chain(*args)
+        """Run the chain: ``await stage(call)`` (hot paths call ``entry`` directly)."""
+        return self.entry(*args)
 
     def __len__(self) -> int:
         return len(self._entries)

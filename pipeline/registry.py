@@ -214,7 +214,7 @@ def _under_ancestors(
 
     def through(index: int) -> PreNext:
         if index == len(caps):
-            return registry.pre_execute._chain  # type: ignore[no-any-return]
+            return registry.pre_execute.entry  # type: ignore[no-any-return]
         ancestor, cap = caps[index]
         inner = through(index + 1)
 
@@ -446,10 +446,10 @@ class ToolRegistry:
         # this call runs (``Harness.reload``) is the next call's, never half of this one's.
         # Stages without layers are skipped outright: zero cost when unused.
         pre = self.pre_execute
-        pre_chain = pre._chain if pre.layered else None
-        dispatch = self.dispatch._chain
+        pre_chain = pre.entry if pre.layered else None
+        dispatch = self.dispatch.entry
         post = self.post_execute
-        post_chain = post._chain if post.layered else None
+        post_chain = post.entry if post.layered else None
         if order is not None:
             await order.enter("pre_execute")
             placed = CALL_ORDER.set(order)
@@ -513,7 +513,7 @@ class ToolRegistry:
         if caps:
             return await self._pre_execute(call, _under_ancestors(call, caps, self))
         if chain is True:
-            chain = self.pre_execute._chain if self.pre_execute.layered else None
+            chain = self.pre_execute.entry if self.pre_execute.layered else None
         if chain is not None and chain is not False:
             return await self._pre_execute(call, chain)
         return None
@@ -635,7 +635,7 @@ class ToolRegistry:
             call, decided = decided, None
         if decided is None:
             try:
-                result = await self.dispatch._chain(call)
+                result = await self.dispatch.entry(call)
                 if type(result) is not ToolResult:
                     result = _checked(result)
             except Exception as error:
@@ -653,7 +653,7 @@ class ToolRegistry:
         self, call: ToolCall, early: _Early, chain: PostNext | bool | None = True
     ) -> ToolOutcome:
         if chain is True:
-            chain = self.post_execute._chain if self.post_execute.layered else None
+            chain = self.post_execute.entry if self.post_execute.layered else None
         if early.final or chain is None or chain is False:
             return ToolOutcome(early.result, (), early.ends_turn)
         result, ends_turn = early.result, early.ends_turn
