@@ -20,16 +20,11 @@ into a result: it propagates.
 
 from __future__ import annotations
 
-import inspect
 import logging
-import math
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
-import anyio
-import anyio.lowlevel
-import anyio.to_thread
 import attrs
 
 from guardstack.pipeline.approval import (
@@ -39,12 +34,13 @@ from guardstack.pipeline.approval import (
     Pending,
     as_pre_decision,
 )
+from guardstack.pipeline.arguments import check_arguments, short_repr
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.control import Control
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
-from guardstack.pipeline.runtime import cancel_pending, deliver_pending
+from guardstack.pipeline.tool_runner import ToolRunner, checked_result
 from guardstack.pipeline.tree import TREE_CAPS, RunKey
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
@@ -62,20 +58,12 @@ from guardstack.pipeline.values import (
     ToolOutcome,
     ToolResult,
     denied_result,
-    failed_result,
     failure_from_exception,
-    invalid_arguments_result,
-    unknown_tool_result,
 )
 
 __all__ = ["Phase", "PhaseOrder", "ToolRegistry"]
 
 logger = logging.getLogger("guardstack")
-
-_MAX_ARGUMENT_DEPTH = 64
-#: Python refuses to print an int with more than 4,300 digits; JSON cannot hold it then.
-_MAX_INT_BITS = 14_000
-_INT_LIMIT = 2**63  # integers the flat-arguments check passes without asking
 
 Phase: TypeAlias = Literal["pre_execute", "dispatch", "post_execute"]
 
@@ -93,81 +81,6 @@ class PhaseOrder(Protocol):
     def leave(self, phase: Phase) -> None: ...
 
 
-def _check_arguments(arguments: object) -> ToolResult | None:
-    """An ``INVALID_ARGUMENTS`` result for arguments that are not a JSON object."""
-    if type(arguments) is dict:  # the usual case, without the ABC isinstance
-        for key, value in arguments.items():
-            if type(key) is not str:
-                break
-            kind = type(value)
-            if kind not in _SCALARS and (kind is not int or not -_INT_LIMIT < value < _INT_LIMIT):
-                break
-        else:
-            return None  # flat text, numbers, booleans and nulls: no call needed to see it
-        if _json_problem(arguments, 0) is None:
-            return None
-    problem = _json_object_problem(arguments)
-    return None if problem is None else invalid_arguments_result(problem)
-
-
-def _json_object_problem(arguments: object) -> str | None:
-    """Why ``arguments`` is not a JSON object, or ``None``. Never raises."""
-    if isinstance(arguments, str):
-        preview = arguments if len(arguments) <= 80 else arguments[:80] + "…"
-        return f"tool call arguments must be a JSON object, got the text {preview!r}"
-    if not isinstance(arguments, Mapping):
-        return f"tool call arguments must be a JSON object, got {type(arguments).__name__}"
-    try:
-        problem = _json_problem(arguments, 0)
-    except Exception as error:  # a hostile mapping: iteration or lookup raised
-        problem = f"reading them raised {type(error).__name__}"
-    return None if problem is None else f"tool call arguments must be JSON-serialisable: {problem}"
-
-
-_SCALARS: Final = frozenset({str, bool, type(None)})
-
-
-def _json_problem(value: object, depth: int) -> str | None:
-    kind = type(value)
-    if kind in _SCALARS:
-        return None
-    if isinstance(value, int):  # bool, IntEnum and other int subclasses too
-        if value.bit_length() > _MAX_INT_BITS:
-            return "an integer too large for JSON"
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
-    if isinstance(value, str):  # StrEnum and other str subclasses
-        return None
-    if depth > _MAX_ARGUMENT_DEPTH:
-        return f"nested deeper than {_MAX_ARGUMENT_DEPTH} levels (or circular)"
-    items: Iterable[object]
-    if isinstance(value, Mapping):
-        for key in value:
-            if not isinstance(key, str):
-                return f"key {_short_repr(key)} is not a string"
-        items = value.values()
-    elif isinstance(value, list | tuple):
-        items = value
-    else:
-        return f"a {kind.__name__} value is not JSON"
-    for item in items:
-        if type(item) in _SCALARS:
-            continue
-        problem = _json_problem(item, depth + 1)
-        if problem is not None:
-            return problem
-    return None
-
-
-def _short_repr(value: object) -> str:
-    try:
-        text = repr(value)
-    except Exception:
-        return f"<unprintable {type(value).__name__}>"
-    return text if len(text) <= 80 else text[:80] + "…"
-
-
 _ALLOW: Final = Allow()
 _ACCEPT: Final = Accept()
 
@@ -178,21 +91,6 @@ async def _allow(call: ToolCall) -> PreDecision:
 
 async def _accept(call: ToolCall, result: ToolResult) -> PostDecision:
     return _ACCEPT
-
-
-def _call_in_thread(
-    tool: ToolDefinition, arguments: Mapping[str, Any] | str, call: ToolCall
-) -> object:
-    value = tool.execute(arguments, call)  # type: ignore[arg-type]  # checked: a mapping
-    if inspect.isawaitable(value):
-        close = getattr(value, "close", None)
-        if close is not None:
-            close()  # an un-awaited coroutine would warn when collected
-        raise TypeError(
-            f"tool {tool.name!r} is a plain function that returned an awaitable; "
-            "declare it `async def`"
-        )
-    return value
 
 
 @attrs.frozen
@@ -243,81 +141,13 @@ def _schema_of(definition: ToolDefinition) -> dict[str, Any]:
     return schema
 
 
-def _checked(result: object) -> ToolResult:
-    if not isinstance(result, ToolResult):
-        raise TypeError(f"dispatch returned {_short_repr(result)}; expected a ToolResult")
-    return result
-
-
-class _ToolRunner:
-    """The innermost dispatch step, and the thread limiters of plain-function tools.
-
-    Apart from the registry, so the dispatch stage's terminal (this object's bound
-    ``run``) holds no reference back to the registry: a registry is freed when its
-    last user lets go, without waiting for the cyclic garbage collector.
-    """
-
-    __slots__ = ("_limiters", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        #: One per anyio backend and tool name (bounded by the tools registered).
-        self._limiters: dict[tuple[str, str], anyio.CapacityLimiter] = {}
-
-    def _thread_limiter(self, tool: str) -> anyio.CapacityLimiter:
-        key = (anyio.lowlevel.current_token().backend_class.__name__, tool)
-        limiter = self._limiters.get(key)
-        if limiter is None:
-            limiter = self._limiters[key] = anyio.CapacityLimiter(self.limit)
-        return limiter
-
-    async def run(self, call: ToolCall) -> ToolResult:
-        """The innermost dispatch step: run the tool, normalise whatever happens into a result."""
-        tool = call.tool
-        if tool is None:
-            return unknown_tool_result(call.name)
-        # No tool starts once its call is cancelled (or its deadline passed): the
-        # cancellation is delivered here, and propagates.
-        if cancel_pending():
-            await deliver_pending()
-        try:
-            if tool.is_async:
-                value = await tool.execute(call.arguments, call)  # type: ignore[arg-type,misc]
-            else:
-                value = await anyio.to_thread.run_sync(
-                    _call_in_thread,
-                    tool,
-                    call.arguments,
-                    call,
-                    limiter=self._thread_limiter(tool.name),
-                )
-        except Exception as error:
-            logger.debug("tool %r raised", call.name, exc_info=True)
-            return failure_from_exception(error)
-        if type(value) is str:
-            return ToolResult(value, False, None, value)
-        if isinstance(value, ToolResult):
-            problem = value.problem()
-            if problem is None:
-                return value
-            return failed_result(
-                f"tool {tool.name!r} returned a ToolResult whose {problem}", "TypeError"
-            )
-        try:
-            return ToolResult.of(value)
-        except (TypeError, ValueError, RecursionError) as error:
-            return failure_from_exception(
-                error, prefix=f"tool {tool.name!r} returned a value that is not JSON-serialisable: "
-            )
-
-
 class ToolRegistry:
     """Tools by name, and the three stages every call goes through."""
 
     def __init__(self, *, thread_limit: int = 40) -> None:
         self._tools: dict[str, ToolDefinition] = {}
         self._schemas: list[dict[str, Any]] | None = None
-        self._runner = _ToolRunner(integer("ToolRegistry", "thread_limit", thread_limit))
+        self._runner = ToolRunner(integer("ToolRegistry", "thread_limit", thread_limit))
         self.pre_execute: Pipeline[PreNext] = Pipeline(_allow, stage="pre_execute")
         self.dispatch: Pipeline[DispatchNext] = Pipeline(self._runner.run, stage="dispatch")
         self.post_execute: Pipeline[PostNext] = Pipeline(_accept, stage="post_execute")
@@ -467,7 +297,7 @@ class ToolRegistry:
             try:
                 result = await dispatch(call)
                 if type(result) is not ToolResult:
-                    result = _checked(result)
+                    result = checked_result(result)
             except Exception as error:
                 decided = self._final_failure(self.dispatch, error)
             else:
@@ -497,7 +327,7 @@ class ToolRegistry:
         caps): ``None`` to run the call, the edited call, or what answers it instead.
         ``chain``: the stage's chain as the call found it (``None``: no layers; ``True``:
         read it now)."""
-        early = _check_arguments(call.arguments)
+        early = check_arguments(call.arguments)
         if early is not None:
             return _Early(early)
         control = self.control
@@ -578,12 +408,12 @@ class ToolRegistry:
             return _Early(waiting, final=True, pending=decision.approval)
         if not isinstance(decision, Allow):
             raise TypeError(
-                f"pre-execute returned {_short_repr(decision)}; expected Allow(), "
+                f"pre-execute returned {short_repr(decision)}; expected Allow(), "
                 "Deny(reason) or Ask(reason)"
             )
         if decision.arguments is None:
             return None
-        problem = _check_arguments(decision.arguments)
+        problem = check_arguments(decision.arguments)
         if problem is not None:
             return _Early(problem)
         return attrs.evolve(call, arguments=decision.arguments)
@@ -637,7 +467,7 @@ class ToolRegistry:
             try:
                 result = await self.dispatch.entry(call)
                 if type(result) is not ToolResult:
-                    result = _checked(result)
+                    result = checked_result(result)
             except Exception as error:
                 decided = self._final_failure(self.dispatch, error)
             else:
@@ -667,7 +497,7 @@ class ToolRegistry:
                 )
             if not isinstance(decision, Accept):
                 raise TypeError(  # noqa: TRY301 - reported like any post-execute bug
-                    f"post-execute returned {_short_repr(decision)}; "
+                    f"post-execute returned {short_repr(decision)}; "
                     "expected Accept(...) or Block(feedback)"
                 )
             if decision.value is not None:

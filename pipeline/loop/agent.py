@@ -325,7 +325,10 @@ class Agent:
         if waiting:
             reject_waiting(
                 self.session,
-                turn, step, tuple(waiting), "the turn ended before anyone decided on it"
+                turn,
+                step,
+                tuple(waiting),
+                "the turn ended before anyone decided on it",
             )
         for outcome in outcomes:
             for context in outcome.contexts:
