@@ -19,7 +19,8 @@ from guardstack.cli.mcp_proxy import _listen
 from guardstack.cli.watch import watch_config
 from guardstack.integrations.model_proxy import DEFAULT, ModelProxy
 from guardstack.pipeline.errors import ConfigError
-from guardstack.pipeline.harness import Harness, _in_file, read_config_file
+from guardstack.pipeline.harness import Harness, read_config_file
+from guardstack.pipeline.plugin_config import in_file
 
 
 def _keys(path: Path) -> dict[str, str]:
@@ -150,7 +151,7 @@ async def run_model_proxy(
             admin_key=admin_key,
         )
     except ConfigError as error:  # a fallback naming an upstream nobody gave
-        raise _in_file(error, config) from error
+        raise in_file(error, config) from error
     print(f"guardstack model-proxy: serving http://{host}:{port}/v1", file=sys.stderr, flush=True)
     try:
         server = uvicorn.Server(
