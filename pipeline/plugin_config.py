@@ -279,7 +279,17 @@ def store_of(position: int, entry: Mapping[str, Any]) -> StateStore:
         factory = point.load()
     except ImportError as error:
         raise ConfigError(f"{label}: {error}", plugin=name, key="name", value=name) from error
-    accepted = ("url", "prefix", "timeout_ms", "lease_ms", "idle_ttl_s", "on_error")
+    accepted = (
+        "url",
+        "prefix",
+        "timeout_ms",
+        "lease_ms",
+        "idle_ttl_ms",
+        "session_ttl_ms",
+        "reservation_ttl_ms",
+        "on_error",
+        "idle_ttl_s",  # deprecated: every RedisStore duration is in ms
+    )
     arguments: dict[str, Any] = {}
     for key, value in config.items():
         snake = _snake(str(key))

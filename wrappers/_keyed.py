@@ -38,7 +38,7 @@ from guardstack.pipeline.contract import (
 )
 from guardstack.pipeline.errors import GuardstackError, GuardstackWarning
 from guardstack.pipeline.signals import LIMITER_WAIT, STORE_ERRORS, Signals
-from guardstack.pipeline.validate import invalid, non_empty_text
+from guardstack.pipeline.validate import codes, invalid, non_empty_text
 
 __all__ = [
     "OnError",
@@ -76,6 +76,24 @@ def codes_of(stage: str, kinds: Mapping[str, tuple[FailureKind, ...]]) -> frozen
     """A layer's default codes: the kinds it names for the stage, in the stage's own codes."""
     adapter = adapter_for(stage)
     return frozenset(adapter.code_for(kind) for kind in kinds[adapter.name])
+
+
+def extra_codes(plugin: str, value: object) -> frozenset[str]:
+    """A layer's ``extra_on=``: codes added to its ``on`` (``None`` or empty: none)."""
+    if value is None or (isinstance(value, Collection) and not value):
+        return frozenset()
+    return codes(plugin, "extra_on", value)
+
+
+def with_extra_codes(layer: Any, plugin: str) -> None:
+    """One rule for ``on=`` in every layer: ``on=`` replaces the layer's default codes,
+    ``extra_on=`` adds to them (or to the ``on=`` given). Checks both against the
+    layer's stage and folds ``extra_on`` into ``on``, so the layer reads one set."""
+    check_codes(plugin, "extra_on", layer.stage, layer.extra_on)
+    if layer.extra_on:
+        object.__setattr__(layer, "on", layer.on | layer.extra_on)
+        object.__setattr__(layer, "extra_on", frozenset())
+    check_codes(plugin, "on", layer.stage, layer.on)
 
 
 def check_codes(plugin: str, key: str, stage: str, codes: object) -> None:

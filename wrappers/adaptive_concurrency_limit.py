@@ -8,7 +8,7 @@ Gradient2 — the limit tracks the ratio of a long-run latency baseline to the l
 latency, plus a little room to probe (``limit * gradient + 4``, smoothed by 0.2, the
 gradient clamped to [0.5, 1]) — and, unlike the original, also falls on an overload
 signal, by concurrency-limits' AIMD backoff (× 0.9). Overload signals:
-``*_RATE_LIMITED``, ``*_OVERLOADED`` and timeouts, plus the codes in ``on``. A storm
+``*_RATE_LIMITED``, ``*_OVERLOADED`` and timeouts, plus the codes in ``extra_on``. A storm
 counts once, across every process sharing the store: the limit carries a version that
 each decrease moves, and only a call admitted after the last decrease can decrease it
 again (compare and set in the store, clamped to ``[min, max]`` there). A provider's
@@ -27,6 +27,7 @@ process admits against one limit and moves it. ``current(key=None)`` reads the l
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, ClassVar, Final, Literal
 
 import anyio
@@ -47,12 +48,14 @@ from guardstack.wrappers._keyed import (
     QueueMetrics,
     StateKeys,
     StoreFailures,
+    check_codes,
     check_key,
     check_store,
+    extra_codes,
     register,
 )
 from guardstack.wrappers._line import Fairness, fairness
-from guardstack.wrappers.concurrency_limit import SlotQueue, _Overloaded, overloaded
+from guardstack.wrappers.concurrency_limit import QueueFull, SlotQueue, overloaded
 
 __all__ = ["AIMD", "AdaptiveConcurrencyLimit", "ExpAvg", "Gradient2"]
 
@@ -94,6 +97,14 @@ def _codes(value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not all(isinstance(code, str) and code for code in value):
         raise invalid(PLUGIN, "on", value, "a list of result codes")
     return tuple(value)
+
+
+def _optional_codes(value: Any) -> tuple[str, ...] | None:
+    return None if value is None else _codes(value)
+
+
+def _extra_on(value: object) -> frozenset[str]:
+    return extra_codes(PLUGIN, value)
 
 
 def _queue(_: Any, __: Any, value: Any) -> None:
@@ -212,9 +223,14 @@ class AdaptiveConcurrencyLimit:
     min: int = attrs.field(default=1, validator=_bound("min"))
     max: int = attrs.field(default=64, validator=_bound("max"))
     algorithm: Literal["aimd", "gradient2"] = attrs.field(default="aimd", validator=_algorithm)
-    #: More codes that count as overload, besides rate limits, overloads and timeouts.
-    on: tuple[str, ...] = attrs.field(default=(), converter=_codes)
+    #: Deprecated: more codes that count as overload, besides rate limits, overloads and
+    #: timeouts. ``on=`` replaces the defaults in every other layer; write ``extra_on=``.
+    on: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_codes)
     queue: int | None = attrs.field(default=None, validator=_queue)
+    #: More codes that count as overload, besides rate limits, overloads and timeouts.
+    extra_on: frozenset[str] = attrs.field(
+        default=frozenset(), converter=_extra_on, kw_only=True, repr=False
+    )
     queue_timeout_ms: int | None = attrs.field(
         default=None, validator=optional_integer(PLUGIN, "queue_timeout_ms")
     )
@@ -229,6 +245,16 @@ class AdaptiveConcurrencyLimit:
     _applied: list[_Limits] = attrs.field(init=False, factory=list, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
+        if self.on is not None:
+            warnings.warn(
+                "AdaptiveConcurrencyLimit: on= adds to the overload codes here, while in "
+                "CircuitBreaker and Fallback it replaces the defaults; write extra_on= "
+                "(from 0.2, on= replaces them here too)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "extra_on", self.extra_on | frozenset(self.on))
+        check_codes(PLUGIN, "extra_on", self.stage, self.extra_on)
         if not self.min <= self.initial <= self.max:
             raise invalid(
                 PLUGIN,
@@ -293,7 +319,7 @@ class _Limits:
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
         #: Each name's (tool's, model's, or the shared key's) state, least recently used first.
         self.states: dict[str, _State] = {}
-        self.signals = OVERLOAD | set(config.on)
+        self.signals = OVERLOAD | config.extra_on
         self.shadow = Shadow(namespace, signals) if config.shadow else None
 
     def __repr__(self) -> str:
@@ -390,7 +416,7 @@ class _Limits:
                 item,
                 stage,
             )
-        except _Overloaded as full:
+        except QueueFull as full:
             return stage.deliver(self._refusal(item, full.reason))
         except Exception as error:
             if not self.failures.fails_open(error):

@@ -53,15 +53,16 @@ from guardstack.pipeline.validate import StageName, codes, flag, integer, stage
 from guardstack.wrappers._keyed import (
     StateKeys,
     StoreFailures,
-    check_codes,
     check_key,
     check_store,
     codes_of,
+    extra_codes,
     positive,
     ratio,
     register,
     stage_repr,
     suspends,
+    with_extra_codes,
 )
 
 __all__ = ["CircuitBreaker"]
@@ -91,6 +92,10 @@ def _on(value: object) -> frozenset[str]:
     return codes(PLUGIN, "on", value)
 
 
+def _extra_on(value: object) -> frozenset[str]:
+    return extra_codes(PLUGIN, value)
+
+
 def _key(value: object) -> str | None:
     return check_key(PLUGIN, value)
 
@@ -106,8 +111,12 @@ class CircuitBreaker:
     minimum_calls: int = attrs.field(default=10, validator=_minimum_calls)
     window_s: float = attrs.field(default=30.0, validator=positive(PLUGIN, "window_s"))
     break_s: float = attrs.field(default=30.0, validator=positive(PLUGIN, "break_s"))
+    #: The codes that count (``on=`` replaces the defaults; ``extra_on=`` adds to them).
     on: frozenset[str] = attrs.field(
         default=attrs.Factory(_default_on, takes_self=True), converter=_on
+    )
+    extra_on: frozenset[str] = attrs.field(
+        default=frozenset(), converter=_extra_on, kw_only=True, repr=False
     )
     #: One breaker shared by every call under this name, instead of one per tool.
     key: str | None = attrs.field(default=None, converter=_key, kw_only=True)
@@ -119,7 +128,7 @@ class CircuitBreaker:
     shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def __attrs_post_init__(self) -> None:
-        check_codes(PLUGIN, "on", self.stage, self.on)
+        with_extra_codes(self, PLUGIN)
 
     def __repr__(self) -> str:
         where = stage_repr(self.stage)

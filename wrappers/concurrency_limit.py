@@ -115,7 +115,10 @@ class ConcurrencyLimit:
         register(scope, self.stage, limits, PLUGIN)
 
 
-class _Overloaded(Exception):
+class QueueFull(Exception):
+    """No slot came (the queue was full, or the wait ran out): the caller answers
+    ``*_OVERLOADED`` with ``reason``."""
+
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -126,7 +129,7 @@ class SlotQueue:
     then first come first served or fair shares).
 
     Shared with ``AdaptiveConcurrencyLimit``: ``acquire(key, limit, queue, timeout_s)``
-    gives a lease or raises ``_Overloaded``; ``release`` gives it back and wakes the
+    gives a lease or raises ``QueueFull``; ``release`` gives it back and wakes the
     waiter at the head. With a store that other processes share, the head also asks
     again every ``store.poll_s`` seconds (slots freed elsewhere wake no one here).
     """
@@ -170,7 +173,7 @@ class SlotQueue:
         if len(waiting) >= queue:
             if not waiting and self.queues.get(key) is waiting:
                 del self.queues[key]
-            raise _Overloaded(
+            raise QueueFull(
                 f"{limit} calls are running and {len(waiting)} waiting, the most "
                 "allowed. Try again shortly, or do something else first."
             )
@@ -193,7 +196,7 @@ class SlotQueue:
                     del self.queues[key]
             elif at_head:
                 waiting.wake_head()  # the next in line asks for the slot now
-        raise _Overloaded(
+        raise QueueFull(
             f"it waited {round((timeout_s or 0) * 1000)}ms for one of its "
             f"{limit} slots. Try again shortly, or do something else first."
         )
@@ -269,7 +272,7 @@ class _Limits:
                 item,
                 stage,
             )
-        except _Overloaded as overloaded:
+        except QueueFull as overloaded:
             if shadow is not None:  # it would have waited (or refused): runs without a slot
                 full = f"{config.max_concurrent} calls are running, the most allowed"
                 shadow.would("wait" if config.queue else "refuse", stage.label(item), full)

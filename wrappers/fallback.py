@@ -61,7 +61,13 @@ from guardstack.pipeline.values import (
     ToolCall,
     ToolDefinition,
 )
-from guardstack.wrappers._keyed import check_codes, codes_of, register, stage_repr
+from guardstack.wrappers._keyed import (
+    codes_of,
+    extra_codes,
+    register,
+    stage_repr,
+    with_extra_codes,
+)
 
 __all__ = ["Fallback"]
 
@@ -89,6 +95,10 @@ def _on(value: object) -> frozenset[str]:
     return codes(PLUGIN, "on", value)
 
 
+def _extra_on(value: object) -> frozenset[str]:
+    return extra_codes(PLUGIN, value)
+
+
 @attrs.frozen
 class Fallback:
     """On a result (or model error) with a code in ``on``, the answer of ``to`` instead."""
@@ -98,8 +108,12 @@ class Fallback:
     stage: StageName = attrs.field(default="dispatch", converter=_stage, kw_only=True)
     #: A tool's name, an async ``(arguments, call) -> value`` function, or (model stage) a Model.
     to: Any = attrs.field()
+    #: The codes that count (``on=`` replaces the defaults; ``extra_on=`` adds to them).
     on: frozenset[str] = attrs.field(
         default=attrs.Factory(_default_on, takes_self=True), converter=_on
+    )
+    extra_on: frozenset[str] = attrs.field(
+        default=frozenset(), converter=_extra_on, kw_only=True, repr=False
     )
     #: With ``to=[…]``: how long to wait for the earliest open target to half-open
     #: (``None``: not at all — answer at once with when to try again).
@@ -108,7 +122,7 @@ class Fallback:
     )
 
     def __attrs_post_init__(self) -> None:
-        check_codes(PLUGIN, "on", self.stage, self.on)
+        with_extra_codes(self, PLUGIN)
         targets = self.targets
         if isinstance(self.to, list | tuple) and not targets:
             raise invalid(PLUGIN, "to", self.to, "at least one target")

@@ -15,7 +15,7 @@ How it works (extra ``redis``: redis-py's asyncio client; Redis ≥ 6.2 or Valke
   costs one round trip; time is read from the server (``TIME``), so the processes'
   clocks never disagree;
 * soft state expires when idle (a bucket once it would be full again, a breaker's
-  outcomes after their window, its state and a shared limit after ``idle_ttl_s``);
+  outcomes after their window, its state and a shared limit after ``idle_ttl_ms``);
   the ledger's windows live as long as they mean something — a calendar window until
   it ends, a session's for ``session_ttl_s`` after its last use, a turn's until the
   turn ends — and an operation's reservation for ``reservation_ttl_s``;

@@ -9,6 +9,7 @@ import math
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,6 +33,19 @@ def _positive(name: str, value: object) -> float:
     if not math.isfinite(value):
         raise ValueError(f"RedisStore: {name} must be finite, got {value}")
     return float(value)
+
+
+def _in_ms(name: str, seconds: float | None, milliseconds: float) -> float:
+    """``<name>_ms``, or the deprecated ``<name>_s`` (every duration here is in ms)."""
+    if seconds is None:
+        return milliseconds
+    warnings.warn(
+        f"RedisStore: {name}_s is deprecated (every duration of RedisStore is in "
+        f"milliseconds); write {name}_ms={_positive(name + '_s', seconds) * 1000:g}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return seconds * 1000
 
 
 def _on_trio() -> bool:
@@ -67,10 +81,13 @@ class RedisStore:
         prefix: str = "guardstack:",
         timeout_ms: float = 250,
         lease_ms: float = 30_000,
-        idle_ttl_s: float = 86_400,
-        session_ttl_s: float = SESSION_TTL_S,
-        reservation_ttl_s: float = LEASE_S,
+        idle_ttl_ms: float = 86_400_000,
+        session_ttl_ms: float = SESSION_TTL_S * 1000,
+        reservation_ttl_ms: float = LEASE_S * 1000,
         on_error: Literal["open", "closed"] | None = None,
+        idle_ttl_s: float | None = None,
+        session_ttl_s: float | None = None,
+        reservation_ttl_s: float | None = None,
     ) -> None:
         redis = require("redis.asyncio", EXTRA)
         if _on_trio():
@@ -88,10 +105,13 @@ class RedisStore:
             )
         self.timeout_s = _positive("timeout_ms", timeout_ms) / 1000
         self.lease_s = _positive("lease_ms", lease_ms) / 1000
-        self.idle_ttl_ms = int(_positive("idle_ttl_s", idle_ttl_s) * 1000)
+        idle_ttl_ms = _in_ms("idle_ttl", idle_ttl_s, idle_ttl_ms)
+        session_ttl_ms = _in_ms("session_ttl", session_ttl_s, session_ttl_ms)
+        reservation_ttl_ms = _in_ms("reservation_ttl", reservation_ttl_s, reservation_ttl_ms)
+        self.idle_ttl_ms = int(_positive("idle_ttl_ms", idle_ttl_ms))
         #: How long a session's ledger entries live after their last use.
-        self.session_ttl_s = _positive("session_ttl_s", session_ttl_s)
-        self.reservation_ttl_ms = int(_positive("reservation_ttl_s", reservation_ttl_s) * 1000)
+        self.session_ttl_s = _positive("session_ttl_ms", session_ttl_ms) / 1000
+        self.reservation_ttl_ms = int(_positive("reservation_ttl_ms", reservation_ttl_ms))
         if client is None:
             client = redis.Redis.from_url(
                 url or "redis://127.0.0.1:6379/0",

@@ -381,6 +381,25 @@ def test_bad_arguments_are_refused_at_construction() -> None:
         RedisStore("redis://x", client=RedisStore().client)
 
 
+def test_every_duration_is_in_ms_and_the_old_seconds_still_work_with_a_warning() -> None:
+    """One unit per constructor: ``idle_ttl_ms``, ``session_ttl_ms``, ``reservation_ttl_ms``
+    beside ``timeout_ms`` and ``lease_ms``; the ``_s`` spellings keep working for one
+    minor version, each with a ``DeprecationWarning`` naming its replacement."""
+    store = RedisStore(idle_ttl_ms=60_000, session_ttl_ms=7_200_000, reservation_ttl_ms=5_000)
+    assert (store.idle_ttl_ms, store.session_ttl_s, store.reservation_ttl_ms) == (
+        60_000,
+        7_200,
+        5_000,
+    )
+    with pytest.warns(DeprecationWarning, match="write idle_ttl_ms=60000"):
+        old = RedisStore(idle_ttl_s=60)
+    assert old.idle_ttl_ms == 60_000
+    with pytest.warns(DeprecationWarning, match="session_ttl_ms"):
+        assert RedisStore(session_ttl_s=7_200).session_ttl_s == 7_200
+    with pytest.raises(ValueError, match="idle_ttl_ms"):
+        RedisStore(idle_ttl_ms=0)
+
+
 def test_the_shared_limits_guide_runs_against_a_real_server(
     redis_server: RedisServer,
     tmp_path: Path,

@@ -319,3 +319,39 @@ async def test_a_failure_that_is_no_overload_never_lowers_the_limit() -> None:
     results = await burst(harness, 8)
     assert {result.code for result in results} == {"TOOL_FAILED"}
     assert plugin.current() == 8
+
+
+async def test_extra_on_adds_a_code_that_lowers_the_limit() -> None:
+    """``extra_on=`` adds to the overload codes: a tool's own failure code now counts."""
+
+    async def broken(arguments: Any, call: ToolCall) -> Any:
+        raise RuntimeError("the provider's own way of saying busy")
+
+    plugin = AdaptiveConcurrencyLimit(initial=8, min=1, max=16, extra_on=["TOOL_FAILED"])
+    harness = Harness()
+    harness.tools.register(ToolDefinition("llm", broken))
+    harness.plugin(plugin)
+    await burst(harness, 8)
+    assert plugin.current() < 8
+
+
+async def test_the_old_on_still_adds_with_a_deprecation_warning() -> None:
+    """``on=`` added to the defaults here (it replaces them in every other layer): for one
+    minor version it still adds, and says to write ``extra_on=``."""
+
+    async def broken(arguments: Any, call: ToolCall) -> Any:
+        raise RuntimeError("busy")
+
+    with pytest.warns(DeprecationWarning, match="extra_on="):
+        plugin = AdaptiveConcurrencyLimit(initial=8, min=1, max=16, on=["TOOL_FAILED"])
+    assert plugin.extra_on == frozenset({"TOOL_FAILED"})
+    harness = Harness()
+    harness.tools.register(ToolDefinition("llm", broken))
+    harness.plugin(plugin)
+    await burst(harness, 8)
+    assert plugin.current() < 8
+
+
+def test_extra_on_names_another_stages_code_as_a_mistake() -> None:
+    with pytest.raises(ConfigError, match="extra_on"):
+        AdaptiveConcurrencyLimit(extra_on=["MODEL_FAILED"])

@@ -25,6 +25,7 @@ from guardstack.pipeline import (
     ScriptedModel,
     ToolCall,
     ToolDefinition,
+    ToolError,
     ToolResult,
 )
 from guardstack.pipeline.testing import Hang, Raise, Reply, ScriptedTool
@@ -327,6 +328,45 @@ def test_a_code_the_stage_never_gives_is_refused_naming_the_one_it_does(
     with pytest.raises(ConfigError, match=f"did you mean '{meant}'"):
         layer()
     assert Retry(retry_on=["TOOL_TIMEOUT", "MY_OWN_CODE"]).retry_on  # a tool's own code: fine
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        lambda: CircuitBreaker(extra_on=["MODEL_TIMEOUT"]),
+        lambda: Fallback("mirror", stage="model", extra_on=["TOOL_FAILED"]),
+    ],
+)
+def test_extra_on_is_checked_against_the_stage_as_on_is(layer: Callable[[], Any]) -> None:
+    with pytest.raises(ConfigError, match="extra_on"):
+        layer()
+
+
+def test_on_replaces_the_defaults_and_extra_on_adds_to_them() -> None:
+    """One rule in every layer: ``on=`` replaces a layer's codes, ``extra_on=`` adds."""
+    default = CircuitBreaker().on
+    assert CircuitBreaker(on=["MY_CODE"]).on == {"MY_CODE"}
+    assert CircuitBreaker(extra_on=["MY_CODE"]).on == default | {"MY_CODE"}
+    assert CircuitBreaker(on=["TOOL_FAILED"], extra_on=["MY_CODE"]).on == {
+        "TOOL_FAILED",
+        "MY_CODE",
+    }
+    assert Fallback("mirror", extra_on=["TOOL_DENIED"]).on == Fallback("mirror").on | {
+        "TOOL_DENIED"
+    }
+
+
+async def test_a_breaker_with_extra_on_opens_on_the_added_code() -> None:
+    busy = ToolResult("Error: busy", True, ToolError("busy", "Busy", "TOOL_BUSY"))
+    refusing = ScriptedTool("search", [Reply(busy)])
+    plain, extended = harness_with(refusing), harness_with(refusing)
+    plain.plugin(CircuitBreaker(minimum_calls=2, failure_ratio=1.0))
+    extended.plugin(CircuitBreaker(minimum_calls=2, failure_ratio=1.0, extra_on=["TOOL_BUSY"]))
+    for _ in range(2):
+        await run(plain, "search")
+        await run(extended, "search")
+    assert (await run(plain, "search")).code == "TOOL_BUSY"  # not a code it counts
+    assert (await run(extended, "search")).code == TOOL_UNAVAILABLE
 
 
 # -- Hedge -------------------------------------------------------------------------------
