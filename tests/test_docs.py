@@ -28,6 +28,10 @@ ELSEWHERE = {
 PRINTS = {
     "docs/api.md": [],  # the reference, built from the docstrings
     "docs/releases.md": [],
+    "docs/store-seams.md": [
+        "found\nfound\nError: search has made its 2 calls today",
+        "found / TOOL_RATE_LIMITED",
+    ],
     "docs/operate.md": [
         "completed - done",
         'Error: tool "lookup" is paused: the index is being rebuilt until 14:00\nTOOL_UNAVAILABLE'

@@ -249,7 +249,7 @@ class AdaptiveConcurrencyLimit:
             warnings.warn(
                 "AdaptiveConcurrencyLimit: on= adds to the overload codes here, while in "
                 "CircuitBreaker and Fallback it replaces the defaults; write extra_on= "
-                "(from 0.2, on= replaces them here too)",
+                "(deprecated in 0.2; in 0.3 on= replaces them here too)",
                 DeprecationWarning,
                 stacklevel=3,
             )
