@@ -40,6 +40,7 @@ from guardstack.pipeline.approval import (
     decision_kind,
     outside_call_order,
 )
+from guardstack.pipeline.call_context import CallContext
 from guardstack.pipeline.control import Control, ControlStore, Override
 from guardstack.pipeline.deadline import (
     model_within_budget,
@@ -107,6 +108,7 @@ __all__ = [
     "Admission",
     "Approve",
     "BreakerState",
+    "CallContext",
     "Control",
     "ControlStore",
     "Decision",

@@ -316,6 +316,8 @@ class ModelRequest:
     #: Its place in the admission layers' queues: higher is served first, first come
     #: first served within a priority (``None``: the agent's priority).
     priority: int | None = attrs.field(default=None, kw_only=True)
+    #: Whose call it is, for fair shares (``None``: the agent's tenant).
+    tenant: str | None = attrs.field(default=None, kw_only=True)
     #: Told of each piece of a streamed reply as it arrives (its text, ``""`` for a
     #: piece without text): set by a ``Timeout`` with ``first_byte_ms`` or ``idle_ms``,
     #: and handed to a model that ``reports_chunks``.

@@ -25,10 +25,11 @@ the inner chain's own awaitable, so the outcome core adds no coroutine there.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar, cast
 
 import attrs
 
+from guardstack.pipeline.call_context import CallContext
 from guardstack.pipeline.errors import GuardstackError
 from guardstack.pipeline.model import (
     MODEL_FAILED,
@@ -75,7 +76,7 @@ __all__ = [
     "never_reached",
 ]
 
-ItemT = TypeVar("ItemT")
+ItemT = TypeVar("ItemT", bound=CallContext)
 ValueT = TypeVar("ValueT")
 
 #: What one attempt produced: a stage's value (``ToolResult``, ``ModelReply``) or an Exception.
@@ -234,25 +235,34 @@ class StageAdapter(Generic[ItemT, ValueT]):
         """The tool's name, for name patterns (``None`` on a stage without names)."""
         raise NotImplementedError
 
+    # -- what both stages' calls share (``CallContext``): answered once, here ----------
+
     def attempt_of(self, item: ItemT) -> int:
-        raise NotImplementedError
+        return item.attempt
 
     def with_attempt(self, item: ItemT, attempt: int) -> ItemT:
-        raise NotImplementedError
+        return item if item.attempt == attempt else attrs.evolve(cast(Any, item), attempt=attempt)
 
     def hedge_of(self, item: ItemT) -> int:
-        raise NotImplementedError
+        return item.hedge
 
     def with_hedge(self, item: ItemT, hedge: int) -> ItemT:
-        raise NotImplementedError
+        return item if item.hedge == hedge else attrs.evolve(cast(Any, item), hedge=hedge)
 
     def priority_of(self, item: ItemT) -> int:
         """Its place in an admission queue: its own priority, else its agent's, else 0."""
-        raise NotImplementedError
+        priority = item.priority
+        if priority is not None:
+            return priority
+        agent = item.agent
+        return agent.priority if agent is not None else 0
 
     def tenant_of(self, item: ItemT) -> str:
         """Whose call it is, for fair shares: its own tenant, its agent's, or ``default``."""
-        raise NotImplementedError
+        agent = item.agent
+        return item.tenant or (agent.tenant if agent is not None else None) or DEFAULT_TENANT
+
+    # -- what differs ------------------------------------------------------------------
 
     def listener_of(self, item: ItemT) -> Callable[[str], None] | None:
         """What is told of its progress (a tool's reports, a stream's pieces) already."""
@@ -370,29 +380,6 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
 
     def name_of(self, item: ToolCall) -> str | None:
         return item.name
-
-    def attempt_of(self, item: ToolCall) -> int:
-        return item.attempt
-
-    def with_attempt(self, item: ToolCall, attempt: int) -> ToolCall:
-        return item if item.attempt == attempt else attrs.evolve(item, attempt=attempt)
-
-    def hedge_of(self, item: ToolCall) -> int:
-        return item.hedge
-
-    def with_hedge(self, item: ToolCall, hedge: int) -> ToolCall:
-        return item if item.hedge == hedge else attrs.evolve(item, hedge=hedge)
-
-    def priority_of(self, item: ToolCall) -> int:
-        priority = item.priority
-        if priority is not None:
-            return priority
-        agent = item.agent
-        return agent.priority if agent is not None else 0
-
-    def tenant_of(self, item: ToolCall) -> str:
-        agent = item.agent
-        return item.tenant or (agent.tenant if agent is not None else None) or DEFAULT_TENANT
 
     def listener_of(self, item: ToolCall) -> Callable[[str], None] | None:
         reported = item.on_progress
@@ -515,25 +502,6 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply]):
 
     def name_of(self, item: ModelRequest) -> str | None:
         return None
-
-    def attempt_of(self, item: ModelRequest) -> int:
-        return item.attempt
-
-    def with_attempt(self, item: ModelRequest, attempt: int) -> ModelRequest:
-        return item if item.attempt == attempt else attrs.evolve(item, attempt=attempt)
-
-    def hedge_of(self, item: ModelRequest) -> int:
-        return item.hedge
-
-    def with_hedge(self, item: ModelRequest, hedge: int) -> ModelRequest:
-        return item if item.hedge == hedge else attrs.evolve(item, hedge=hedge)
-
-    def priority_of(self, item: ModelRequest) -> int:
-        priority = item.priority
-        return priority if priority is not None else item.agent.priority
-
-    def tenant_of(self, item: ModelRequest) -> str:
-        return item.agent.tenant or DEFAULT_TENANT
 
     def listener_of(self, item: ModelRequest) -> Callable[[str], None] | None:
         return item.on_chunk
