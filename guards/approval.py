@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 import anyio
 import attrs
 from opentelemetry import metrics
+from opentelemetry.metrics import MeterProvider
 
 from guardstack.pipeline.contract import (
     Approve,
@@ -80,11 +81,11 @@ def _patterns(key: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _require(value: Any) -> tuple[str, ...]:
+def _require(value: object) -> tuple[str, ...]:
     return _patterns("require", value)
 
 
-def _allow(value: Any) -> tuple[str, ...]:
+def _allow(value: object) -> tuple[str, ...]:
     return _patterns("allow", value)
 
 
@@ -129,7 +130,9 @@ class Approval:
         default="reject", validator=_check_on_timeout, kw_only=True
     )
     #: Where the ``guardstack.approvals`` metric goes (``None``: the global provider).
-    meter_provider: Any = attrs.field(default=None, kw_only=True, repr=False, eq=False)
+    meter_provider: MeterProvider | None = attrs.field(
+        default=None, kw_only=True, repr=False, eq=False
+    )
     #: Record the calls its policy would ask a person about, ask about none.
     shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
     _required: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)

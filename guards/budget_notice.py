@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 import attrs
 
@@ -35,7 +35,7 @@ PLUGIN: Final = "budget-notice"
 KINDS: Final = ("steps", "tool_calls", "model_calls", "tokens", "usd", "time")
 
 
-def _show(value: Any) -> tuple[str, ...]:
+def _show(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, tuple | list) or not value:
         raise invalid(PLUGIN, "show", value, f"a non-empty list of {', '.join(KINDS)}")
     for kind in value:

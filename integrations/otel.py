@@ -21,9 +21,14 @@ Extra ``otlp`` (``pip install 'guardstack[otlp]'``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guardstack.integrations._extras import require
+
+if TYPE_CHECKING:  # the SDK is this module's extra, imported when it is used
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
 
 __all__ = ["Telemetry", "configure"]
 
@@ -34,7 +39,11 @@ class Telemetry:
     """The SDK providers ``configure`` built, and what their exporters failed to send."""
 
     def __init__(
-        self, tracer_provider: Any, meter_provider: Any, watch: _Watch, logger_provider: Any = None
+        self,
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider | None,
+        watch: _Watch,
+        logger_provider: LoggerProvider | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider

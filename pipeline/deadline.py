@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Final, TypeVar
 
 import anyio
 import anyio.lowlevel
 from opentelemetry import trace  # the API only: a no-op without an SDK
 
+from guardstack.pipeline.call_context import CallContext
 from guardstack.pipeline.model import ModelReply, ModelRequest
 from guardstack.pipeline.outcome import DISPATCH, MODEL, StageAdapter
 from guardstack.pipeline.runtime import now, scope_after
@@ -45,6 +46,8 @@ logger = logging.getLogger("guardstack")
 #: Span attribute (on the current span, if any) naming how long an uncancellable tool ran.
 OVERRUN_ATTRIBUTE = "guardstack.timeout.overrun_ms"
 _Next = Callable[[ToolCall], Awaitable[ToolResult]]
+ItemT = TypeVar("ItemT", bound=CallContext)
+ValueT = TypeVar("ValueT")
 
 
 def budget_of(call: ToolCall) -> int | None:
@@ -54,13 +57,13 @@ def budget_of(call: ToolCall) -> int | None:
 
 
 def timed(
-    stage: StageAdapter[Any, Any],
-    item: Any,
-    call_next: Callable[[Any], Awaitable[Any]],
+    stage: StageAdapter[ItemT, ValueT],
+    item: ItemT,
+    call_next: Callable[[ItemT], Awaitable[ValueT]],
     ms: int | None,
     code: str,
     layer: str = "timeout",
-) -> Awaitable[Any]:
+) -> Awaitable[ValueT]:
     """``call_next(item)`` under ``ms`` (``None``: the called thing's own budget, if any).
 
     A plain function handing back the awaitable, so a call without a budget makes
@@ -86,13 +89,13 @@ def timed_dispatch(
 
 
 async def within(
-    stage: StageAdapter[Any, Any],
-    item: Any,
-    call_next: Callable[[Any], Awaitable[Any]],
+    stage: StageAdapter[ItemT, ValueT],
+    item: ItemT,
+    call_next: Callable[[ItemT], Awaitable[ValueT]],
     ms: int,
     code: str,
     layer: str = "timeout",
-) -> Any:
+) -> ValueT:
     """Run ``call_next(item)`` with a deadline of ``ms``; if that deadline fired, time out.
 
     The timeout is the stage's: a ``ToolResult`` with ``code`` on tools, a raised
@@ -217,15 +220,15 @@ class Watch:
 
 
 async def watched(
-    stage: StageAdapter[Any, Any],
-    item: Any,
-    call_next: Callable[[Any], Awaitable[Any]],
+    stage: StageAdapter[ItemT, ValueT],
+    item: ItemT,
+    call_next: Callable[[ItemT], Awaitable[ValueT]],
     ms: int | None,
     first_byte_ms: int | None,
     idle_ms: int | None,
     code: str,
     layer: str = "timeout",
-) -> Any:
+) -> ValueT:
     """``call_next(item)`` under a whole budget and bounds on its progress (see ``Watch``).
 
     ``ms=None`` is the called thing's declared budget, which — for a tool that reports

@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 
 import attrs
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.onion import Registration
@@ -220,7 +220,7 @@ class Signals:
 
     # -- metrics ------------------------------------------------------------------------
 
-    def bind(self, meter_provider: Any) -> None:
+    def bind(self, meter_provider: MeterProvider | None) -> None:
         """Report through ``meter_provider`` from now on (the ``Metrics`` plugin's)."""
         self._provider = meter_provider
         self._bind()

@@ -23,6 +23,7 @@ from guardstack.pipeline.frozen import passes, quick_init
 from guardstack.pipeline.validate import invalid
 
 if TYPE_CHECKING:
+    from guardstack.pipeline.approval import PendingApproval
     from guardstack.pipeline.loop import Agent
 
 __all__ = [
@@ -585,4 +586,4 @@ class ToolOutcome:
     ends_turn: bool = False
     #: Set when the call waits for a person's decision (a durable pause): ``result``
     #: is then only a placeholder, and the loop ends the turn with reason ``approval``.
-    pending: Any = None
+    pending: PendingApproval | None = None

@@ -68,3 +68,62 @@ def test_importing_the_packages_does_not_import_the_opentelemetry_sdk(tmp_path: 
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
     ).stdout
     assert output.strip() == "[]"
+
+
+def _bare_any(annotation: object) -> bool:
+    if isinstance(annotation, str):
+        text = annotation.replace(" ", "")
+        return text == "Any" or text.startswith("Any|") or text.endswith("|Any") or "|Any|" in text
+    return annotation is Any
+
+
+def _signatures_with_a_bare_any() -> dict[str, list[str]]:
+    """Each public function's and public method's parameters (and ``return``) annotated
+    with a bare ``Any``; ``*args``/``**kwargs`` and JSON containers (``dict[str, Any]``)
+    do not count."""
+    found: dict[str, list[str]] = {}
+
+    def check(name: str, function: object) -> None:
+        try:
+            signature = inspect.signature(function)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        hits = [
+            parameter.name
+            for parameter in signature.parameters.values()
+            if parameter.kind not in variadic
+            and parameter.name not in ("self", "cls")
+            and _bare_any(parameter.annotation)
+        ]
+        if _bare_any(signature.return_annotation):
+            hits.append("return")
+        if hits:
+            found[name] = hits
+
+    for module_name in PACKAGES + MODULES:
+        module = importlib.import_module(module_name)
+        for attribute in module.__all__:
+            value = getattr(module, attribute)
+            if inspect.isclass(value):
+                check(f"{module_name}.{attribute}", value.__init__)
+                for member_name, member in vars(value).items():
+                    if member_name.startswith("_"):
+                        continue
+                    if isinstance(member, staticmethod | classmethod):
+                        member = member.__func__
+                    if inspect.isfunction(member):
+                        check(f"{module_name}.{attribute}.{member_name}", member)
+            elif inspect.isfunction(value):
+                check(f"{module_name}.{attribute}", value)
+    return found
+
+
+def test_types_reach_the_core_and_any_stays_at_the_edges() -> None:
+    """``Any`` is for JSON values and third-party objects at the edge: no public signature
+    of the core packages takes or returns a bare ``Any``, and the integrations (where
+    a framework's or an SDK's objects pass through) hold at most 20."""
+    found = _signatures_with_a_bare_any()
+    core = {name: hits for name, hits in found.items() if not name.startswith("guardstack.int")}
+    assert core == {}
+    assert len(found) <= 20, sorted(found)

@@ -99,7 +99,7 @@ def _codes(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _optional_codes(value: Any) -> tuple[str, ...] | None:
+def _optional_codes(value: object) -> tuple[str, ...] | None:
     return None if value is None else _codes(value)
 
 

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, ClassVar, Final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ClassVar, Final, TypeAlias
 
 import anyio
 import attrs
@@ -49,6 +49,7 @@ from guardstack.pipeline.contract import (
     MODEL_FAILED,
     Control,
     FailureKind,
+    Model,
     ModelError,
     ModelReply,
     ModelRequest,
@@ -99,6 +100,12 @@ def _extra_on(value: object) -> frozenset[str]:
     return extra_codes(PLUGIN, value)
 
 
+#: What a ``Fallback`` answers with: another tool's name, an async ``(arguments, call) ->
+#: value`` function, a ``Model`` (on the model stage), or ``{"upstream": NAME}`` (the
+#: model proxy's named upstream).
+FallbackTarget: TypeAlias = str | Callable[..., Awaitable[object]] | Model | Mapping[str, str]
+
+
 @attrs.frozen
 class Fallback:
     """On a result (or model error) with a code in ``on``, the answer of ``to`` instead."""
@@ -107,7 +114,7 @@ class Fallback:
 
     stage: StageName = attrs.field(default="dispatch", converter=_stage, kw_only=True)
     #: A tool's name, an async ``(arguments, call) -> value`` function, or (model stage) a Model.
-    to: Any = attrs.field()
+    to: FallbackTarget | Sequence[FallbackTarget] = attrs.field()
     #: The codes that count (``on=`` replaces the defaults; ``extra_on=`` adds to them).
     on: frozenset[str] = attrs.field(
         default=attrs.Factory(_default_on, takes_self=True), converter=_on

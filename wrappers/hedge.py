@@ -39,7 +39,7 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, adapter_for
+from guardstack.pipeline.contract import ModelRequest, Outcome, Scope, StageAdapter, adapter_for
 from guardstack.pipeline.validate import (
     StageName,
     compile_patterns,
@@ -48,7 +48,7 @@ from guardstack.pipeline.validate import (
     patterns,
     stage,
 )
-from guardstack.pipeline.values import validate_timeout_ms
+from guardstack.pipeline.values import ToolCall, validate_timeout_ms
 from guardstack.wrappers._keyed import refuse_names_without_names, register, stage_repr
 
 __all__ = ["Hedge"]
@@ -93,7 +93,7 @@ class Hedge:
         object.__setattr__(self, "_tools", compile_patterns(self.tools))
         object.__setattr__(self, "_stage", adapter_for(self.stage))
 
-    def hedges(self, item: Any) -> bool:
+    def hedges(self, item: ToolCall | ModelRequest) -> bool:
         """Whether a call may be hedged: not declared non-idempotent, and named if limited."""
         if not self._stage.may_repeat(item):
             return False

@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from opentelemetry import context, trace
-from opentelemetry._logs import SeverityNumber, get_logger_provider
+from opentelemetry._logs import LoggerProvider, SeverityNumber, get_logger_provider
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
@@ -208,7 +208,7 @@ class Tracing:
         capture_content: bool | None = None,
         max_content_chars: int = 4_000,
         span_events: bool = True,
-        logger_provider: Any = None,
+        logger_provider: LoggerProvider | None = None,
     ) -> None:
         boolean("tracing", "layer_spans", layer_spans)
         boolean("tracing", "span_events", span_events)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Tracer, TracerProvider
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._gate import Gate
@@ -120,7 +120,7 @@ def proxy_server(
     downstream: ClientSession,
     on_lost: Callable[[], None] | None = None,
     relay: NotificationRelay | None = None,
-    tracer_provider: Any = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> Any:
     """The ``mcp-proxy`` MCP server (the SDK's low-level ``Server``) in front of
     ``downstream``: its tools through ``harness``, everything else it offers —
@@ -200,7 +200,7 @@ async def serve_call(
     harness: Harness,
     ctx: Any,
     call: ToolCall,
-    server_tracer: Any = None,
+    server_tracer: Tracer | None = None,
     relay: NotificationRelay | None = None,
 ) -> tuple[CallToolResult, ToolResult]:
     """Run one client's ``tools/call`` through ``harness``: the client's progress token
@@ -339,7 +339,7 @@ async def serve_proxy(
     read_stream: Any,
     write_stream: Any,
     relay: NotificationRelay | None = None,
-    tracer_provider: Any = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> None:
     """Serve ``proxy_server`` over one MCP connection (stdio's streams).
 
@@ -374,7 +374,7 @@ async def serve_proxy_http(
     host: str,
     port: int,
     relay: NotificationRelay | None = None,
-    tracer_provider: Any = None,
+    tracer_provider: TracerProvider | None = None,
     gate: Gate | None = None,
     *,
     downstream_gone: anyio.Event | None = None,

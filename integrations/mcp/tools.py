@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._framework import budgets
@@ -70,7 +70,7 @@ async def mcp_tools(
     *,
     timeouts_ms: Mapping[str, int] | None = None,
     default_timeout_ms: int | None = None,
-    tracer_provider: Any = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> list[ToolDefinition]:
     """A ``ToolDefinition`` for every tool the session's server lists (all pages).
 
@@ -185,12 +185,12 @@ def _forward_progress(call: ToolCall) -> Any:
     return relay
 
 
-def client_tracer(provider: Any) -> Any:
+def client_tracer(provider: TracerProvider | None) -> Tracer | None:
     """A tracer for guardstack's own MCP client spans, or ``None`` when the SDK's spans
     already land in ``provider`` (it is the global one, or none was given)."""
     if check_provider(OWNER, "tracer_provider", provider, "get_tracer") is None:
         return None
-    if provider is trace.get_tracer_provider():
+    if provider is None or provider is trace.get_tracer_provider():
         return None
     return provider.get_tracer("guardstack.mcp", VERSION)
 
@@ -321,7 +321,7 @@ async def sync_tools(
     *,
     timeouts_ms: Mapping[str, int] | None = None,
     default_timeout_ms: int | None = None,
-    tracer_provider: Any = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> None:
     """Bring ``harness``'s tools in line with what the downstream lists now: a tool gone
     is removed, a new one registered with its budget, a changed one replaced.
@@ -347,7 +347,7 @@ async def sync_tools(
         registered[name] = harness.tools.register(tool)
 
 
-def tracing_provider(harness: Harness) -> Any:
+def tracing_provider(harness: Harness) -> TracerProvider | None:
     """The tracer provider the harness's ``Tracing`` reports to (``None``: the global
     one, or no ``Tracing``)."""
     from guardstack.wrappers import Tracing

@@ -25,7 +25,7 @@ import logging
 import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TextIO
 
 import anyio
 import attrs
@@ -65,7 +65,7 @@ class Downstream:
         ping_s: float = PING_S,
         first_backoff_s: float = FIRST_BACKOFF_S,
         max_backoff_s: float = MAX_BACKOFF_S,
-        errlog: Any = None,
+        errlog: TextIO | None = None,
     ) -> None:
         self.spec = spec
         self.harness = harness

@@ -18,9 +18,10 @@ from __future__ import annotations
 import itertools
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import anyio
+from anyio.abc import TaskStatus
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._gate import Gate, client_key
@@ -81,7 +82,7 @@ class Gateway:
         ping_s: float = 5.0,
         first_backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
-        errlog: Any = None,
+        errlog: TextIO | None = None,
     ) -> None:
         require("mcp", EXTRA)
         quotas = keys is not None and any(t.quotas for t in keys.tenants.values())
@@ -117,7 +118,7 @@ class Gateway:
 
     # -- running ------------------------------------------------------------------------
 
-    async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep every downstream running until cancelled; ``started`` once each has been
         tried (up, or down and waiting to start again), at most ``FIRST_START_S``."""
         async with anyio.create_task_group() as group:

@@ -41,7 +41,8 @@ def _in_ms(name: str, seconds: float | None, milliseconds: float) -> float:
         return milliseconds
     warnings.warn(
         f"RedisStore: {name}_s is deprecated in 0.2 and removed in 0.3 (every duration "
-        f"of RedisStore is in milliseconds); write {name}_ms={_positive(name + '_s', seconds) * 1000:g}",
+        f"of RedisStore is in milliseconds); write "
+        f"{name}_ms={_positive(name + '_s', seconds) * 1000:g}",
         DeprecationWarning,
         stacklevel=3,
     )

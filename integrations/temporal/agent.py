@@ -14,6 +14,8 @@ from guardstack.pipeline import (
     ConfigError,
     ToolDefinition,
 )
+from guardstack.pipeline.model import Model
+from guardstack.pipeline.store import StateStore
 from guardstack.wrappers import Retry
 
 require("temporalio", "temporal")
@@ -44,7 +46,7 @@ class TemporalAgent:
 
     name: str
     tools: tuple[ToolDefinition, ...] = attrs.field(converter=_tools)
-    model: Any
+    model: Model
     #: Builds the guard stack, in the workflow, for each turn (layers in onion order).
     plugins: Callable[[], Sequence[Any]] = _no_plugins
     max_steps: int = 50
@@ -59,7 +61,7 @@ class TemporalAgent:
     #: store operation is a local activity on the worker, so every workflow and worker
     #: shares the limits and the workflow stays deterministic. ``None``: each turn's
     #: own memory store (limits that live for one turn).
-    store: Any = attrs.field(default=None, kw_only=True)
+    store: StateStore | None = attrs.field(default=None, kw_only=True)
 
     def tool(self, name: str) -> ToolDefinition:
         for definition in self.tools:
