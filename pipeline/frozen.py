@@ -11,6 +11,11 @@ equality, hashing, repr, pickling and the refusal to change a field after it is 
 It accepts only what it reproduces exactly — constant and ``Factory`` defaults,
 plain converters, keyword-only fields, ``__attrs_post_init__`` — and refuses a class
 with validators, a pre-init hook or a field that is not a slot, at import.
+
+What it buys (``python -m benchmarks.construction``, on the machine the CHANGELOG
+names): 0.81–0.85x attrs' own ``__init__`` for each of the six values an agent step
+builds most, about 120 ns a value — some 1.5 µs of a ~17 µs guarded step, so it
+stays. It is the only ``__init__`` generator besides attrs'.
 """
 
 from __future__ import annotations
@@ -113,6 +118,8 @@ def quick_init(cls: type[T]) -> type[T]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__
     init.__annotations__ = dict(cls.__init__.__annotations__)
+    #: attrs' own ``__init__``, kept so ``benchmarks/construction.py`` can weigh the two.
+    setattr(values, "__init_by_attrs__", cls.__init__)  # noqa: B010
     setattr(values, "__init__", init)  # noqa: B010 - a class's method, replaced on purpose
     return cls
 
