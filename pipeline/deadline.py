@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -57,7 +57,7 @@ def budget_of(call: ToolCall) -> int | None:
 
 
 def timed(
-    stage: StageAdapter[ItemT, ValueT],
+    stage: StageAdapter[ItemT, ValueT, Any],
     item: ItemT,
     call_next: Callable[[ItemT], Awaitable[ValueT]],
     ms: int | None,
@@ -89,7 +89,7 @@ def timed_dispatch(
 
 
 async def within(
-    stage: StageAdapter[ItemT, ValueT],
+    stage: StageAdapter[ItemT, ValueT, Any],
     item: ItemT,
     call_next: Callable[[ItemT], Awaitable[ValueT]],
     ms: int,
@@ -220,7 +220,7 @@ class Watch:
 
 
 async def watched(
-    stage: StageAdapter[ItemT, ValueT],
+    stage: StageAdapter[ItemT, ValueT, Any],
     item: ItemT,
     call_next: Callable[[ItemT], Awaitable[ValueT]],
     ms: int | None,

@@ -79,8 +79,12 @@ __all__ = [
 ItemT = TypeVar("ItemT", bound=CallContext)
 ValueT = TypeVar("ValueT")
 
-#: What one attempt produced: a stage's value (``ToolResult``, ``ModelReply``) or an Exception.
-Outcome: TypeAlias = Any
+OutcomeT = TypeVar("OutcomeT")
+
+#: What one attempt produced on a stage whose calls answer ``ValueT``: the value, or
+#: the exception it raised (a ``ToolResult`` on the dispatch stage, where a tool's
+#: failure is a result; ``ModelReply | Exception`` on the model stage).
+Outcome: TypeAlias = ValueT | Exception
 
 #: The kinds of failure a layer reports in its stage's own code (``TOOL_*`` / ``MODEL_*``).
 FailureKind: TypeAlias = Literal["UNAVAILABLE", "OVERLOADED", "RATE_LIMITED", "TIMEOUT", "FAILED"]
@@ -130,7 +134,7 @@ class Refusal:
     retry_after_s: float | None = None
 
 
-class StageAdapter(Generic[ItemT, ValueT]):
+class StageAdapter(Generic[ItemT, ValueT, OutcomeT]):
     """What a layer needs to know about its stage, and nothing else."""
 
     #: ``"dispatch"`` or ``"model"``: the names users read in config and spans.
@@ -145,30 +149,30 @@ class StageAdapter(Generic[ItemT, ValueT]):
 
     def attempt(
         self, call_next: Callable[[ItemT], Awaitable[ValueT]], item: ItemT
-    ) -> Awaitable[Outcome]:
+    ) -> Awaitable[OutcomeT]:
         """Run the rest of the chain once; its outcome (cancellation propagates)."""
         raise NotImplementedError
 
-    def deliver(self, outcome: Outcome) -> ValueT:
+    def deliver(self, outcome: OutcomeT) -> ValueT:
         """Hand an outcome on in the stage's form: return the value, or raise the error."""
         raise NotImplementedError
 
-    def failed(self, outcome: Outcome) -> bool:
+    def failed(self, outcome: OutcomeT) -> bool:
         raise NotImplementedError
 
-    def code(self, outcome: Outcome) -> str | None:
+    def code(self, outcome: OutcomeT) -> str | None:
         """The failure's code (``None`` for a success)."""
         raise NotImplementedError
 
-    def is_control(self, outcome: Outcome) -> bool:
+    def is_control(self, outcome: OutcomeT) -> bool:
         """guardstack's own control flow or refusal: never a provider's failure."""
         raise NotImplementedError
 
-    def is_refusal(self, outcome: Outcome) -> bool:
+    def is_refusal(self, outcome: OutcomeT) -> bool:
         """A guardstack layer's refusal (part of ``is_control``): it carries a code to act on."""
         raise NotImplementedError
 
-    def retry_after_s(self, outcome: Outcome) -> float | None:
+    def retry_after_s(self, outcome: OutcomeT) -> float | None:
         """How long the failure said to wait before trying again, if it said."""
         raise NotImplementedError
 
@@ -181,7 +185,7 @@ class StageAdapter(Generic[ItemT, ValueT]):
         layer: str,
         name: str,
         retry_after_s: float | None = None,
-    ) -> Outcome:
+    ) -> OutcomeT:
         """A layer's own refusal (an open breaker, a full limit), marked as guardstack's."""
         raise NotImplementedError
 
@@ -194,20 +198,20 @@ class StageAdapter(Generic[ItemT, ValueT]):
         *,
         why: str | None = None,
         partial: str | None = None,
-    ) -> Outcome:
+    ) -> OutcomeT:
         """What a call gets when a timeout layer's own deadline fired: after ``ms`` in
         all, or ``why`` (no first byte, a stalled stream), with the text that arrived."""
         raise NotImplementedError
 
-    def failure(self, item: ItemT, code: str, message: str, name: str) -> Outcome:
+    def failure(self, item: ItemT, code: str, message: str, name: str) -> OutcomeT:
         """A failure with ``code``, as if the provider had answered with it (chaos)."""
         raise NotImplementedError
 
-    def fault(self, item: ItemT, error: Exception) -> Outcome:
+    def fault(self, item: ItemT, error: Exception) -> OutcomeT:
         """An exception, reported as the stage reports a provider raising it."""
         raise NotImplementedError
 
-    def explained(self, outcome: Outcome, note: str) -> Outcome:
+    def explained(self, outcome: OutcomeT, note: str) -> OutcomeT:
         """The same failure, saying why nothing more was tried (``"… (not retried: …)"``)."""
         raise NotImplementedError
 
@@ -277,7 +281,7 @@ def _result_error(message: str, name: str, code: str, retry_after_s: float | Non
     return ToolError(message, name, code, retry_after_s=retry_after_s)
 
 
-class ToolStage(StageAdapter[ToolCall, ToolResult]):
+class ToolStage(StageAdapter[ToolCall, ToolResult, ToolResult]):
     """The dispatch stage: outcomes are ``ToolResult`` values; failures are error results."""
 
     name = "dispatch"
@@ -287,32 +291,32 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
 
     def attempt(
         self, call_next: Callable[[ToolCall], Awaitable[ToolResult]], item: ToolCall
-    ) -> Awaitable[Outcome]:
+    ) -> Awaitable[ToolResult]:
         return call_next(item)  # layers only ever see results here: no wrapping needed
 
-    def deliver(self, outcome: Outcome) -> ToolResult:
+    def deliver(self, outcome: ToolResult) -> ToolResult:
         result: ToolResult = outcome
         return result
 
-    def failed(self, outcome: Outcome) -> bool:
+    def failed(self, outcome: ToolResult) -> bool:
         return bool(outcome.is_error)
 
-    def code(self, outcome: Outcome) -> str | None:
+    def code(self, outcome: ToolResult) -> str | None:
         if not outcome.is_error:
             return None
         code: str | None = outcome.code
         return code
 
-    def is_control(self, outcome: Outcome) -> bool:
+    def is_control(self, outcome: ToolResult) -> bool:
         value = outcome.value
         return isinstance(value, Refusal) or (
             outcome.is_error and outcome.code in _CONTROL_CODES and not isinstance(value, Lost)
         )
 
-    def is_refusal(self, outcome: Outcome) -> bool:
+    def is_refusal(self, outcome: ToolResult) -> bool:
         return isinstance(outcome.value, Refusal)
 
-    def retry_after_s(self, outcome: Outcome) -> float | None:
+    def retry_after_s(self, outcome: ToolResult) -> float | None:
         error = outcome.error
         wait: float | None = error.retry_after_s if error is not None else None
         return wait
@@ -326,7 +330,7 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
         layer: str,
         name: str,
         retry_after_s: float | None = None,
-    ) -> Outcome:
+    ) -> ToolResult:
         error = _result_error(message, name, _TOOL_CODES[kind], retry_after_s)
         return ToolResult(f"Error: {message}", True, error, Refusal(layer, retry_after_s))
 
@@ -339,18 +343,18 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
         *,
         why: str | None = None,
         partial: str | None = None,
-    ) -> Outcome:
+    ) -> ToolResult:
         if why is None:
             return timeout_result(ms, code)
         return ToolResult.failure(f"tool call timed out: {why}", name="ToolTimeoutError", code=code)
 
-    def failure(self, item: ToolCall, code: str, message: str, name: str) -> Outcome:
+    def failure(self, item: ToolCall, code: str, message: str, name: str) -> ToolResult:
         return ToolResult.failure(message, name=name, code=code)
 
-    def fault(self, item: ToolCall, error: Exception) -> Outcome:
+    def fault(self, item: ToolCall, error: Exception) -> ToolResult:
         return failure_from_exception(error)
 
-    def explained(self, outcome: Outcome, note: str) -> Outcome:
+    def explained(self, outcome: ToolResult, note: str) -> ToolResult:
         error = outcome.error
         message = f"{error.message if error else outcome.content} ({note})"
         name = error.name if error else None
@@ -393,7 +397,7 @@ class ToolStage(StageAdapter[ToolCall, ToolResult]):
 
 async def _caught(
     call_next: Callable[[ModelRequest], Awaitable[ModelReply]], request: ModelRequest
-) -> Outcome:
+) -> ModelReply | Exception:
     try:
         return await call_next(request)
     except Exception as error:  # cancellation and other BaseExceptions propagate
@@ -408,7 +412,7 @@ def model_name(request: ModelRequest) -> str:
     return name if isinstance(name, str) and name else "model"
 
 
-class ModelStage(StageAdapter[ModelRequest, ModelReply]):
+class ModelStage(StageAdapter[ModelRequest, ModelReply, ModelReply | Exception]):
     """The model stage: outcomes are replies or the exceptions calls raised."""
 
     name = "model"
@@ -418,30 +422,30 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply]):
 
     def attempt(
         self, call_next: Callable[[ModelRequest], Awaitable[ModelReply]], item: ModelRequest
-    ) -> Awaitable[Outcome]:
+    ) -> Awaitable[ModelReply | Exception]:
         return _caught(call_next, item)
 
-    def deliver(self, outcome: Outcome) -> ModelReply:
+    def deliver(self, outcome: ModelReply | Exception) -> ModelReply:
         if isinstance(outcome, BaseException):
             raise outcome
         reply: ModelReply = outcome
         return reply
 
-    def failed(self, outcome: Outcome) -> bool:
+    def failed(self, outcome: ModelReply | Exception) -> bool:
         return isinstance(outcome, BaseException)
 
-    def code(self, outcome: Outcome) -> str | None:
+    def code(self, outcome: ModelReply | Exception) -> str | None:
         return model_error_code(outcome) if isinstance(outcome, BaseException) else None
 
-    def is_control(self, outcome: Outcome) -> bool:
+    def is_control(self, outcome: ModelReply | Exception) -> bool:
         if isinstance(outcome, ModelError):
             return outcome.refused
         return isinstance(outcome, GuardstackError)
 
-    def is_refusal(self, outcome: Outcome) -> bool:
+    def is_refusal(self, outcome: ModelReply | Exception) -> bool:
         return isinstance(outcome, ModelError) and outcome.refused
 
-    def retry_after_s(self, outcome: Outcome) -> float | None:
+    def retry_after_s(self, outcome: ModelReply | Exception) -> float | None:
         return outcome.retry_after_s if isinstance(outcome, ModelError) else None
 
     def refusal(
@@ -453,7 +457,7 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply]):
         layer: str,
         name: str,
         retry_after_s: float | None = None,
-    ) -> Outcome:
+    ) -> ModelReply | Exception:
         return ModelError(message, _MODEL_CODES[kind], retry_after_s, layer=layer, refused=True)
 
     def timed_out(
@@ -465,19 +469,23 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply]):
         *,
         why: str | None = None,
         partial: str | None = None,
-    ) -> Outcome:
+    ) -> ModelReply | Exception:
         message = (
             f"model call timed out after {ms}ms" if why is None else f"model call timed out: {why}"
         )
         return ModelError(message, code, layer=layer, partial=partial)
 
-    def failure(self, item: ModelRequest, code: str, message: str, name: str) -> Outcome:
+    def failure(
+        self, item: ModelRequest, code: str, message: str, name: str
+    ) -> ModelReply | Exception:
         return ModelError(message, code)
 
-    def fault(self, item: ModelRequest, error: Exception) -> Outcome:
+    def fault(self, item: ModelRequest, error: Exception) -> ModelReply | Exception:
         return error
 
-    def explained(self, outcome: Outcome, note: str) -> Outcome:
+    def explained(self, outcome: ModelReply | Exception, note: str) -> ModelReply | Exception:
+        if isinstance(outcome, ModelReply):
+            return outcome  # a reply is no failure to explain
         layer = outcome.layer if isinstance(outcome, ModelError) else None
         explained = ModelError(
             f"{message_of(outcome)} ({note})", model_error_code(outcome), layer=layer
@@ -514,7 +522,7 @@ DISPATCH: Final = ToolStage()
 MODEL: Final = ModelStage()
 
 
-def adapter_for(stage: str) -> StageAdapter[Any, Any]:
+def adapter_for(stage: str) -> StageAdapter[Any, Any, Any]:
     """The adapter of a stage name as users write it (``dispatch`` or ``model``)."""
     return MODEL if stage == "model" else DISPATCH
 
@@ -530,4 +538,4 @@ def never_reached(error: BaseException) -> bool:
     have been billed, and a reservation for it stays charged."""
     if isinstance(error, ModelError):
         return error.refused or error.code in _REFUSED_BY_PROVIDER
-    return MODEL.is_control(error)
+    return isinstance(error, GuardstackError)  # the rest of ``MODEL.is_control``

@@ -229,7 +229,7 @@ class StateKeys:
     __slots__ = ("_keys", "_names", "fixed", "kind", "namespace", "shared", "stage")
 
     def __init__(
-        self, namespace: str, shared: str | None, stage: StageAdapter[Any, Any], kind: str
+        self, namespace: str, shared: str | None, stage: StageAdapter[Any, Any, Any], kind: str
     ) -> None:
         self.namespace = namespace
         self.stage = stage

@@ -310,7 +310,7 @@ class _Limits:
         signals: Signals,
     ) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
         self.store = store
         self.namespace = namespace
         self.keys = StateKeys(namespace, config.key, self.stage, "slots")
@@ -472,7 +472,13 @@ class _Limits:
         return stage.deliver(outcome)
 
     async def _learn(
-        self, name: str, state: _State, outcome: Outcome, rtt_s: float, inflight: int, version: int
+        self,
+        name: str,
+        state: _State,
+        outcome: Outcome[Any],
+        rtt_s: float,
+        inflight: int,
+        version: int,
     ) -> None:
         stage = self.stage
         if stage.is_control(outcome):
@@ -491,5 +497,5 @@ class _Limits:
         if after != before or overloaded:
             await self._move(name, state, version, after, overloaded)
 
-    def _refusal(self, item: Any, reason: str) -> Outcome:
+    def _refusal(self, item: Any, reason: str) -> Outcome[Any]:
         return overloaded(self.stage, item, reason, PLUGIN)

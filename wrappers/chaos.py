@@ -76,7 +76,7 @@ class _ChaosRun:
     def __init__(self, config: Chaos) -> None:
         self.config = config
         self.random = random_for(config.seed)
-        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
         match = _FAULT.fullmatch(config.fault)
         assert match is not None  # validated
         self.latency_s = int(match["ms"]) / 1000 if match["ms"] else None

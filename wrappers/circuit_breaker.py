@@ -185,7 +185,7 @@ class _Breakers:
         self, config: CircuitBreaker, store: StateStore, namespace: str, signals: Signals
     ) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
         self.store = store
         self.namespace = namespace
         self.keys = StateKeys(namespace, config.key, self.stage, "breaker")
@@ -336,7 +336,7 @@ class _Breakers:
         except Exception as error:
             self.failures.fails_open(error)
 
-    def _refusal(self, item: Any, wait_s: float, why: str | None = None) -> Outcome:
+    def _refusal(self, item: Any, wait_s: float, why: str | None = None) -> Outcome[Any]:
         what = self.stage.label(item)
         message = f"{what} is unavailable: {why}" if why else _why(what, wait_s)
         return self.stage.refusal(

@@ -155,7 +155,7 @@ class SlotQueue:
         timeout_s: float | None,
         current: Callable[[], int] | None = None,
         item: Any = None,
-        stage: StageAdapter[Any, Any] | None = None,
+        stage: StageAdapter[Any, Any, Any] | None = None,
     ) -> str:
         """A lease on one of ``limit`` slots; ``current()``, if given, is the limit as it
         is now, asked again each time a waiter tries (an adaptive limit moves). A call
@@ -240,7 +240,7 @@ class _Limits:
         self, config: ConcurrencyLimit, store: StateStore, namespace: str, signals: Signals
     ) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
         self.keys = StateKeys(namespace, config.key, self.stage, "slots")
         self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN), config.fair)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
@@ -290,11 +290,13 @@ class _Limits:
             except Exception as error:
                 self.failures.fails_open(error)
 
-    def _refusal(self, item: Any, reason: str) -> Outcome:
+    def _refusal(self, item: Any, reason: str) -> Outcome[Any]:
         return overloaded(self.stage, item, reason, PLUGIN)
 
 
-def overloaded(stage: StageAdapter[Any, Any], item: Any, reason: str, layer: str) -> Outcome:
+def overloaded(
+    stage: StageAdapter[Any, Any, Any], item: Any, reason: str, layer: str
+) -> Outcome[Any]:
     """The ``*_OVERLOADED`` refusal a full limit answers (a concurrency limit's, adaptive
     or not)."""
     return stage.refusal(

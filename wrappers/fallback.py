@@ -231,7 +231,7 @@ class _Fallback:
     def __init__(self, config: Fallback, instead: _Instead) -> None:
         self.config = config
         self.instead = instead
-        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
 
     async def __call__(self, item: Any, call_next: Any) -> Any:
         stage = self.stage
@@ -277,7 +277,7 @@ class _Healthy:
         self.config = config
         self.targets = targets
         self.control = control
-        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
 
     def _failed(self, outcome: Any) -> bool:
         stage = self.stage

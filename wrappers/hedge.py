@@ -86,7 +86,7 @@ class Hedge:
     #: Name patterns: hedge only these tools (empty: every tool not declared non-idempotent).
     tools: tuple[str, ...] = attrs.field(default=(), converter=_tools)
     _tools: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
-    _stage: StageAdapter[Any, Any] = attrs.field(init=False, repr=False, eq=False)
+    _stage: StageAdapter[Any, Any, Any] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         refuse_names_without_names(PLUGIN, self.stage, tools=self.tools)
@@ -121,11 +121,11 @@ class Hedge:
             raise outcome  # as itself: the layer that raised it keeps the blame
         return self._stage.deliver(outcome)
 
-    async def _race(self, item: Any, call_next: Any) -> tuple[_Kind, Outcome]:
+    async def _race(self, item: Any, call_next: Any) -> tuple[_Kind, Outcome[Any]]:
         """Start the call, hedge it; the first win (or exception) ends the race."""
         stage = self._stage
         first = stage.hedge_of(item)
-        finished: list[tuple[_Kind, Outcome]] = []
+        finished: list[tuple[_Kind, Outcome[Any]]] = []
         running = 0
         changed = anyio.Event()
 

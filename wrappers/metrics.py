@@ -100,7 +100,7 @@ class Metrics:
             "metrics", "meter_provider", meter_provider, "get_meter"
         )
         self.stage = check_stage("metrics", stage)
-        self._stage: StageAdapter[Any, Any] = adapter_for(self.stage)
+        self._stage: StageAdapter[Any, Any, Any] = adapter_for(self.stage)
         # What a point records differs by stage (the GenAI tool metrics, or its client
         # metrics); how a call is measured does not.
         self._points: Callable[[Any, float, Any, str | None], None] = (

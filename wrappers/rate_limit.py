@@ -120,7 +120,7 @@ class _Buckets:
         self, config: RateLimit, store: StateStore, namespace: str, signals: Signals
     ) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
         self.store = store
         self.keys = StateKeys(namespace, config.key, self.stage, "bucket")
         self.metrics = QueueMetrics(signals, self.keys, PLUGIN)
@@ -217,7 +217,7 @@ class _Buckets:
             return stage.deliver(refusal)
         return await call_next(item)
 
-    def _refusal(self, item: Any, wait_s: float, why: str | None = None) -> Outcome:
+    def _refusal(self, item: Any, wait_s: float, why: str | None = None) -> Outcome[Any]:
         what = self.stage.label(item)
         if why is None:
             rate = f"{self.config.per_second:g} calls per second"

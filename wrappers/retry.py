@@ -316,7 +316,7 @@ class Retry:
         object.__setattr__(self, "_exclude", compile_patterns(self.exclude))
         object.__setattr__(self, "_direct", _RetryRun(self))
 
-    def may_retry(self, call: ToolCall, stage: StageAdapter[Any, Any] = DISPATCH) -> bool:
+    def may_retry(self, call: ToolCall, stage: StageAdapter[Any, Any, Any] = DISPATCH) -> bool:
         """Whether ``call`` may run again at all (its idempotency, ``tools``, ``exclude``)."""
         if not stage.may_repeat(call):
             return False
@@ -327,7 +327,9 @@ class Retry:
             return False
         return self._exclude is None or not self._exclude.fullmatch(name)
 
-    def should_retry(self, outcome: Outcome, stage: StageAdapter[Any, Any] = DISPATCH) -> bool:
+    def should_retry(
+        self, outcome: Outcome[Any], stage: StageAdapter[Any, Any, Any] = DISPATCH
+    ) -> bool:
         """Whether ``outcome`` (a result, or a model call's exception) is one to retry."""
         if not stage.failed(outcome):
             return False
@@ -388,7 +390,7 @@ class _RetryRun:
     def __init__(self, policy: Retry, signals: Signals | None = None) -> None:
         self.policy = policy
         self.random = random_for(policy.seed)
-        self.stage: StageAdapter[Any, Any] = adapter_for(policy.stage)
+        self.stage: StageAdapter[Any, Any, Any] = adapter_for(policy.stage)
         self.signals = signals
 
     def delay_s(self, attempt: int) -> float:

@@ -99,7 +99,7 @@ class Timeout:
     #: The longest gap between two pieces of a stream (two progress reports of a tool).
     idle_ms: int | None = attrs.field(default=None, validator=_check_ms, kw_only=True)
 
-    _stage: StageAdapter[Any, Any] = attrs.field(init=False, repr=False, eq=False)
+    _stage: StageAdapter[Any, Any, Any] = attrs.field(init=False, repr=False, eq=False)
     _watches: bool = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:

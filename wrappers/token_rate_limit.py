@@ -161,7 +161,7 @@ class _Minutes:
 
     def __init__(self, config: TokenRateLimit, scope: Scope) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
         store = scope.store_for(config.store)
         self.ledger: Ledger = scope.ledger_for(config.store)
         self.keys = StateKeys(scope.namespace, config.key, self.stage, "minute")
@@ -268,7 +268,7 @@ class _Minutes:
             return await call_next(item)
         return self.stage.deliver(await self._attempt(item, call_next, op_id))
 
-    async def _attempt(self, item: Any, call_next: Any, op_id: str) -> Outcome:
+    async def _attempt(self, item: Any, call_next: Any, op_id: str) -> Outcome[Any]:
         # cancelled: it may have reached the provider, and stays charged its estimate
         outcome = await self.stage.attempt(call_next, item)
         try:
@@ -281,7 +281,7 @@ class _Minutes:
             self.failures.fails_open(error)
         return outcome
 
-    async def _settle(self, op_id: str, outcome: Outcome) -> None:
+    async def _settle(self, op_id: str, outcome: Outcome[Any]) -> None:
         stage = self.stage
         if stage.failed(outcome):
             error = outcome if isinstance(outcome, BaseException) else None
@@ -307,7 +307,7 @@ class _Minutes:
         op_id: str,
         amounts: dict[str, float],
         windows: list[Window],
-    ) -> Outcome | None:
+    ) -> Outcome[Any] | None:
         """Reserve now, or wait in line for room (or refuse): ``None`` once reserved."""
         line = self.lines.get(key)
         if line is None:
@@ -334,7 +334,7 @@ class _Minutes:
         op_id: str,
         amounts: dict[str, float],
         windows: list[Window],
-    ) -> Outcome | None:
+    ) -> Outcome[Any] | None:
         stage = self.stage
         waiter = line.join(stage.priority_of(item), stage.tenant_of(item))
         try:
@@ -369,7 +369,7 @@ class _Minutes:
             return f"one request is larger than the limit of {limit:g} {unit} per minute"
         return f"{reservation.used:g} of its {limit:g} {unit} per minute are in use"
 
-    def _refusal(self, item: Any, wait_s: float | None, why: str) -> Outcome:
+    def _refusal(self, item: Any, wait_s: float | None, why: str) -> Outcome[Any]:
         stage = self.stage
         message = f"{stage.label(item)} is rate limited: {why}"
         if wait_s is not None:

@@ -16,7 +16,7 @@ def an_agent() -> Agent:
     return agent
 
 
-def stage_and_item(stage: str) -> tuple[StageAdapter[Any, Any], Any]:
+def stage_and_item(stage: str) -> tuple[StageAdapter[Any, Any, Any], Any]:
     agent = an_agent()
     if stage == "model":
         return MODEL, ModelRequest(agent, [], [])
