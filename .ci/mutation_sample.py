@@ -32,7 +32,10 @@ PYTEST = f"{sys.executable} -m pytest -x -q -p no:cacheprovider --no-header"
 #: Each mutated module, and the tests that must kill its mutants.
 TARGETS: dict[str, list[str]] = {
     "pipeline/outcome.py": [
-        "tests/wrappers/test_resilience.py", "tests/pipeline/test_model_stage.py",
+        "tests/wrappers/test_circuit_breaker.py", "tests/wrappers/test_concurrency_limit.py",
+        "tests/wrappers/test_fallback.py", "tests/wrappers/test_keyed.py",
+        "tests/wrappers/test_hedge.py", "tests/wrappers/test_chaos.py",
+        "tests/pipeline/test_model_stage.py", "tests/pipeline/test_outcome.py",
         "tests/wrappers/test_retry.py",
     ],
     "pipeline/ledger.py": [
@@ -40,32 +43,36 @@ TARGETS: dict[str, list[str]] = {
         "tests/guards/test_usage_windows.py",
     ],
     "pipeline/store.py": [
-        "tests/wrappers/test_resilience.py", "tests/wrappers/test_corners.py",
+        "tests/wrappers/test_circuit_breaker.py", "tests/wrappers/test_concurrency_limit.py",
+        "tests/wrappers/test_rate_limit.py", "tests/wrappers/test_corners.py",
         "tests/pipeline/test_store.py",
     ],
     "pipeline/keys.py": ["tests/pipeline/test_keys.py"],
     "wrappers/timeout.py": ["tests/wrappers/test_timeout.py"],
     "wrappers/retry.py": [
         "tests/wrappers/test_retry.py", "tests/wrappers/test_idempotency.py",
-        "tests/wrappers/test_resilience.py",
     ],
     "wrappers/circuit_breaker.py": [
-        "tests/wrappers/test_resilience.py", "tests/wrappers/test_corners.py",
+        "tests/wrappers/test_circuit_breaker.py", "tests/wrappers/test_keyed.py",
+        "tests/wrappers/test_corners.py",
         "tests/wrappers/test_signals.py",
     ],
     "wrappers/concurrency_limit.py": [
-        "tests/wrappers/test_resilience.py", "tests/wrappers/test_corners.py",
+        "tests/wrappers/test_concurrency_limit.py", "tests/wrappers/test_corners.py",
         "tests/guards/test_ledger_defects.py",
     ],
     "wrappers/adaptive_concurrency_limit.py": [
         "tests/wrappers/test_adaptive_concurrency.py", "tests/guards/test_ledger_defects.py",
     ],
     "wrappers/rate_limit.py": [
-        "tests/wrappers/test_resilience.py", "tests/wrappers/test_corners.py",
+        "tests/wrappers/test_rate_limit.py", "tests/wrappers/test_corners.py",
         "tests/guards/test_ledger_defects.py",
     ],
-    "wrappers/fallback.py": ["tests/wrappers/test_resilience.py"],
-    "wrappers/hedge.py": ["tests/wrappers/test_resilience.py", "tests/wrappers/test_corners.py"],
+    "wrappers/fallback.py": ["tests/wrappers/test_fallback.py", "tests/wrappers/test_keyed.py"],
+    "wrappers/hedge.py": [
+        "tests/wrappers/test_hedge.py", "tests/wrappers/test_concurrency_limit.py",
+        "tests/wrappers/test_corners.py",
+    ],
     "guards/tool_call_limit.py": [
         "tests/guards/test_caps.py", "tests/guards/test_conversations.py",
         "tests/guards/test_approval.py",

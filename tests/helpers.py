@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from guardstack.pipeline import ModelReply, ToolCall, ToolCallRequest, ToolRegistry
+from guardstack.pipeline import (
+    Harness,
+    ModelReply,
+    ToolCall,
+    ToolCallRequest,
+    ToolRegistry,
+    ToolResult,
+)
 from guardstack.pipeline.testing import ScriptedTool
 
 
@@ -28,3 +35,16 @@ def registry_with(*tools: ScriptedTool) -> ToolRegistry:
     for tool in tools:
         tool.register(registry)
     return registry
+
+
+def harness_with(*tools: ScriptedTool) -> Harness:
+    """A harness whose registry holds ``tools``."""
+    built = Harness()
+    for tool in tools:
+        tool.register(built.tools)
+    return built
+
+
+async def run(built: Harness, name: str, **arguments: Any) -> ToolResult:
+    """The result of one call of ``name`` through ``built``'s tool stages."""
+    return (await built.tools.execute(call(name, arguments))).result

@@ -18,7 +18,7 @@ from guardstack.pipeline import (
 )
 from guardstack.pipeline.testing import Hang, Raise, Reply, ScriptedTool
 from guardstack.wrappers import Retry, RetryBudget, Timeout, no_backoff
-from tests.helpers import call, registry_with
+from tests.helpers import call, harness_with, registry_with, run
 
 
 def flaky(fail_times: int, code: str = TOOL_TIMEOUT) -> ScriptedTool:
@@ -217,3 +217,26 @@ def test_no_backoff_at_all_is_a_valid_configuration() -> None:
     """``backoff_ms=0, max_backoff_ms=0``: retries at once (0 is a bound, not a mistake)."""
     retry = Retry(attempts=2, backoff_ms=0, max_backoff_ms=0, jitter=False)
     assert (retry.backoff_ms, retry.max_backoff_ms) == (0, 0)
+
+
+# -- Retry(respect_deadline=True) ---------------------------------------------------------
+
+
+async def test_a_deadline_aware_retry_stops_when_the_next_attempt_cannot_finish() -> None:
+    for respect, code, elapsed in ((True, TOOL_TIMEOUT, 2.0), (False, "TOTAL", 5.0)):
+        built = harness_with(ScriptedTool("search", [Hang()], timeout_ms=2_000))
+        built.plugin(Timeout(ms=5_000, code="TOTAL"))
+        built.plugin(Retry(attempts=5, backoff_ms=1_000, jitter=False, respect_deadline=respect))
+        built.plugin(Timeout())
+        started = anyio.current_time()
+        result = await run(built, "search")
+        assert (result.code, anyio.current_time() - started) == (code, elapsed)
+    assert result.code == "TOTAL"
+    built = harness_with(ScriptedTool("search", [Hang()], timeout_ms=2_000))
+    built.plugin(Timeout(ms=5_000, code="TOTAL"))
+    built.plugin(Retry(attempts=5, backoff_ms=1_000, jitter=False, respect_deadline=True))
+    built.plugin(Timeout())
+    assert (await run(built, "search")).content == (
+        "Error: tool call timed out after 2000ms (not retried: a 2000ms attempt after a "
+        "1000ms wait cannot finish in the 3000ms left of the deadline)"
+    )
