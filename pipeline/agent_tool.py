@@ -83,8 +83,7 @@ class _ThroughParent:
         request = ModelRequest(parent, messages, tools, model=answering)
         reply: ModelReply = await parent.loop.model_call.entry(request)
         if isinstance(reply, ModelReply) and reply.usage is not None:
-            parent.turn_usage += reply.usage  # rolled up as it happens: the parent's caps see it
-            parent.usage += reply.usage
+            parent.add_usage(reply.usage)  # rolled up as it happens: the parent's caps see it
         return reply
 
 
@@ -232,4 +231,4 @@ def _adopt(parent: Agent, child: Agent, call_id: str) -> None:
     )
     if parent.session.children.get(child.session_id) is not child.session:
         parent.session.add_child(child.session)
-    parent._child_of_call[call_id] = child.session_id
+    parent.child_started(call_id, child.session_id)

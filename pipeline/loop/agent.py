@@ -39,12 +39,13 @@ from guardstack.pipeline.loop.paused import (
 )
 from guardstack.pipeline.loop.reply import checked_reply, with_unique_ids
 from guardstack.pipeline.loop.step_order import StepCalls, run_overlapping
-from guardstack.pipeline.loop.turn_result import TurnResult
+from guardstack.pipeline.loop.turn_result import TurnResult, last_turn_of
 from guardstack.pipeline.model import (
     NO_USAGE,
     Model,
     ModelRequest,
     ToolCallRequest,
+    Usage,
 )
 from guardstack.pipeline.runtime import cancel_pending, cancel_scope, deliver_pending
 from guardstack.pipeline.session import (
@@ -125,6 +126,17 @@ class Agent:
         self.tree_caps: tuple[tuple[Agent, Callable[..., Awaitable[Any]]], ...] = ()
         #: Tool call id -> the id of the child session that call started.
         self._child_of_call: dict[str, str] = {}
+
+    def add_usage(self, usage: Usage) -> None:
+        """Count ``usage`` in this session's and this turn's totals (a reply's, or a
+        child's charged to its parent as it happens)."""
+        self.usage += usage
+        self.turn_usage += usage
+
+    def child_started(self, call_id: str, session_id: str) -> None:
+        """Note that the call ``call_id`` started the child session ``session_id``: its
+        result is logged with the child's id, and its decisions routed to it."""
+        self._child_of_call[call_id] = session_id
 
     @property
     def session_id(self) -> str:
@@ -480,18 +492,7 @@ class Agent:
     def last_turn_result(self) -> TurnResult:
         """The last turn's result as its log records it (its end reason and error, the
         model's last text, its steps): for layers that end a turn from outside it."""
-        events = self.session.events
-        starts = [i for i, event in enumerate(events) if isinstance(event, TurnStart)]
-        turn = events[starts[-1] :] if starts else []
-        end = next((e for e in reversed(turn) if isinstance(e, TurnEnd)), None)
-        texts = [e.text for e in turn if isinstance(e, AssistantMessage)]
-        return TurnResult(
-            end.reason if end is not None else "aborted",
-            texts[-1] if texts else "",
-            end.error if end is not None else None,
-            sum(isinstance(e, StepStart) for e in turn),
-            self.turn_usage,
-        )
+        return last_turn_of(self.session, self.turn_usage)
 
     def _result(
         self,

@@ -99,8 +99,7 @@ class AgentLoop:
         """Count a reply's usage for ``agent`` (its session and turn), and as
         ``guardstack.usage.tokens`` for its tenant: the one a cap that names tenants
         counts the call's spend for (``tenant_of``), else the agent's."""
-        agent.usage += usage
-        agent.turn_usage += usage
+        agent.add_usage(usage)
         resolver = self.tenant_of
         tenant = resolver(agent, request) if resolver is not None else None
         tenant = tenant or getattr(agent, "tenant", None) or "default"
