@@ -228,11 +228,18 @@ def _parser() -> argparse.ArgumentParser:
         help="how long to read on for a stream's usage after its client left (10000)",
     )
     model_proxy.add_argument(
+        "--conversation-idle-ms",
+        type=float,
+        default=3_600_000.0,
+        metavar="MS",
+        help="free a conversation unused this long (3600000; its caps' counts are kept)",
+    )
+    model_proxy.add_argument(
         "--conversation-idle-s",
         type=float,
-        default=3_600.0,
+        default=None,
         metavar="S",
-        help="free a conversation unused this long (3600; its caps' counts are kept)",
+        help="deprecated (removed in 0.3): write --conversation-idle-ms",
     )
     model_proxy.add_argument(
         "--max-conversations",
@@ -340,7 +347,7 @@ def _run(arguments: argparse.Namespace) -> int:
                 allow_origins=arguments.allow_origin,
                 allow_hosts=arguments.allow_host,
                 drain_ms=arguments.drain_ms,
-                conversation_idle_s=arguments.conversation_idle_s,
+                conversation_idle_ms=_idle_ms(arguments),
                 max_conversations=arguments.max_conversations,
                 max_body_bytes=arguments.max_body_bytes,
                 admin_key_env=arguments.admin_key_env,
@@ -438,6 +445,21 @@ def _print(text: str) -> None:
     """Print ``text``; characters the terminal cannot encode (half a surrogate pair) escaped."""
     encoding = sys.stdout.encoding or "utf-8"
     sys.stdout.write(text.encode(encoding, "backslashreplace").decode(encoding) + "\n")
+
+
+def _idle_ms(arguments: argparse.Namespace) -> float:
+    """``--conversation-idle-ms``, or the deprecated ``--conversation-idle-s`` converted
+    (said once on stderr: a CLI user never sees a ``DeprecationWarning``)."""
+    seconds = arguments.conversation_idle_s
+    if seconds is None:
+        milliseconds: float = arguments.conversation_idle_ms
+        return milliseconds
+    print(
+        "guardstack model-proxy: --conversation-idle-s is deprecated and removed in 0.3; "
+        f"write --conversation-idle-ms {seconds * 1000:g}",
+        file=sys.stderr,
+    )
+    return float(seconds) * 1000
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, TypeAlias
 
@@ -193,3 +194,18 @@ def flag(owner: str, key: str) -> Callable[[Any, Any, Any], None]:
         boolean(owner, key, value)
 
     return check
+
+
+def in_ms(owner: str, name: str, seconds: float | None, milliseconds: float) -> float:
+    """``<name>_ms``, or the deprecated ``<name>_s`` converted (every public duration is
+    in milliseconds); the old spelling warns, naming its replacement, until 0.3."""
+    if seconds is None:
+        return milliseconds
+    converted = number(owner, f"{name}_s", seconds, minimum=1e-9) * 1000
+    warnings.warn(
+        f"{owner}: {name}_s is deprecated in 0.2 and removed in 0.3 (every duration is in "
+        f"milliseconds); write {name}_ms={converted:g}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return converted

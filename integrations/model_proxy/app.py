@@ -33,7 +33,7 @@ from guardstack.pipeline import (
     TurnBlocked,
 )
 from guardstack.pipeline.errors import ConfigError
-from guardstack.pipeline.validate import integer, number
+from guardstack.pipeline.validate import in_ms, integer, number
 from guardstack.pipeline.values import TOOL_DENIED
 
 __all__ = ["CONVERSATION_HEADER", "STOPPED_HEADER", "ModelProxy"]
@@ -94,9 +94,10 @@ class ModelProxy:
         allow_origins: Collection[str] = (),
         allow_hosts: Collection[str] = (),
         drain_ms: int = 10_000,
-        conversation_idle_s: float = 3_600.0,
+        conversation_idle_ms: float = 3_600_000.0,
         max_conversations: int = 10_000,
         admin_key: str | None = None,
+        conversation_idle_s: float | None = None,
     ) -> None:
         self.httpx = require("httpx", EXTRA)
         require("starlette", EXTRA)
@@ -104,7 +105,8 @@ class ModelProxy:
         integer(owner, "max_body_bytes", max_body_bytes)
         integer(owner, "drain_ms", drain_ms, minimum=0)
         integer(owner, "max_conversations", max_conversations)
-        number(owner, "conversation_idle_s", conversation_idle_s, minimum=1e-9)
+        idle_ms = in_ms(owner, "conversation_idle", conversation_idle_s, conversation_idle_ms)
+        number(owner, "conversation_idle_ms", idle_ms, minimum=1e-6)
         self.harness = harness
         keys = dict(upstream_keys or {})
         self.upstreams: dict[str, Target] = {
@@ -132,7 +134,7 @@ class ModelProxy:
         self.drain_s = drain_ms / 1000
         self.conversations = Conversations(
             lambda session: self.harness.loop.create(session, model=_Nothing()),
-            idle_s=conversation_idle_s,
+            idle_s=idle_ms / 1000,
             most=max_conversations,
         )
         self.app = self._build()

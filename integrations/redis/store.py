@@ -9,7 +9,6 @@ import math
 import sys
 import time
 import uuid
-import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,7 +16,7 @@ from guardstack.integrations._extras import require
 from guardstack.pipeline.errors import StoreUnsupported
 from guardstack.pipeline.ledger import LEASE_S, SESSION_TTL_S, Reservation, Settlement, Window
 from guardstack.pipeline.store import Admission, BreakerState, StoreError
-from guardstack.pipeline.validate import cut
+from guardstack.pipeline.validate import cut, in_ms
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -33,20 +32,6 @@ def _positive(name: str, value: object) -> float:
     if not math.isfinite(value):
         raise ValueError(f"RedisStore: {name} must be finite, got {value}")
     return float(value)
-
-
-def _in_ms(name: str, seconds: float | None, milliseconds: float) -> float:
-    """``<name>_ms``, or the deprecated ``<name>_s`` (every duration here is in ms)."""
-    if seconds is None:
-        return milliseconds
-    warnings.warn(
-        f"RedisStore: {name}_s is deprecated in 0.2 and removed in 0.3 (every duration "
-        f"of RedisStore is in milliseconds); write "
-        f"{name}_ms={_positive(name + '_s', seconds) * 1000:g}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return seconds * 1000
 
 
 def _on_trio() -> bool:
@@ -106,9 +91,11 @@ class RedisStore:
             )
         self.timeout_s = _positive("timeout_ms", timeout_ms) / 1000
         self.lease_s = _positive("lease_ms", lease_ms) / 1000
-        idle_ttl_ms = _in_ms("idle_ttl", idle_ttl_s, idle_ttl_ms)
-        session_ttl_ms = _in_ms("session_ttl", session_ttl_s, session_ttl_ms)
-        reservation_ttl_ms = _in_ms("reservation_ttl", reservation_ttl_s, reservation_ttl_ms)
+        idle_ttl_ms = in_ms("RedisStore", "idle_ttl", idle_ttl_s, idle_ttl_ms)
+        session_ttl_ms = in_ms("RedisStore", "session_ttl", session_ttl_s, session_ttl_ms)
+        reservation_ttl_ms = in_ms(
+            "RedisStore", "reservation_ttl", reservation_ttl_s, reservation_ttl_ms
+        )
         self.idle_ttl_ms = int(_positive("idle_ttl_ms", idle_ttl_ms))
         #: How long a session's ledger entries live after their last use.
         self.session_ttl_s = _positive("session_ttl_ms", session_ttl_ms) / 1000

@@ -673,3 +673,28 @@ async def _read_stream(raw: Any, body: Any, into: list[bytes]) -> None:
     async with raw.stream("POST", "/v1/chat/completions", json=body) as response:
         async for piece in response.aiter_raw():
             into.append(piece)
+
+
+async def test_a_conversations_idle_time_is_in_ms_and_the_old_seconds_warn() -> None:
+    """Every duration of the proxy is in milliseconds (``drain_ms``,
+    ``conversation_idle_ms``); ``conversation_idle_s`` still works until 0.3, warning."""
+    made = ModelProxy(Harness(), "http://127.0.0.1:9", conversation_idle_ms=90_000)
+    assert made.conversations.idle_s == 90
+    await made.aclose()
+    with pytest.warns(DeprecationWarning, match="write conversation_idle_ms=120000"):
+        old = ModelProxy(Harness(), "http://127.0.0.1:9", conversation_idle_s=120)
+    assert old.conversations.idle_s == 120
+    await old.aclose()
+
+
+def test_the_cli_takes_the_idle_time_in_ms_and_says_the_seconds_flag_is_going(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from guardstack.cli.main import _idle_ms, _parser
+
+    common = ["model-proxy", "--upstream", "http://127.0.0.1:9"]
+    assert _idle_ms(_parser().parse_args(common)) == 3_600_000
+    assert _idle_ms(_parser().parse_args([*common, "--conversation-idle-ms", "5000"])) == 5_000
+    assert capsys.readouterr().err == ""
+    assert _idle_ms(_parser().parse_args([*common, "--conversation-idle-s", "7"])) == 7_000
+    assert "write --conversation-idle-ms 7000" in capsys.readouterr().err
