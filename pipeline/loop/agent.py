@@ -193,11 +193,15 @@ class Agent:
         """Run one turn for a person's ``text``."""
         if self._scope is not None:
             raise TurnInProgressError(f"agent {self.session_id!r} is already running a turn")
+        return await self._hooked(cancel_scope(), self._run_turn, text)
+
+    async def _hooked(self, scope: anyio.CancelScope, run: TurnRun, text: str) -> TurnResult:
+        """A whole turn (``run``) in ``scope``, inside the loop's turn hooks; the turn-end
+        hooks are told unless it paused for approval. Cancelled: ``aborted``."""
         result: TurnResult | None = None
-        with cancel_scope() as scope:
+        with scope:
             self._scope = scope
             try:
-                run: TurnRun = self._run_turn
                 for hook in reversed(self.loop.turn_hooks):
                     run = hook(run)
                 result = await run(self, text)
@@ -410,20 +414,7 @@ class Agent:
             parent_call, inner = route(paused, call_id)  # a child's call: route it down
             paused.routed.setdefault(parent_call, {})[inner] = decision
             paused.decisions[parent_call] = Approve(by="guardstack")
-        result: TurnResult | None = None
-        with anyio.CancelScope() as scope:
-            self._scope = scope
-            try:
-                run: TurnRun = self._resume_turn(paused)
-                for hook in reversed(self.loop.turn_hooks):
-                    run = hook(run)
-                result = await run(self, "")
-                return result
-            finally:
-                self._scope = None
-                if self.loop.turn_end_hooks and (result is None or result.reason != "approval"):
-                    await self.loop.turn_ended(self)
-        return TurnResult("aborted", error="cancelled by agent.cancel()", usage=self.turn_usage)
+        return await self._hooked(anyio.CancelScope(), self._resume_turn(paused), "")
 
     def _resume_turn(self, paused: Paused) -> TurnRun:
         async def resumed(agent: Agent, _: str) -> TurnResult:
