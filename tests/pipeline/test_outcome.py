@@ -32,7 +32,7 @@ def test_a_call_without_its_own_tenant_or_priority_takes_its_agents(stage: str) 
 def test_a_calls_own_tenant_and_priority_come_before_its_agents() -> None:
     agent = an_agent()
     assert DISPATCH.tenant_of(ToolCall("x", {}, "c", agent, tenant="team-b")) == "team-b"
-    assert MODEL.tenant_of(ModelRequest(agent, [], [], tenant="team-b")) == "team-b"
+    assert MODEL.tenant_of(ModelRequest(agent, [], [])) == "team-a"  # its agent's, always
     assert MODEL.priority_of(ModelRequest(agent, [], [], priority=9)) == 9
     assert DISPATCH.priority_of(ToolCall("x", {}, "c", agent, priority=0)) == 0
 
