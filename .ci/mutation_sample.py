@@ -40,11 +40,12 @@ TARGETS: dict[str, list[str]] = {
     ],
     "pipeline/ledger.py": [
         "tests/pipeline/test_ledger.py", "tests/guards/test_ledger_defects.py",
-        "tests/guards/test_usage_windows.py",
+        "tests/guards/test_usage_windows.py", "tests/wrappers/test_token_rate_limit.py",
     ],
     "pipeline/store.py": [
         "tests/wrappers/test_circuit_breaker.py", "tests/wrappers/test_concurrency_limit.py",
         "tests/wrappers/test_rate_limit.py", "tests/wrappers/test_corners.py",
+        "tests/pipeline/test_control.py",
         "tests/pipeline/test_store.py",
     ],
     "pipeline/keys.py": ["tests/pipeline/test_keys.py"],
@@ -54,11 +55,13 @@ TARGETS: dict[str, list[str]] = {
     ],
     "wrappers/circuit_breaker.py": [
         "tests/wrappers/test_circuit_breaker.py", "tests/wrappers/test_keyed.py",
-        "tests/wrappers/test_corners.py",
+        "tests/wrappers/test_corners.py", "tests/wrappers/test_fallback.py",
+        "tests/pipeline/test_control.py",
         "tests/wrappers/test_signals.py",
     ],
     "wrappers/concurrency_limit.py": [
         "tests/wrappers/test_concurrency_limit.py", "tests/wrappers/test_corners.py",
+        "tests/pipeline/test_control.py",
         "tests/guards/test_ledger_defects.py",
     ],
     "wrappers/adaptive_concurrency_limit.py": [
@@ -75,9 +78,11 @@ TARGETS: dict[str, list[str]] = {
     ],
     "guards/tool_call_limit.py": [
         "tests/guards/test_caps.py", "tests/guards/test_conversations.py",
-        "tests/guards/test_approval.py",
+        "tests/guards/test_approval.py", "tests/pipeline/test_control.py",
     ],
-    "guards/model_call_limit.py": ["tests/guards/test_model_caps.py"],
+    "guards/model_call_limit.py": [
+        "tests/guards/test_model_caps.py", "tests/pipeline/test_control.py",
+    ],
     "guards/usage_limit.py": [
         "tests/guards/test_model_caps.py", "tests/guards/test_usage_windows.py",
         "tests/guards/test_ledger_defects.py",

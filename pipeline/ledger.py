@@ -308,8 +308,8 @@ class MemoryLedger:
         self._expiries: list[tuple[float, str]] = []
 
     def ledger_size(self) -> int:
-        """How many windows and operation records the ledger holds."""
-        return len(self._windows) + len(self._operations)
+        """How many windows (sliding ones too) and operation records the ledger holds."""
+        return len(self._windows) + len(self._sliding) + len(self._operations)
 
     def _expire(self, now: float) -> None:
         expiries = self._expiries
@@ -380,7 +380,9 @@ class MemoryLedger:
             assert window.slide_s is not None
             if slider is None:
                 slider = self._sliding[window.key] = _Sliding(0.0)
-            slider.expires = now + 2 * window.slide_s
+            # in the monotonic clock ``_slide`` reads, not the wall clock: measured
+            # against the other, an idle window was never forgotten
+            slider.expires = anyio.current_time() + 2 * window.slide_s
             slider.add(index, amount)
             slid.append((slider, window.unit, amount, index))
         reserved = []

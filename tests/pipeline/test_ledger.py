@@ -153,6 +153,38 @@ async def test_a_sliding_window_in_memory_refuses_with_when_and_slides() -> None
     assert await ledger.balance(window) == 0
 
 
+async def test_asking_a_sliding_windows_whole_limit_says_when_there_will_be_room() -> None:
+    """Asking exactly the limit while the window holds something is refused with when
+    it will have slid out (not ``None``: that means never, for more than the limit)."""
+    from guardstack.pipeline.contract import Window
+
+    ledger = MemoryStore()
+    now = anyio.current_time()
+    await anyio.sleep(math.ceil(now) - now + 1)
+    window = Window("t:minute:m:tokens", "tokens", 100, 120.0, slide_s=60.0)
+    assert (await ledger.reserve("a", {"tokens": 30}, [window])).granted
+    whole = await ledger.reserve("b", {"tokens": 100}, [window])
+    assert not whole.granted
+    assert whole.retry_after_s == pytest.approx(61.0)
+
+
+async def test_sliding_windows_no_longer_used_are_dropped() -> None:
+    """A sliding window idle for two of its lengths is forgotten once more than 1,024 are
+    held: 2,000 windows of one-off keys do not stay in memory."""
+    from guardstack.pipeline.contract import Window
+
+    ledger = MemoryStore(wall_clock=anyio.current_time)  # operations expire in it too
+    await anyio.sleep(1_000)  # a clock well past its start
+    for n in range(2_000):
+        window = Window(f"t:minute:k{n}:tokens", "tokens", 100, 1.0, slide_s=60.0)
+        assert (await ledger.reserve(f"op{n}", {"tokens": 1}, [window], lease_s=1.0)).granted
+    assert ledger.ledger_size() >= 2_000
+    await anyio.sleep(121)
+    last = Window("t:minute:last:tokens", "tokens", 100, 1.0, slide_s=60.0)
+    assert (await ledger.reserve("last", {"tokens": 1}, [last], lease_s=1.0)).granted
+    assert ledger.ledger_size() <= 3
+
+
 def test_a_sliding_window_must_slide() -> None:
     from guardstack.pipeline.contract import Window
 

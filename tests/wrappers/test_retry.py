@@ -10,9 +10,11 @@ import sniffio
 
 from guardstack.pipeline import (
     TOOL_FAILED,
+    TOOL_RATE_LIMITED,
     TOOL_TIMEOUT,
     ConfigError,
     ToolCall,
+    ToolError,
     ToolResult,
     timeout_result,
 )
@@ -240,3 +242,30 @@ async def test_a_deadline_aware_retry_stops_when_the_next_attempt_cannot_finish(
         "Error: tool call timed out after 2000ms (not retried: a 2000ms attempt after a "
         "1000ms wait cannot finish in the 3000ms left of the deadline)"
     )
+
+
+async def test_a_provider_s_retry_after_is_waited_but_never_past_the_ceiling() -> None:
+    """A failure that says when to come back is retried no sooner than it says, and
+    never later than ``max_backoff_ms`` (stamina's ``wait_max``, tenacity's
+    ``wait_exponential(max=…)``): 10 s asked, 1.5 s waited; 0.2 s asked, 0.2 s waited."""
+    busy = ToolResult(
+        "Error: busy", True, ToolError("busy", "Busy", TOOL_RATE_LIMITED, retry_after_s=10)
+    )
+    soon = ToolResult(
+        "Error: busy", True, ToolError("busy", "Busy", TOOL_RATE_LIMITED, retry_after_s=0.2)
+    )
+    tool = ScriptedTool("search", [Reply(busy), Reply(soon), Reply("ok")])
+    registry = registry_with(tool)
+    registry.dispatch.use(
+        Retry(
+            attempts=3,
+            retry_on=[TOOL_RATE_LIMITED],
+            backoff_ms=1,
+            max_backoff_ms=1_500,
+            jitter=False,
+        )
+    )
+    outcome = await registry.execute(call("search"))
+    assert outcome.result.content == "ok"
+    starts = [run.started - tool.runs[0].started for run in tool.runs]
+    assert starts == pytest.approx([0, 1.5, 1.7], abs=1e-9)
