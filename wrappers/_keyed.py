@@ -80,7 +80,9 @@ def codes_of(stage: str, kinds: Mapping[str, tuple[FailureKind, ...]]) -> frozen
 
 def extra_codes(plugin: str, value: object) -> frozenset[str]:
     """A layer's ``extra_on=``: codes added to its ``on`` (``None`` or empty: none)."""
-    if value is None or (isinstance(value, Collection) and not value):
+    if value is None or (
+        isinstance(value, Collection) and not isinstance(value, str) and not value
+    ):
         return frozenset()
     return codes(plugin, "extra_on", value)
 

@@ -228,9 +228,7 @@ class AdaptiveConcurrencyLimit:
     on: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_codes)
     queue: int | None = attrs.field(default=None, validator=_queue)
     #: More codes that count as overload, besides rate limits, overloads and timeouts.
-    extra_on: frozenset[str] = attrs.field(
-        default=frozenset(), converter=_extra_on, kw_only=True, repr=False
-    )
+    extra_on: frozenset[str] = attrs.field(default=frozenset(), converter=_extra_on, kw_only=True)
     queue_timeout_ms: int | None = attrs.field(
         default=None, validator=optional_integer(PLUGIN, "queue_timeout_ms")
     )
@@ -253,7 +251,9 @@ class AdaptiveConcurrencyLimit:
                 DeprecationWarning,
                 stacklevel=3,
             )
+            # folded once: a copy (``attrs.evolve``) neither warns nor adds again
             object.__setattr__(self, "extra_on", self.extra_on | frozenset(self.on))
+            object.__setattr__(self, "on", None)
         check_codes(PLUGIN, "extra_on", self.stage, self.extra_on)
         if not self.min <= self.initial <= self.max:
             raise invalid(

@@ -81,7 +81,6 @@ class AgentLoop:
         self.turn_hooks: list[Callable[[TurnRun], TurnRun]] = []
         self._model_hooks: list[Callable[[ModelNext], ModelNext]] = []
         # the stage's own bound ``__call__``, not one of the loop's: no reference cycle
-        self._call_model: ModelNext = self.model_call.__call__
         #: The model stage wrapped in every ``instrument_model_call`` hook, or ``None``
         #: when there is none (then ``model_call.entry`` is the whole of it).
         self.hooked_model_call: ModelNext | None = None
@@ -125,7 +124,7 @@ class AgentLoop:
         hook (``instrument_model_call``: ``Tracing``'s ``chat`` span, ``BudgetNotice``).
         The entrance for hosts that make model calls outside a turn (the model proxy,
         a child agent's calls charged to its parent)."""
-        return await self._call_model(request)
+        return await (self.hooked_model_call or self.model_call.entry)(request)
 
     def on_turn_end(self, hook: Callable[[Agent], Awaitable[None]]) -> Registration:
         """Call ``await hook(agent)`` when one of this loop's agents' turns has ended
@@ -162,7 +161,6 @@ class AgentLoop:
         call: ModelNext = self.model_call.__call__
         for hook in reversed(self._model_hooks):
             call = hook(call)
-        self._call_model = call
         self.hooked_model_call = call if self._model_hooks else None
 
     def on_create(self, hook: Callable[[Agent], None]) -> Registration:

@@ -3,9 +3,11 @@ assertions ported, and properties over random load, overload and cancellation.""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -345,6 +347,9 @@ async def test_the_old_on_still_adds_with_a_deprecation_warning() -> None:
     with pytest.warns(DeprecationWarning, match="extra_on="):
         plugin = AdaptiveConcurrencyLimit(initial=8, min=1, max=16, on=["TOOL_FAILED"])
     assert plugin.extra_on == frozenset({"TOOL_FAILED"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a copy neither warns nor adds again
+        assert attrs.evolve(plugin, initial=9).extra_on == frozenset({"TOOL_FAILED"})
     harness = Harness()
     harness.tools.register(ToolDefinition("llm", broken))
     harness.plugin(plugin)
@@ -355,3 +360,5 @@ async def test_the_old_on_still_adds_with_a_deprecation_warning() -> None:
 def test_extra_on_names_another_stages_code_as_a_mistake() -> None:
     with pytest.raises(ConfigError, match="extra_on"):
         AdaptiveConcurrencyLimit(extra_on=["MODEL_FAILED"])
+    with pytest.raises(ConfigError, match="extra_on"):
+        AdaptiveConcurrencyLimit(extra_on="")
