@@ -188,9 +188,9 @@ class _Service:
     def decide(self, call_id: str, decision: Decision) -> None:
         self._decided[call_id] = decision
 
-    async def layer(self, call: ToolCall, call_next: PreNext) -> PreDecision | Any:
+    async def layer(self, call: ToolCall, call_next: PreNext) -> PreDecision | Pending:
         decided = self._decided.pop(call.call_id, None)
-        settled: Any = None
+        settled: PreDecision | Pending | None = None
         if self.config.needs(call):
             settled = await self._settle(call, None, decided)
             if not isinstance(settled, Allow):
@@ -206,7 +206,7 @@ class _Service:
             return settled if isinstance(decision, Allow) else decision
         return decision
 
-    async def resolve(self, call: ToolCall, reason: str | None) -> Any:
+    async def resolve(self, call: ToolCall, reason: str | None) -> PreDecision | Pending:
         return await self._settle(call, reason, self._decided.pop(call.call_id, None), "registry")
 
     async def _settle(
@@ -215,7 +215,7 @@ class _Service:
         reason: str | None,
         decided: Decision | None,
         asked_by: str = PLUGIN,
-    ) -> Any:
+    ) -> PreDecision | Pending:
         """The call's decision as a pre-execute answer: ``Allow`` (maybe with edited
         arguments), a ``TOOL_REJECTED`` denial, or ``Pending`` (a durable pause)."""
         arguments = call.arguments if not isinstance(call.arguments, str) else {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar
 
 import attrs
@@ -112,7 +112,9 @@ class ApprovalService(Protocol):
     ``layer`` is its pre-execute layer: a call it paused resumes there, with the
     decision handed over by ``decide``."""
 
-    async def layer(self, call: ToolCall, call_next: Any) -> Any: ...
+    async def layer(
+        self, call: ToolCall, call_next: Callable[[ToolCall], Awaitable[PreDecision]]
+    ) -> PreDecision | Pending: ...
 
     async def resolve(self, call: ToolCall, reason: str | None) -> PreDecision | Pending: ...
 

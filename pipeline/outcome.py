@@ -66,12 +66,16 @@ __all__ = [
     "MODEL",
     "UNKNOWN_KEY",
     "FailureKind",
+    "ItemT",
     "Lost",
     "ModelStage",
+    "Next",
     "Outcome",
+    "OutcomeT",
     "Refusal",
     "StageAdapter",
     "ToolStage",
+    "ValueT",
     "adapter_for",
     "never_reached",
 ]
@@ -85,6 +89,11 @@ OutcomeT = TypeVar("OutcomeT")
 #: the exception it raised (a ``ToolResult`` on the dispatch stage, where a tool's
 #: failure is a result; ``ModelReply | Exception`` on the model stage).
 Outcome: TypeAlias = ValueT | Exception
+
+#: The rest of a stage's chain as a layer body calls it: ``Next[ToolCall, ToolResult]`` on
+#: the dispatch stage, ``Next[ModelRequest, ModelReply]`` on the model stage. A layer that
+#: serves both is generic in ``ItemT``/``ValueT`` and takes its ``StageAdapter`` of them.
+Next: TypeAlias = Callable[[ItemT], Awaitable[ValueT]]
 
 #: The kinds of failure a layer reports in its stage's own code (``TOOL_*`` / ``MODEL_*``).
 FailureKind: TypeAlias = Literal["UNAVAILABLE", "OVERLOADED", "RATE_LIMITED", "TIMEOUT", "FAILED"]

@@ -122,8 +122,9 @@ def _signatures_with_a_bare_any() -> dict[str, list[str]]:
 def test_types_reach_the_core_and_any_stays_at_the_edges() -> None:
     """``Any`` is for JSON values and third-party objects at the edge: no public signature
     of the core packages takes or returns a bare ``Any``, and the integrations (where
-    a framework's or an SDK's objects pass through) hold at most 20."""
+    a framework's or an SDK's objects pass through) hold at most 15 (the issue's
+    goal was 20; the layer bodies, now typed, took the count from 18 to 15)."""
     found = _signatures_with_a_bare_any()
     core = {name: hits for name, hits in found.items() if not name.startswith("guardstack.int")}
     assert core == {}
-    assert len(found) <= 20, sorted(found)
+    assert len(found) <= 15, sorted(found)

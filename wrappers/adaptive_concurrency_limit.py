@@ -28,13 +28,22 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Generic, Literal
 
 import anyio
 import attrs
 from opentelemetry.util.types import AttributeValue
 
-from guardstack.pipeline.contract import Outcome, Scope, StageAdapter, StateStore, adapter_for
+from guardstack.pipeline.contract import (
+    ItemT,
+    Next,
+    OutcomeT,
+    Scope,
+    StageAdapter,
+    StateStore,
+    ValueT,
+    adapter_for,
+)
 from guardstack.pipeline.signals import CONCURRENCY_LIMIT, LIMITER_QUEUE, Shadow, Signals
 from guardstack.pipeline.validate import (
     StageName,
@@ -240,7 +249,9 @@ class AdaptiveConcurrencyLimit:
     fair: Fairness = attrs.field(default=None, converter=_fair, kw_only=True)
     #: Decide as usual, record what it would have done, let every call through.
     shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
-    _applied: list[_Limits] = attrs.field(init=False, factory=list, repr=False, eq=False)
+    _applied: list[_Limits[Any, Any, Any]] = attrs.field(
+        init=False, factory=list, repr=False, eq=False
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.on is not None:
@@ -272,7 +283,9 @@ class AdaptiveConcurrencyLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh limit (``initial``, all slots free) on the stage it names."""
-        limits = _Limits(self, scope.store_for(self.store), scope.namespace, scope.signals)
+        limits: _Limits[Any, Any, Any] = _Limits(
+            self, scope.store_for(self.store), scope.namespace, scope.signals
+        )
         scope.adopt(scope.signals.gauge(CONCURRENCY_LIMIT, limits.observed))
         scope.adopt(scope.signals.gauge(LIMITER_QUEUE, limits.slots.observed))
         self._applied.append(limits)
@@ -299,7 +312,7 @@ class _State:
         self.paused_until = -math.inf
 
 
-class _Limits:
+class _Limits(Generic[ItemT, ValueT, OutcomeT]):
     """One application: the layer, the slots and each key's adaptive limit."""
 
     def __init__(
@@ -310,7 +323,7 @@ class _Limits:
         signals: Signals,
     ) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(config.stage)
         self.store = store
         self.namespace = namespace
         self.keys = StateKeys(namespace, config.key, self.stage, "slots")
@@ -394,7 +407,7 @@ class _Limits:
             return
         state.limit = value
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         config, stage = self.config, self.stage
         key = self.keys(item)
         name = config.key if config.key is not None else stage.key(item)
@@ -439,8 +452,14 @@ class _Limits:
         return stage.deliver(outcome)
 
     async def _shadowed(
-        self, item: Any, call_next: Any, key: str, name: str, state: _State, limit: int
-    ) -> Any:
+        self,
+        item: ItemT,
+        call_next: Next[ItemT, ValueT],
+        key: str,
+        name: str,
+        state: _State,
+        limit: int,
+    ) -> ValueT:
         """In shadow mode: a free slot is taken as usual, the limit learns from every
         outcome; a call that would have waited runs at once, and that is recorded."""
         stage = self.stage
@@ -475,7 +494,7 @@ class _Limits:
         self,
         name: str,
         state: _State,
-        outcome: Outcome[Any],
+        outcome: OutcomeT,
         rtt_s: float,
         inflight: int,
         version: int,
@@ -497,5 +516,5 @@ class _Limits:
         if after != before or overloaded:
             await self._move(name, state, version, after, overloaded)
 
-    def _refusal(self, item: Any, reason: str) -> Outcome[Any]:
+    def _refusal(self, item: ItemT, reason: str) -> OutcomeT:
         return overloaded(self.stage, item, reason, PLUGIN)

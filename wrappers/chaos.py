@@ -25,12 +25,20 @@ draws repeatable. For tests and game days, not for production traffic.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 import anyio
 import attrs
 
-from guardstack.pipeline.contract import Scope, StageAdapter, adapter_for
+from guardstack.pipeline.contract import (
+    ItemT,
+    Next,
+    OutcomeT,
+    Scope,
+    StageAdapter,
+    ValueT,
+    adapter_for,
+)
 from guardstack.pipeline.validate import StageName, invalid, stage
 from guardstack.wrappers._keyed import ratio, register
 from guardstack.wrappers.retry import random_for
@@ -70,19 +78,19 @@ class Chaos:
         register(scope, self.stage, _ChaosRun(self), PLUGIN)
 
 
-class _ChaosRun:
+class _ChaosRun(Generic[ItemT, ValueT, OutcomeT]):
     __slots__ = ("code", "config", "latency_s", "random", "stage")
 
     def __init__(self, config: Chaos) -> None:
         self.config = config
         self.random = random_for(config.seed)
-        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(config.stage)
         match = _FAULT.fullmatch(config.fault)
         assert match is not None  # validated
         self.latency_s = int(match["ms"]) / 1000 if match["ms"] else None
         self.code: str | None = match["code"]
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         if self.random.random() >= self.config.rate:
             return await call_next(item)
         fault, stage = self.config.fault, self.stage

@@ -32,7 +32,7 @@ fails lets calls through (``on_error`` of the store says otherwise).
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Generic
 
 import anyio
 import attrs
@@ -41,10 +41,13 @@ from opentelemetry.util.types import AttributeValue
 from guardstack.pipeline.contract import (
     Control,
     FailureKind,
-    Outcome,
+    ItemT,
+    Next,
+    OutcomeT,
     Scope,
     StageAdapter,
     StateStore,
+    ValueT,
     adapter_for,
 )
 from guardstack.pipeline.signals import BREAKER_STATE, BREAKER_TRANSITIONS, Shadow, Signals
@@ -142,7 +145,7 @@ class CircuitBreaker:
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of breakers (closed) on the stage it names."""
         store = scope.store_for(self.store)
-        breakers = _Breakers(self, store, scope.namespace, scope.signals)
+        breakers: _Breakers[Any, Any, Any] = _Breakers(self, store, scope.namespace, scope.signals)
         breakers.control, breakers.plugin_id = scope.control, scope.plugin_id
         scope.adopt(scope.signals.gauge(BREAKER_STATE, breakers.observed))
         if scope.control is not None:  # a health-aware Fallback asks it
@@ -174,7 +177,7 @@ def _why(what: str, wait_s: float) -> str:
     )
 
 
-class _Breakers:
+class _Breakers(Generic[ItemT, ValueT, OutcomeT]):
     """One application: the layer, on either stage, over breakers kept in a store."""
 
     __slots__ = ("config", "control", "failures", "keys", "namespace", "open_until",
@@ -185,7 +188,7 @@ class _Breakers:
         self, config: CircuitBreaker, store: StateStore, namespace: str, signals: Signals
     ) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(config.stage)
         self.store = store
         self.namespace = namespace
         self.keys = StateKeys(namespace, config.key, self.stage, "breaker")
@@ -273,7 +276,7 @@ class _Breakers:
     def __repr__(self) -> str:
         return repr(self.config)
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         config, stage, store = self.config, self.stage, self.store
         key = self.keys(item)
         control = self.control
@@ -336,7 +339,7 @@ class _Breakers:
         except Exception as error:
             self.failures.fails_open(error)
 
-    def _refusal(self, item: Any, wait_s: float, why: str | None = None) -> Outcome[Any]:
+    def _refusal(self, item: ItemT, wait_s: float, why: str | None = None) -> OutcomeT:
         what = self.stage.label(item)
         message = f"{what} is unavailable: {why}" if why else _why(what, wait_s)
         return self.stage.refusal(

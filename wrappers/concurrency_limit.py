@@ -30,7 +30,7 @@ say otherwise).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 import anyio
 import attrs
@@ -38,10 +38,13 @@ from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import (
     Control,
-    Outcome,
+    ItemT,
+    Next,
+    OutcomeT,
     Scope,
     StageAdapter,
     StateStore,
+    ValueT,
     adapter_for,
 )
 from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
@@ -109,7 +112,9 @@ class ConcurrencyLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of limits (all slots free) on the stage it names."""
-        limits = _Limits(self, scope.store_for(self.store), scope.namespace, scope.signals)
+        limits: _Limits[Any, Any, Any] = _Limits(
+            self, scope.store_for(self.store), scope.namespace, scope.signals
+        )
         limits.control, limits.plugin_id = scope.control, scope.plugin_id
         scope.adopt(scope.signals.gauge(LIMITER_QUEUE, limits.slots.observed))
         register(scope, self.stage, limits, PLUGIN)
@@ -231,7 +236,7 @@ class SlotQueue:
             waiting.wake_head()
 
 
-class _Limits:
+class _Limits(Generic[ItemT, ValueT, OutcomeT]):
     """One application: the layer, on either stage, over slots kept in a store."""
 
     __slots__ = ("config", "control", "failures", "keys", "plugin_id", "shadow", "slots", "stage")
@@ -240,7 +245,7 @@ class _Limits:
         self, config: ConcurrencyLimit, store: StateStore, namespace: str, signals: Signals
     ) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(config.stage)
         self.keys = StateKeys(namespace, config.key, self.stage, "slots")
         self.slots = SlotQueue(store, QueueMetrics(signals, self.keys, PLUGIN), config.fair)
         self.failures = StoreFailures(PLUGIN, store, "open", signals)
@@ -251,7 +256,7 @@ class _Limits:
     def __repr__(self) -> str:
         return repr(self.config)
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         config, stage = self.config, self.stage
         key = self.keys(item)
         timeout_ms = config.queue_timeout_ms
@@ -290,13 +295,13 @@ class _Limits:
             except Exception as error:
                 self.failures.fails_open(error)
 
-    def _refusal(self, item: Any, reason: str) -> Outcome[Any]:
+    def _refusal(self, item: ItemT, reason: str) -> OutcomeT:
         return overloaded(self.stage, item, reason, PLUGIN)
 
 
 def overloaded(
-    stage: StageAdapter[Any, Any, Any], item: Any, reason: str, layer: str
-) -> Outcome[Any]:
+    stage: StageAdapter[ItemT, Any, OutcomeT], item: ItemT, reason: str, layer: str
+) -> OutcomeT:
     """The ``*_OVERLOADED`` refusal a full limit answers (a concurrency limit's, adaptive
     or not)."""
     return stage.refusal(

@@ -40,7 +40,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar, Final, TypeAlias
+from typing import Any, ClassVar, Final, Generic, TypeAlias
 
 import anyio
 import attrs
@@ -49,12 +49,16 @@ from guardstack.pipeline.contract import (
     MODEL_FAILED,
     Control,
     FailureKind,
+    ItemT,
     Model,
     ModelError,
     ModelReply,
     ModelRequest,
+    Next,
+    OutcomeT,
     Scope,
     StageAdapter,
+    ValueT,
     adapter_for,
 )
 from guardstack.pipeline.validate import StageName, codes, cut, invalid, optional_integer, stage
@@ -75,7 +79,8 @@ __all__ = ["Fallback"]
 PLUGIN = "fallback"
 
 #: The answer instead: ``(item, call_next) -> awaitable`` of the stage's value.
-_Instead = Callable[[Any, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
+#: What answers instead of a failed call: given the call and the rest of the chain.
+_Instead: TypeAlias = Callable[[ItemT, Next[ItemT, ValueT]], Awaitable[ValueT]]
 
 
 def _stage(value: object) -> StageName:
@@ -165,7 +170,7 @@ class Fallback:
             layer = _Fallback(self, self._instead(scope, self.to))
         register(scope, self.stage, layer, PLUGIN)
 
-    def _instead(self, scope: Scope, target: Any) -> _Instead:
+    def _instead(self, scope: Scope, target: Any) -> _Instead[Any, Any]:
         """What answers instead, for what ``target`` is (checked at construction)."""
         if isinstance(target, Mapping):
             name, model = target["upstream"], target.get("model")
@@ -223,17 +228,17 @@ def _check_upstream(target: Mapping[Any, Any]) -> None:
             raise invalid(PLUGIN, f"to.{key}", value, "an upstream's name (text)")
 
 
-class _Fallback:
+class _Fallback(Generic[ItemT, ValueT, OutcomeT]):
     """The layer, on either stage: the call, then on a listed failure the fallback's answer."""
 
     __slots__ = ("config", "instead", "stage")
 
-    def __init__(self, config: Fallback, instead: _Instead) -> None:
+    def __init__(self, config: Fallback, instead: _Instead[ItemT, ValueT]) -> None:
         self.config = config
         self.instead = instead
-        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(config.stage)
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         stage = self.stage
         outcome = await stage.attempt(call_next, item)
         if (
@@ -258,26 +263,31 @@ def _name_of(target: Any) -> str:
     return name if isinstance(name, str) else repr(target)
 
 
-def _answered_by(instead: _Instead, call_next: Any) -> Callable[[Any], Awaitable[Any]]:
-    def answer(item: Any) -> Awaitable[Any]:
+def _answered_by(
+    instead: _Instead[ItemT, ValueT], call_next: Next[ItemT, ValueT]
+) -> Next[ItemT, ValueT]:
+    def answer(item: ItemT) -> Awaitable[ValueT]:
         return instead(item, call_next)
 
     return answer
 
 
-class _Healthy:
+class _Healthy(Generic[ItemT, ValueT, OutcomeT]):
     """``to=[…]``: the targets in order after a failure, skipping those whose breaker is
     open; all open: the earliest, waited for within ``wait_ms``, else an answer now."""
 
     __slots__ = ("config", "control", "stage", "targets")
 
     def __init__(
-        self, config: Fallback, targets: list[tuple[str, _Instead]], control: Control | None
+        self,
+        config: Fallback,
+        targets: list[tuple[str, _Instead[ItemT, ValueT]]],
+        control: Control | None,
     ) -> None:
         self.config = config
         self.targets = targets
         self.control = control
-        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(config.stage)
 
     def _failed(self, outcome: Any) -> bool:
         stage = self.stage
@@ -287,12 +297,12 @@ class _Healthy:
             and not (stage.is_control(outcome) and not stage.is_refusal(outcome))
         )
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         stage = self.stage
         outcome = await stage.attempt(call_next, item)
         if not self._failed(outcome):
             return stage.deliver(outcome)
-        waits: list[tuple[float, str, _Instead]] = []
+        waits: list[tuple[float, str, _Instead[ItemT, ValueT]]] = []
         for name, instead in self.targets:
             wait = self.control.open_for(name) if self.control is not None else None
             if wait is not None:

@@ -39,7 +39,15 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from guardstack.pipeline.contract import ModelRequest, Outcome, Scope, StageAdapter, adapter_for
+from guardstack.pipeline.contract import (
+    CallContext,
+    ItemT,
+    Next,
+    Scope,
+    StageAdapter,
+    ValueT,
+    adapter_for,
+)
 from guardstack.pipeline.validate import (
     StageName,
     compile_patterns,
@@ -48,7 +56,7 @@ from guardstack.pipeline.validate import (
     patterns,
     stage,
 )
-from guardstack.pipeline.values import ToolCall, validate_timeout_ms
+from guardstack.pipeline.values import validate_timeout_ms
 from guardstack.wrappers._keyed import refuse_names_without_names, register, stage_repr
 
 __all__ = ["Hedge"]
@@ -93,7 +101,7 @@ class Hedge:
         object.__setattr__(self, "_tools", compile_patterns(self.tools))
         object.__setattr__(self, "_stage", adapter_for(self.stage))
 
-    def hedges(self, item: ToolCall | ModelRequest) -> bool:
+    def hedges(self, item: CallContext) -> bool:
         """Whether a call may be hedged: not declared non-idempotent, and named if limited."""
         if not self._stage.may_repeat(item):
             return False
@@ -113,19 +121,21 @@ class Hedge:
                 )
         register(scope, self.stage, self, PLUGIN)
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         if not self.hedges(item):
             return await call_next(item)
-        kind, outcome = await self._race(item, call_next)
+        stage: StageAdapter[ItemT, ValueT, Any] = self._stage
+        kind, outcome = await self._race(item, call_next, stage)
         if kind == "raised":
             raise outcome  # as itself: the layer that raised it keeps the blame
-        return self._stage.deliver(outcome)
+        return stage.deliver(outcome)
 
-    async def _race(self, item: Any, call_next: Any) -> tuple[_Kind, Outcome[Any]]:
+    async def _race(
+        self, item: ItemT, call_next: Next[ItemT, ValueT], stage: StageAdapter[ItemT, ValueT, Any]
+    ) -> tuple[_Kind, Any]:
         """Start the call, hedge it; the first win (or exception) ends the race."""
-        stage = self._stage
         first = stage.hedge_of(item)
-        finished: list[tuple[_Kind, Outcome[Any]]] = []
+        finished: list[tuple[_Kind, Any]] = []
         running = 0
         changed = anyio.Event()
 

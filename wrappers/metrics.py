@@ -37,10 +37,13 @@ from opentelemetry.metrics import MeterProvider
 from guardstack.pipeline.contract import (
     MODEL,
     DispatchNext,
+    ItemT,
     ModelReply,
     ModelRequest,
+    Next,
     Scope,
     StageAdapter,
+    ValueT,
     adapter_for,
 )
 from guardstack.pipeline.validate import StageName
@@ -143,9 +146,9 @@ class Metrics:
             scope.signals.bind(self.meter_provider)
         register(scope, self.stage, self._layer, self.name)
 
-    async def _layer(self, item: Any, call_next: Any) -> Any:
+    async def _layer(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         """The layer on either stage: time the inner chain, record one point."""
-        stage = self._stage
+        stage: StageAdapter[ItemT, ValueT, Any] = self._stage
         started = anyio.current_time()
         try:
             outcome = await stage.attempt(call_next, item)

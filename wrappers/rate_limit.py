@@ -26,7 +26,7 @@ process). A store that fails lets calls through (its ``on_error`` may say otherw
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 import anyio
 import attrs
@@ -34,10 +34,13 @@ from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import (
     Control,
-    Outcome,
+    ItemT,
+    Next,
+    OutcomeT,
     Scope,
     StageAdapter,
     StateStore,
+    ValueT,
     adapter_for,
 )
 from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
@@ -104,13 +107,15 @@ class RateLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh set of buckets (full) on the stage it names."""
-        limiter = _Buckets(self, scope.store_for(self.store), scope.namespace, scope.signals)
+        limiter: _Buckets[Any, Any, Any] = _Buckets(
+            self, scope.store_for(self.store), scope.namespace, scope.signals
+        )
         limiter.control, limiter.plugin_id = scope.control, scope.plugin_id
         scope.adopt(scope.signals.gauge(LIMITER_QUEUE, limiter.observed))
         register(scope, self.stage, limiter, PLUGIN)
 
 
-class _Buckets:
+class _Buckets(Generic[ItemT, ValueT, OutcomeT]):
     """One application: the layer, on either stage, and its queues of waiters per key."""
 
     __slots__ = ("config", "control", "failures", "keys", "metrics", "plugin_id", "queues",
@@ -120,7 +125,7 @@ class _Buckets:
         self, config: RateLimit, store: StateStore, namespace: str, signals: Signals
     ) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(config.stage)
         self.store = store
         self.keys = StateKeys(namespace, config.key, self.stage, "bucket")
         self.metrics = QueueMetrics(signals, self.keys, PLUGIN)
@@ -178,7 +183,7 @@ class _Buckets:
             elif at_head:
                 queue.wake_head()  # the next waiter moves up and asks the bucket itself
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         stage = self.stage
         key = self.keys(item)
         refusal = None
@@ -217,7 +222,7 @@ class _Buckets:
             return stage.deliver(refusal)
         return await call_next(item)
 
-    def _refusal(self, item: Any, wait_s: float, why: str | None = None) -> Outcome[Any]:
+    def _refusal(self, item: ItemT, wait_s: float, why: str | None = None) -> OutcomeT:
         what = self.stage.label(item)
         if why is None:
             rate = f"{self.config.per_second:g} calls per second"

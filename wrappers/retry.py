@@ -53,7 +53,7 @@ import re
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Generic
 
 import anyio
 import anyio.lowlevel
@@ -61,12 +61,17 @@ import attrs
 
 from guardstack.pipeline.contract import (
     DISPATCH,
+    CallContext,
     DispatchNext,
     FailureKind,
+    ItemT,
+    Next,
     Outcome,
+    OutcomeT,
     Scope,
     StageAdapter,
     StateStore,
+    ValueT,
     adapter_for,
     store_key,
 )
@@ -298,7 +303,9 @@ class Retry:
     exclude: tuple[str, ...] = attrs.field(default=(), converter=_exclude)
     #: Never start an attempt that cannot finish inside an enclosing deadline.
     respect_deadline: bool = attrs.field(default=False, validator=_check_respect_deadline)
-    _direct: _RetryRun = attrs.field(init=False, repr=False, eq=False)
+    _direct: _RetryRun[ToolCall, ToolResult, ToolResult] = attrs.field(
+        init=False, repr=False, eq=False
+    )
     _tools: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
 
@@ -316,7 +323,7 @@ class Retry:
         object.__setattr__(self, "_exclude", compile_patterns(self.exclude))
         object.__setattr__(self, "_direct", _RetryRun(self))
 
-    def may_retry(self, call: ToolCall, stage: StageAdapter[Any, Any, Any] = DISPATCH) -> bool:
+    def may_retry(self, call: CallContext, stage: StageAdapter[Any, Any, Any] = DISPATCH) -> bool:
         """Whether ``call`` may run again at all (its idempotency, ``tools``, ``exclude``)."""
         if not stage.may_repeat(call):
             return False
@@ -382,7 +389,7 @@ async def _before_attempt() -> None:
     await anyio.lowlevel.checkpoint_if_cancelled()
 
 
-class _RetryRun:
+class _RetryRun(Generic[ItemT, ValueT, OutcomeT]):
     """The mechanism: one application of a ``Retry`` policy, with its own random draws."""
 
     __slots__ = ("policy", "random", "signals", "stage")
@@ -390,14 +397,14 @@ class _RetryRun:
     def __init__(self, policy: Retry, signals: Signals | None = None) -> None:
         self.policy = policy
         self.random = random_for(policy.seed)
-        self.stage: StageAdapter[Any, Any, Any] = adapter_for(policy.stage)
+        self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(policy.stage)
         self.signals = signals
 
     def delay_s(self, attempt: int) -> float:
         ceiling = self.policy.ceiling_s(attempt)
         return float(self.random.uniform(0, ceiling)) if self.policy.jitter else ceiling
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         policy, stage = self.policy, self.stage
         budget = policy.budget
         if budget is not None:
@@ -426,7 +433,7 @@ class _RetryRun:
                 return self._done(item, attempt, stage.deliver(outcome))
             attempt += 1
 
-    def _done(self, item: Any, attempts: int, delivered: Any) -> Any:
+    def _done(self, item: ItemT, attempts: int, delivered: ValueT) -> ValueT:
         """``guardstack.retry.attempts``: one point per operation that was retried (one
         that worked first time costs nothing here: ``Metrics`` counts the calls), then its
         answer."""

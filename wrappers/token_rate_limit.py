@@ -33,18 +33,22 @@ Per model (one shared minute with ``key=``). A store that fails lets calls throu
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 import anyio
 import attrs
 
 from guardstack.pipeline.contract import (
+    ItemT,
     Ledger,
     ModelReply,
-    Outcome,
+    ModelRequest,
+    Next,
+    OutcomeT,
     Scope,
     StageAdapter,
     StateStore,
+    ValueT,
     Window,
     adapter_for,
     answering_model,
@@ -137,11 +141,11 @@ class TokenRateLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register a fresh minute (empty) on the stage it names."""
-        limiter = _Minutes(self, scope)
+        limiter: _Minutes[Any, Any, Any] = _Minutes(self, scope)
         register(scope, self.stage, limiter, PLUGIN)
 
 
-class _Minutes:
+class _Minutes(Generic[ItemT, ValueT, OutcomeT]):
     """One application: the layer, its windows per key, and its lines of waiters."""
 
     __slots__ = (
@@ -161,7 +165,7 @@ class _Minutes:
 
     def __init__(self, config: TokenRateLimit, scope: Scope) -> None:
         self.config = config
-        self.stage: StageAdapter[Any, Any, Any] = adapter_for(config.stage)
+        self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(config.stage)
         store = scope.store_for(config.store)
         self.ledger: Ledger = scope.ledger_for(config.store)
         self.keys = StateKeys(scope.namespace, config.key, self.stage, "minute")
@@ -219,14 +223,13 @@ class _Minutes:
             )
         return found
 
-    def estimate(self, item: Any) -> dict[str, float]:
-        messages = getattr(item, "messages", None)
-        if messages is None:  # a tool call: counted as a request only
+    def estimate(self, item: ItemT) -> dict[str, float]:
+        if not isinstance(item, ModelRequest):  # a tool call: counted as a request only
             return {"tokens": 0.0, "calls": 1.0}
         output = stated_output_limit(answering_model(item)) or self.config.estimate_output_tokens
-        return {"tokens": float(input_estimate(messages) + output), "calls": 1.0}
+        return {"tokens": float(input_estimate(item.messages) + output), "calls": 1.0}
 
-    async def __call__(self, item: Any, call_next: Any) -> Any:
+    async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         stage = self.stage
         key = self.keys(item)
         windows = self.windows(key, self.stage.key(item))
@@ -247,12 +250,12 @@ class _Minutes:
 
     async def _shadowed(
         self,
-        item: Any,
-        call_next: Any,
+        item: ItemT,
+        call_next: Next[ItemT, ValueT],
         op_id: str,
         amounts: dict[str, float],
         windows: list[Window],
-    ) -> Any:
+    ) -> ValueT:
         """In shadow mode: reserved as usual when there is room (so the minute counts what
         it would count); when there is none, recorded, and the call runs uncounted."""
         try:
@@ -268,7 +271,7 @@ class _Minutes:
             return await call_next(item)
         return self.stage.deliver(await self._attempt(item, call_next, op_id))
 
-    async def _attempt(self, item: Any, call_next: Any, op_id: str) -> Outcome[Any]:
+    async def _attempt(self, item: ItemT, call_next: Next[ItemT, ValueT], op_id: str) -> OutcomeT:
         # cancelled: it may have reached the provider, and stays charged its estimate
         outcome = await self.stage.attempt(call_next, item)
         try:
@@ -281,7 +284,7 @@ class _Minutes:
             self.failures.fails_open(error)
         return outcome
 
-    async def _settle(self, op_id: str, outcome: Outcome[Any]) -> None:
+    async def _settle(self, op_id: str, outcome: OutcomeT) -> None:
         stage = self.stage
         if stage.failed(outcome):
             error = outcome if isinstance(outcome, BaseException) else None
@@ -302,12 +305,12 @@ class _Minutes:
 
     async def _admit(
         self,
-        item: Any,
+        item: ItemT,
         key: str,
         op_id: str,
         amounts: dict[str, float],
         windows: list[Window],
-    ) -> Outcome[Any] | None:
+    ) -> OutcomeT | None:
         """Reserve now, or wait in line for room (or refuse): ``None`` once reserved."""
         line = self.lines.get(key)
         if line is None:
@@ -328,13 +331,13 @@ class _Minutes:
 
     async def _wait_in_line(
         self,
-        item: Any,
+        item: ItemT,
         key: str,
         line: WaitLine,
         op_id: str,
         amounts: dict[str, float],
         windows: list[Window],
-    ) -> Outcome[Any] | None:
+    ) -> OutcomeT | None:
         stage = self.stage
         waiter = line.join(stage.priority_of(item), stage.tenant_of(item))
         try:
@@ -369,7 +372,7 @@ class _Minutes:
             return f"one request is larger than the limit of {limit:g} {unit} per minute"
         return f"{reservation.used:g} of its {limit:g} {unit} per minute are in use"
 
-    def _refusal(self, item: Any, wait_s: float | None, why: str) -> Outcome[Any]:
+    def _refusal(self, item: ItemT, wait_s: float | None, why: str) -> OutcomeT:
         stage = self.stage
         message = f"{stage.label(item)} is rate limited: {why}"
         if wait_s is not None:

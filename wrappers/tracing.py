@@ -58,6 +58,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvid
 from opentelemetry.util.types import AttributeValue
 
 from guardstack.pipeline.contract import (
+    CallContext,
     Execute,
     Layer,
     LayerInfo,
@@ -467,7 +468,7 @@ class Tracing:
         raising = adapter_for(info.stage).fails_by_raising
         on_error = _end_with_model_error if raising else _end_with_exception
 
-        async def traced_layer(call: Any, call_next: Any) -> Any:
+        async def traced_layer(call: CallContext, call_next: Any) -> Any:
             span = start_span(
                 tracer,
                 info.name,

@@ -15,9 +15,11 @@ from guardstack.pipeline.contract import (
     DispatchNext,
     ModelNext,
     ModelStage,
+    Next,
     Outcome,
     ToolStage,
 )
+from guardstack.wrappers import Hedge
 
 
 def _never_called(harness: Harness, request: ModelRequest, call: ToolCall) -> None:
@@ -34,7 +36,22 @@ def _never_called(harness: Harness, request: ModelRequest, call: ToolCall) -> No
     assert_type(MODEL.failed(outcome), bool)
 
 
+async def _layer_bodies(
+    harness: Harness, request: ModelRequest, call: ToolCall, hedge: Hedge
+) -> None:
+    """A layer that serves both stages is generic in them: what it answers is what the
+    chain it was handed answers, and a chain takes only its own stage's calls."""
+    tools: Next[ToolCall, ToolResult] = harness.tools.dispatch.entry
+    models: Next[ModelRequest, ModelReply] = harness.loop.model_call.entry
+    assert_type(await hedge(call, tools), ToolResult)
+    assert_type(await hedge(request, models), ModelReply)
+    await hedge(request, tools)  # type: ignore[arg-type]
+    wrong: Next[ToolCall, ToolResult] = harness.loop.model_call.entry  # type: ignore[assignment]
+    del wrong
+
+
 def test_the_stage_adapters_are_the_stages_types() -> None:
     assert isinstance(DISPATCH, ToolStage)
     assert isinstance(MODEL, ModelStage)
     assert callable(_never_called)
+    assert callable(_layer_bodies)
