@@ -49,24 +49,20 @@ class TurnDeadline:
     shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
 
     def apply(self, scope: Scope) -> None:
-        budget_s = self.ms / 1000
         if self.shadow:
             scope.adopt(scope.loop.instrument_turn(self._watching(Shadow(PLUGIN, scope.signals))))
             return
 
         def hook(run: TurnRun) -> TurnRun:
             async def within(agent: Agent, text: str) -> Any:
-                deadline = anyio.current_time() + budget_s
-                outer, outer_ms = agent.turn_deadline, agent.turn_deadline_ms
-                if outer is not None and outer <= deadline:
-                    deadline = outer  # an enclosing (parent's) deadline is sooner: it wins
-                else:
-                    agent.turn_deadline, agent.turn_deadline_ms = deadline, self.ms
+                restore = agent.limit_turn(self.ms)  # an enclosing, sooner one wins
+                deadline = agent.turn_deadline
+                assert deadline is not None  # just set, or inherited
                 try:
                     with anyio.CancelScope(deadline=deadline):
                         return await run(agent, text)
                 finally:
-                    agent.turn_deadline, agent.turn_deadline_ms = outer, outer_ms
+                    restore()
                 return agent.last_turn_result()  # the deadline cut it: its log says so
 
             return within

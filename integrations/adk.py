@@ -204,13 +204,12 @@ class GuardstackPlugin(_adk()):  # type: ignore[misc]
         await self.harness.loop.prompt_submit(agent, text)
         agent.start_turn()
         if self.deadline_ms is not None:
-            agent.turn_deadline = anyio.current_time() + self.deadline_ms / 1000
-            agent.turn_deadline_ms = self.deadline_ms
+            agent.limit_turn(self.deadline_ms)
         return None
 
     async def after_run_callback(self, *, invocation_context: Any) -> None:
         agent = self._agent(str(invocation_context.session.id))
-        agent.turn_deadline = agent.turn_deadline_ms = None
+        agent.limit_turn(None)
         await self.harness.loop.turn_ended(agent)
 
     def _scope(self, agent: Agent) -> anyio.CancelScope:

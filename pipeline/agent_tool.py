@@ -223,12 +223,7 @@ def _adopt(parent: Agent, child: Agent, call_id: str) -> None:
     through its parent once, not once per adoption."""
     own = child.model.inner if isinstance(child.model, _ThroughParent) else child.model
     child.model = _ThroughParent(parent, own)
-    child.parent, child.depth = parent, parent.depth + 1
-    child.turn_deadline, child.turn_deadline_ms = parent.turn_deadline, parent.turn_deadline_ms
-    child.tree_caps = (
-        *((parent, cap) for cap in parent.loop.tree.tool_caps),
-        *parent.tree_caps,
-    )
+    child.join_tree(parent)
     if parent.session.children.get(child.session_id) is not child.session:
         parent.session.add_child(child.session)
     parent.child_started(call_id, child.session_id)

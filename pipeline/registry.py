@@ -41,7 +41,7 @@ from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
 from guardstack.pipeline.tool_runner import ToolRunner, checked_result
-from guardstack.pipeline.tree import TREE_CAPS, RunKey
+from guardstack.pipeline.tree import TREE_CAPS, RunKey, ancestor_caps
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     TOOL_DENIED,
@@ -339,7 +339,10 @@ class ToolRegistry:
                 if reason is not None:  # paused by an operator: denied, the reason said
                     return self._decided(call, Deny(f'tool "{call.name}" is paused: {reason}'))
         agent = call.agent
-        caps = getattr(agent, "tree_caps", ()) if agent is not None else TREE_CAPS.get()
+        if agent is None:
+            caps = TREE_CAPS.get()
+        else:
+            caps = () if agent.parent is None else ancestor_caps(agent)
         if caps:
             return await self._pre_execute(call, _under_ancestors(call, caps, self))
         if chain is True:

@@ -33,7 +33,15 @@ from guardstack.pipeline.onion import Registration
 if TYPE_CHECKING:
     from guardstack.pipeline.loop import Agent
 
-__all__ = ["BUDGET_KEYS", "TREE_CAPS", "ChildPolicy", "Remaining", "RunKey", "TreeLedger"]
+__all__ = [
+    "BUDGET_KEYS",
+    "TREE_CAPS",
+    "ChildPolicy",
+    "Remaining",
+    "RunKey",
+    "TreeLedger",
+    "ancestor_caps",
+]
 
 #: What ``remaining`` reports, in the order a notice lists it.
 BUDGET_KEYS = ("steps", "tool_calls", "model_calls", "tokens", "usd", "time")
@@ -101,6 +109,15 @@ def _added(items: list[Any], item: Any) -> Registration:
             items.remove(item)
 
     return Registration(remove)
+
+
+def ancestor_caps(agent: Agent) -> tuple[tuple[Agent, Callable[..., Awaitable[Any]]], ...]:
+    """Every ancestor's tool-call caps (its loop's ``tool_caps`` as they are now), each
+    with the ancestor it counts for, nearest first: what the registry runs outside
+    ``agent``'s own pre-execute."""
+    return tuple(
+        (ancestor, cap) for ancestor in agent.ancestors for cap in ancestor.loop.tree.tool_caps
+    )
 
 
 def merge_remaining(into: dict[str, float], found: Mapping[str, float]) -> None:

@@ -142,6 +142,36 @@ async def test_a_childs_tool_calls_count_against_the_parents_tool_call_limit() -
     assert "tool call limit reached: this turn already made 4 tool calls" in denied[0].content
 
 
+async def test_a_child_counts_in_its_ancestors_caps_as_they_are_when_it_calls() -> None:
+    """The ancestors' caps are read at each call, not copied at adoption: a reload of the
+    parent's stack while its child runs binds the child's next calls."""
+    parent = Harness(Plan([calls("research")]))
+
+    @tool
+    async def tighten() -> str:
+        """Reload the parent's stack with a cap of 2 calls a turn."""
+        parent.reload([{"name": "tool-call-limit", "config": {"per_turn": 2}}])
+        return "tightened"
+
+    def build() -> Harness:
+        searches = [[ToolCallRequest("search", {"q": str(n)})] for n in range(3)]
+        child: Harness = worker([[ToolCallRequest("tighten", {})], *searches])()
+        child.tools.register(tighten)
+        return child
+
+    parent.tools.register(AgentTool("research", build, description="Research."))
+    parent.reload([{"name": "tool-call-limit", "config": {"per_turn": 10}}])
+    agent = parent.loop.create("p")
+    result = await agent.prompt("go")
+    assert result.reason == "completed"
+    [child] = agent.session.children.values()
+    codes = [e.result.code for e in tool_results(child)]
+    # tighten runs under the cap of 10; the new cap of 2 binds the searches after it (a
+    # copy taken at adoption would have kept 10 and let all three run)
+    assert codes == [None, None, TOOL_DENIED, TOOL_DENIED]
+    assert ran == ["search"]
+
+
 async def test_a_call_the_childs_own_layers_deny_is_given_back_to_the_parent() -> None:
     steps = [
         [ToolCallRequest("search", {"q": "a"})],
