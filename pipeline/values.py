@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 import attrs
 
 from guardstack.pipeline.errors import ConfigError
-from guardstack.pipeline.frozen import passes, quick_init
+from guardstack.pipeline.frozen import open_twin, passes, quick_init
 from guardstack.pipeline.validate import invalid
 
 if TYPE_CHECKING:
@@ -495,20 +495,20 @@ class ToolCall:
             listener()
 
     def resolved(self, tool: ToolDefinition | None) -> ToolCall:
-        """The same call with ``tool`` set (cheaper than ``attrs.evolve`` on the hot path)."""
-        return ToolCall(
-            self.name,
-            self.arguments,
-            self.call_id,
-            self.agent,
-            tool,
-            self.attempt,
-            self.conversation,
-            self.hedge,
-            self.priority,
-            self.tenant,
-            self.on_progress,
-        )
+        """The same call with ``tool`` set: every field copied as it is (nothing to
+        convert again), without an ``__init__`` call — once per call on the hot path."""
+        call: Any = _new(_OPEN_TOOL_CALL)  # frozen to the type checker; open until sealed
+        call.name, call.arguments, call.call_id = self.name, self.arguments, self.call_id
+        call.agent, call.tool, call.attempt = self.agent, tool, self.attempt
+        call.conversation, call.hedge, call.priority = self.conversation, self.hedge, self.priority
+        call.tenant, call.on_progress = self.tenant, self.on_progress
+        call.__class__ = ToolCall
+        sealed: ToolCall = call
+        return sealed
+
+
+_OPEN_TOOL_CALL: Final[type[Any]] = open_twin(ToolCall)
+_new: Final = object.__new__
 
 
 def _contexts(contexts: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guardstack.pipeline import ToolCall, ToolOutcome, ToolResult
+from guardstack.pipeline import ToolCall, ToolDefinition, ToolOutcome, ToolResult
 from guardstack.pipeline.frozen import quick_init
 from guardstack.pipeline.model import ModelReply, ToolCallRequest, Usage
 from guardstack.pipeline.session import AssistantMessage, ToolResultEvent
@@ -76,6 +76,61 @@ def test_the_same_value_or_the_same_error_as_attrs_own_init(
     else:
         assert attrs.asdict(quick) == attrs.asdict(plain)
         assert repr(quick) == repr(plain)
+        assert type(quick) is QUICK  # sealed: the open twin never leaves ``__init__``
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            setattr(quick, "first", None)  # noqa: B010
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            delattr(quick, "first")
+
+
+class _Sub(QUICK):  # type: ignore[misc, valid-type]
+    """A subclass of a ``quick_init`` class (attrs' own, not re-decorated)."""
+
+    __slots__ = ()
+
+
+@given(given=arguments, positional=st.booleans())
+def test_a_subclass_instance_keeps_its_class_and_the_same_fields(
+    given: dict[str, Any], positional: bool
+) -> None:
+    plain, sub = _build(PLAIN, given, positional), _build(_Sub, given, positional)
+    if isinstance(plain, tuple):
+        assert isinstance(sub, tuple)
+        assert sub[0] is plain[0]
+    else:
+        assert type(sub) is _Sub
+        assert attrs.asdict(sub) == attrs.asdict(plain)
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            sub.first = None
+
+
+calls = st.builds(
+    ToolCall,
+    st.text(max_size=5),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2) | st.text(max_size=5),
+    st.text(max_size=5),
+    attempt=st.integers(1, 5),
+    conversation=st.none() | st.text(max_size=3),
+    hedge=st.integers(0, 3),
+    priority=st.none() | st.integers(-3, 3),
+    tenant=st.none() | st.text(max_size=3),
+    on_progress=st.none() | st.just(print),
+)
+
+
+@given(call=calls)
+def test_resolved_is_the_same_call_with_its_tool_and_nothing_else_changed(call: ToolCall) -> None:
+    """``resolved`` copies field by field without ``__init__``: a field added to
+    ``ToolCall`` and forgotten there fails here."""
+    definition = ToolDefinition("t", lambda arguments, call: "ok")
+    resolved = call.resolved(definition)
+    assert type(resolved) is ToolCall
+    assert resolved.tool is definition
+    for field in attrs.fields(ToolCall):
+        if field.name != "tool":
+            assert getattr(resolved, field.name) is getattr(call, field.name), field.name
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        resolved.tool = None  # type: ignore[misc]
 
 
 def test_the_signature_is_attrs_own() -> None:
