@@ -175,8 +175,16 @@ class Control:
         return bool(getattr(self._store_of(), "suspends", False))
 
     def stale(self) -> bool:
-        """Whether the snapshot should be read again before a call (a shared store's)."""
-        return self._next_read <= now() and self.shared
+        """Whether the snapshot should be read again before a call (a shared store's).
+        Asked before every call: with nothing shared to read, it asks the store again
+        only after ``refresh_s``, as it would read a shared one."""
+        at = now()
+        if self._next_read > at:
+            return False
+        if self.shared:
+            return True
+        self._next_read = at + self.refresh_s
+        return False
 
     async def refresh(self) -> None:
         """Read the overrides again (a store that fails leaves the snapshot as it was)."""
