@@ -35,12 +35,12 @@ TARGETS: dict[str, list[str]] = {
         "tests/wrappers/test_circuit_breaker.py", "tests/wrappers/test_concurrency_limit.py",
         "tests/wrappers/test_fallback.py", "tests/wrappers/test_keyed.py",
         "tests/wrappers/test_hedge.py", "tests/wrappers/test_chaos.py",
-        "tests/pipeline/test_model_stage.py", "tests/pipeline/test_outcome.py",
+        "tests/pipeline/test_model.py", "tests/pipeline/test_outcome.py",
         "tests/wrappers/test_retry.py",
     ],
     "pipeline/ledger.py": [
         "tests/pipeline/test_ledger.py", "tests/guards/test_ledger_defects.py",
-        "tests/guards/test_usage_windows.py", "tests/wrappers/test_token_rate_limit.py",
+        "tests/guards/test_usage_limit.py", "tests/wrappers/test_token_rate_limit.py",
     ],
     "pipeline/store.py": [
         "tests/wrappers/test_circuit_breaker.py", "tests/wrappers/test_concurrency_limit.py",
@@ -57,7 +57,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/wrappers/test_circuit_breaker.py", "tests/wrappers/test_keyed.py",
         "tests/wrappers/test_corners.py", "tests/wrappers/test_fallback.py",
         "tests/pipeline/test_control.py",
-        "tests/wrappers/test_signals.py",
+        "tests/pipeline/test_signals.py",
     ],
     "wrappers/concurrency_limit.py": [
         "tests/wrappers/test_concurrency_limit.py", "tests/wrappers/test_corners.py",
@@ -65,7 +65,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/guards/test_ledger_defects.py",
     ],
     "wrappers/adaptive_concurrency_limit.py": [
-        "tests/wrappers/test_adaptive_concurrency.py", "tests/guards/test_ledger_defects.py",
+        "tests/wrappers/test_adaptive_concurrency_limit.py", "tests/guards/test_ledger_defects.py",
     ],
     "wrappers/rate_limit.py": [
         "tests/wrappers/test_rate_limit.py", "tests/wrappers/test_corners.py",
@@ -77,18 +77,20 @@ TARGETS: dict[str, list[str]] = {
         "tests/wrappers/test_corners.py",
     ],
     "guards/tool_call_limit.py": [
-        "tests/guards/test_caps.py", "tests/guards/test_conversations.py",
+        "tests/guards/test_tool_call_limit.py", "tests/guards/test_conversations.py",
         "tests/guards/test_approval.py", "tests/pipeline/test_control.py",
     ],
     "guards/model_call_limit.py": [
-        "tests/guards/test_model_caps.py", "tests/pipeline/test_control.py",
+        "tests/guards/test_model_call_limit.py", "tests/pipeline/test_control.py",
     ],
     "guards/usage_limit.py": [
-        "tests/guards/test_model_caps.py", "tests/guards/test_usage_windows.py",
+        "tests/guards/test_model_call_limit.py", "tests/guards/test_usage_limit.py",
         "tests/guards/test_ledger_defects.py",
     ],
-    "guards/agent_limit.py": ["tests/pipeline/test_agent_tree.py"],
-    "guards/_accounts.py": ["tests/guards/test_model_caps.py", "tests/guards/test_caps.py"],
+    "guards/agent_limit.py": ["tests/pipeline/test_tree.py", "tests/guards/test_agent_limit.py"],
+    "guards/_accounts.py": [
+        "tests/guards/test_model_call_limit.py", "tests/guards/test_tool_call_limit.py",
+    ],
 }  # fmt: skip
 TIMEOUT_S = 120.0
 

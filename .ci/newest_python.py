@@ -28,10 +28,14 @@ EXTRAS = {
         "test_openai.py",
         "test_openai_hostile.py",
         "test_docs_models.py",
-        "test_model_proxy.py",
+        "model_proxy/test_app.py",
     ],
-    "proxy": ["test_model_proxy.py"],
-    "anthropic": ["test_anthropic.py", "test_docs_models.py", "test_model_proxy.py"],
+    "proxy": [
+        "model_proxy/test_app.py",
+        "model_proxy/test_gateway.py",
+        "model_proxy/test_wires.py",
+    ],
+    "anthropic": ["test_anthropic.py", "test_docs_models.py", "model_proxy/test_app.py"],
     "litellm": ["test_litellm.py", "test_docs_models.py"],
     "mcp": [
         "test_mcp.py",
@@ -39,7 +43,7 @@ EXTRAS = {
         "test_mcp_proxy.py",
         "test_docs_mcp.py",
         "test_mcp_tracing.py",
-        "test_mcp_gateway.py",
+        "mcp_gateway/test_server.py",
     ],
     "otlp": ["test_phoenix.py"],
     "prometheus": ["test_prometheus.py"],
@@ -49,9 +53,9 @@ EXTRAS = {
     "pydantic-ai": [
         "../frameworks/test_pydantic_ai.py",
         "../pipeline/test_functions.py",
-        "test_model_proxy.py",
+        "model_proxy/test_app.py",
     ],
-    "temporal": ["test_temporal.py", "test_temporal_corners.py", "test_docs_temporal.py"],
+    "temporal": ["temporal/test_agent.py", "temporal/test_corners.py", "temporal/test_guide.py"],
     "claude-agent": ["../frameworks/test_claude_agent.py"],
     "adk": ["../frameworks/test_adk.py"],
 }

@@ -12,7 +12,9 @@ from guardstack.pipeline import (
     ToolCallRequest,
     ToolRegistry,
     ToolResult,
+    ToolResultEvent,
 )
+from guardstack.pipeline.session import Session
 from guardstack.pipeline.testing import ScriptedTool
 
 
@@ -48,3 +50,7 @@ def harness_with(*tools: ScriptedTool) -> Harness:
 async def run(built: Harness, name: str, **arguments: Any) -> ToolResult:
     """The result of one call of ``name`` through ``built``'s tool stages."""
     return (await built.tools.execute(call(name, arguments))).result
+
+
+def results_by_id(session: Session) -> dict[str, ToolResult]:
+    return {e.call_id: e.result for e in session.events if isinstance(e, ToolResultEvent)}

@@ -20,7 +20,7 @@ ELSEWHERE = {
     "docs/models.md": "tests/integrations/test_docs_models.py",
     "docs/mcp.md": "tests/integrations/test_docs_mcp.py",
     "docs/mcp-gateway.md": "tests/integrations/test_docs_mcp.py",
-    "docs/temporal.md": "tests/integrations/test_docs_temporal.py",
+    "docs/temporal.md": "tests/integrations/temporal/test_guide.py",
     "docs/shared-limits.md": "tests/integrations/test_redis.py",
 }
 

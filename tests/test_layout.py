@@ -24,3 +24,123 @@ def test_every_source_package_has_a_test_package() -> None:
     """Tests mirror the packages: ``tests/<package>/`` for each."""
     for package in PACKAGES:
         assert (ROOT / "tests" / package / "__init__.py").exists(), package
+
+
+#: Modules whose behaviour is tested where it can be observed, not in a file of their
+#: own: each with the test files that exercise it. A module in neither place fails
+#: ``test_every_module_has_its_tests``; an entry whose module gains its own mirrored file,
+#: or whose files are gone, fails ``test_the_map_of_tests_is_current``.
+MIRRORED_BY: dict[str, tuple[str, ...]] = {
+    # The command line's servers and demo: run as a user runs them, against real peers.
+    "cli/demo.py": ("tests/cli/test_main.py",),
+    "cli/mcp_gateway.py": ("tests/integrations/mcp_gateway/test_server.py",),
+    "cli/mcp_proxy.py": ("tests/integrations/test_mcp_proxy.py",),
+    "cli/model_proxy.py": ("tests/integrations/model_proxy/test_app.py",),
+    "cli/watch.py": ("tests/pipeline/test_reload.py",),
+    # The caps' shared accounting: through the caps that use it.
+    "guards/_accounts.py": (
+        "tests/guards/test_tool_call_limit.py",
+        "tests/guards/test_model_call_limit.py",
+    ),
+    # LoopDetector's parts: only the detector's verdicts mean anything to a user.
+    "guards/loop_detector/entry.py": ("tests/guards/loop_detector/test_detector.py",),
+    "guards/loop_detector/patterns.py": (
+        "tests/guards/loop_detector/test_detector.py",
+        "tests/guards/loop_detector/test_generalises.py",
+    ),
+    "guards/loop_detector/watcher.py": ("tests/guards/loop_detector/test_real_traffic.py",),
+    # Integration internals: through the integration, against the real peer.
+    "integrations/_admin.py": ("tests/integrations/model_proxy/test_gateway.py",),
+    "integrations/_framework.py": ("tests/frameworks/test_langchain.py",),
+    "integrations/_gate.py": (
+        "tests/integrations/model_proxy/test_gateway.py",
+        "tests/integrations/test_mcp_proxy.py",
+    ),
+    "integrations/_provider.py": (
+        "tests/integrations/test_openai_hostile.py",
+        "tests/integrations/test_anthropic.py",
+    ),
+    # The frameworks run on asyncio in virtual time (tests/frameworks/conftest.py), the
+    # integrations against real peers in real time: two directories.
+    "integrations/adk.py": ("tests/frameworks/test_adk.py",),
+    "integrations/claude_agent.py": ("tests/frameworks/test_claude_agent.py",),
+    "integrations/langchain.py": ("tests/frameworks/test_langchain.py",),
+    "integrations/openai_agents.py": ("tests/frameworks/test_openai_agents.py",),
+    "integrations/pydantic_ai.py": ("tests/frameworks/test_pydantic_ai.py",),
+    # A test directory named ``mcp`` or ``redis`` would shadow the SDK for the helper
+    # servers the tests run as scripts from tests/integrations: these stay flat.
+    "integrations/mcp/gate.py": ("tests/integrations/test_mcp_proxy.py",),
+    "integrations/mcp/relay.py": (
+        "tests/integrations/test_mcp_proxy.py",
+        "tests/integrations/test_mcp_hostile.py",
+    ),
+    "integrations/mcp/serve.py": ("tests/integrations/test_mcp_proxy.py",),
+    "integrations/mcp/tools.py": (
+        "tests/integrations/test_mcp.py",
+        "tests/integrations/test_mcp_tracing.py",
+    ),
+    "integrations/redis/scripts.py": ("tests/integrations/test_redis_ledger.py",),
+    "integrations/redis/store.py": ("tests/integrations/test_redis.py",),
+    "integrations/mcp_gateway/config.py": ("tests/integrations/mcp_gateway/test_server.py",),
+    "integrations/mcp_gateway/downstream.py": ("tests/integrations/mcp_gateway/test_server.py",),
+    "integrations/model_proxy/conversations.py": ("tests/integrations/model_proxy/test_app.py",),
+    "integrations/model_proxy/responses.py": ("tests/integrations/model_proxy/test_wires.py",),
+    "integrations/model_proxy/upstream.py": ("tests/integrations/model_proxy/test_wires.py",),
+    "integrations/otel.py": ("tests/test_otlp_export.py", "tests/integrations/test_phoenix.py"),
+    "integrations/temporal/activities.py": ("tests/integrations/temporal/test_corners.py",),
+    "integrations/temporal/client.py": ("tests/integrations/temporal/test_guide.py",),
+    "integrations/temporal/turn_workflow.py": ("tests/integrations/temporal/test_agent.py",),
+    # The core's shared vocabulary: every test reads it; these prove its promises.
+    "pipeline/approval.py": ("tests/guards/test_approval.py",),
+    "pipeline/call_context.py": ("tests/pipeline/test_typing.py",),
+    "pipeline/contract.py": ("tests/pipeline/test_typing.py", "tests/test_public_api.py"),
+    "pipeline/deadline.py": ("tests/wrappers/test_timeout.py",),
+    "pipeline/errors.py": ("tests/pipeline/test_hardening.py",),
+    "pipeline/plugin_config.py": ("tests/pipeline/test_harness.py", "tests/cli/test_check.py"),
+    "pipeline/testing.py": ("tests/pipeline/test_registry.py", "tests/pipeline/test_model.py"),
+    # The loop's and the log's parts: observable only as a turn and its log.
+    "pipeline/loop/paused.py": ("tests/guards/test_approval.py",),
+    "pipeline/loop/reply.py": ("tests/pipeline/test_hardening.py",),
+    "pipeline/loop/step_order.py": ("tests/pipeline/loop/test_agent_loop.py",),
+    "pipeline/loop/turn_result.py": ("tests/pipeline/loop/test_agent_loop.py",),
+    "pipeline/session/events.py": ("tests/pipeline/session/test_log.py",),
+    "pipeline/session/messages.py": ("tests/pipeline/session/test_log.py",),
+    # The telemetry helpers: through the layers that export with them.
+    "wrappers/_genai.py": ("tests/wrappers/test_tracing.py",),
+    "wrappers/_otel.py": ("tests/wrappers/test_telemetry_trust.py",),
+}
+
+
+def _mirror(module: Path) -> Path:
+    """``tests/<package>/…/test_<module>.py`` (a private module's leading ``_`` dropped)."""
+    relative = module.relative_to(ROOT)
+    return ROOT / "tests" / relative.parent / f"test_{relative.stem.lstrip('_')}.py"
+
+
+def _modules() -> list[Path]:
+    return sorted(
+        path
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        if path.name != "__init__.py" and "__pycache__" not in path.parts
+    )
+
+
+def test_every_module_has_its_tests() -> None:
+    """Tests mirror modules: ``tests/<package>/test_<module>.py`` for each, or the test
+    files that exercise it named in ``MIRRORED_BY``."""
+    untested = [
+        str(module.relative_to(ROOT))
+        for module in _modules()
+        if not _mirror(module).exists() and str(module.relative_to(ROOT)) not in MIRRORED_BY
+    ]
+    assert untested == []
+
+
+def test_the_map_of_tests_is_current() -> None:
+    modules = {str(module.relative_to(ROOT)): module for module in _modules()}
+    for name, tests in MIRRORED_BY.items():
+        assert name in modules, f"{name} is gone: drop it from MIRRORED_BY"
+        assert not _mirror(modules[name]).exists(), f"{name} has its own test file now"
+        for test in tests:
+            assert (ROOT / test).is_file(), f"{name}: {test} is gone"

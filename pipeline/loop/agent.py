@@ -4,7 +4,7 @@ approval and the resume."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -37,6 +37,7 @@ from guardstack.pipeline.loop.paused import (
     reject_waiting,
     route,
 )
+from guardstack.pipeline.loop.place import Place
 from guardstack.pipeline.loop.reply import checked_reply, with_unique_ids
 from guardstack.pipeline.loop.step_order import StepCalls, run_overlapping
 from guardstack.pipeline.loop.turn_result import TurnResult, last_turn_of
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("guardstack")
 
 
-class Agent:
+class Agent(Place):
     """One conversation: a session log, a model, and turns run one at a time.
 
     Agents compare and hash by identity; guards keep per-agent state in weak maps
@@ -92,9 +93,7 @@ class Agent:
         self.session = session
         self.model = model
         self._scope: anyio.CancelScope | None = None
-        #: When the running turn must end (anyio time) and the budget behind it (ms):
-        #: ``limit_turn`` sets it, ``turn_deadline`` reads it.
-        self._deadline: tuple[float, int] | None = None
+        Place.__init__(self)
         events = session.events
         # A new session holds its system prompt at most: nothing to repair or count.
         new = not events or (len(events) == 1 and isinstance(events[0], SystemMessage))
@@ -115,9 +114,6 @@ class Agent:
         #: Its calls' place in the admission layers' queues (higher first), unless a
         #: call names its own: a person's interactive agent above a batch.
         self.priority = 0
-        #: Its place in a tree of agents: ``join_tree`` sets it, ``parent``/``depth`` read it.
-        self._parent: Agent | None = None
-        self._depth = 1
         #: Tool call id -> the id of the child session that call started.
         self._child_of_call: dict[str, str] = {}
 
@@ -143,61 +139,6 @@ class Agent:
     def turn(self) -> int:
         """The current (or last) turn's number, from 1 (0 before the first)."""
         return self._turn
-
-    @property
-    def parent(self) -> Agent | None:
-        """The agent whose tool started this one (``AgentTool``), or ``None`` for a root."""
-        return self._parent
-
-    @property
-    def depth(self) -> int:
-        """Its depth in the tree of agents (the root is 1)."""
-        return self._depth
-
-    def join_tree(self, parent: Agent) -> None:
-        """Become a child of ``parent`` (``AgentTool`` adopts it): one level below it and
-        inside its turn's deadline. The ancestors' caps then count its calls as theirs."""
-        self._parent, self._depth = parent, parent._depth + 1
-        self._deadline = parent._deadline
-
-    @property
-    def turn_deadline(self) -> float | None:
-        """When the running turn must end (anyio time), or ``None``: a turn cancelled at or
-        past it ends with reason ``deadline`` instead of ``aborted``."""
-        deadline = self._deadline
-        return None if deadline is None else deadline[0]
-
-    @property
-    def turn_deadline_ms(self) -> int | None:
-        """The budget behind ``turn_deadline``, in milliseconds (for the log's text)."""
-        deadline = self._deadline
-        return None if deadline is None else deadline[1]
-
-    def limit_turn(self, ms: int | None) -> Callable[[], None]:
-        """Bound the running turn to ``ms`` from now, unless a deadline bounds it sooner
-        already (a parent's, which a child inherits): that one holds. ``None`` lifts the
-        bound. Returns what puts the bound before back (for a ``finally``)."""
-        outer = self._deadline
-        if ms is None:
-            self._deadline = None
-        else:
-            at = anyio.current_time() + ms / 1000
-            if outer is None or at < outer[0]:
-                self._deadline = (at, ms)
-
-        def restore() -> None:
-            self._deadline = outer
-
-        return restore
-
-    @property
-    def ancestors(self) -> list[Agent]:
-        """The parent, its parent, … up to the root (empty for a root agent)."""
-        chain, agent = [], self.parent
-        while agent is not None:
-            chain.append(agent)
-            agent = agent.parent
-        return chain
 
     async def remaining(self) -> dict[str, float]:
         """What is left of every cap that applies to this agent now, the stricter per key:

@@ -28,7 +28,7 @@ from guardstack.integrations.model_proxy.responses import RESPONSES
 from guardstack.integrations.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, parse
 from guardstack.pipeline import ConfigError, Harness, Session, SessionCorruptError
 from guardstack.pipeline.errors import SessionTailWarning
-from tests.integrations.test_model_proxy_streams import relay, split
+from tests.integrations.model_proxy.test_wires import relay, split
 
 CORPUS = Path(__file__).parent / "corpus"
 

@@ -486,7 +486,7 @@ async def test_two_temporal_workflows_on_different_workers_share_one_rate_limit(
 
     from guardstack.integrations.temporal import Conversation, TemporalAgent, worker
     from guardstack.pipeline import ModelReply, ToolCallRequest
-    from tests.integrations.test_temporal import BIN
+    from tests.integrations.temporal.test_agent import BIN
 
     class Model:
         async def complete(self, messages: list[dict[str, Any]], tools: Any) -> ModelReply:

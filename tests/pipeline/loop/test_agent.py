@@ -1,49 +1,25 @@
-"""``Agent`` holds what it owns: its place in a tree and its turn's deadline are read
-through properties and changed through its own methods — virtual time, both backends."""
+"""``Agent``: one conversation's turns — one at a time, cancelled without raising, its
+own model or the loop's, resumed from its log; and what it owns is not written from
+outside (virtual time, both backends)."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
-from guardstack.pipeline import Harness, ScriptedModel
-
-
-async def test_limit_turn_keeps_the_sooner_deadline_and_gives_back_the_one_before() -> None:
-    agent = Harness(ScriptedModel([])).loop.create("a")
-    assert (agent.turn_deadline, agent.turn_deadline_ms) == (None, None)
-    start = anyio.current_time()
-    outer = agent.limit_turn(1_000)
-    assert agent.turn_deadline == pytest.approx(start + 1.0)
-    assert agent.turn_deadline_ms == 1_000
-    later = agent.limit_turn(5_000)  # later than the bound that holds: that one stays
-    assert agent.turn_deadline_ms == 1_000
-    sooner = agent.limit_turn(200)  # sooner: it holds now
-    assert agent.turn_deadline == pytest.approx(start + 0.2)
-    assert agent.turn_deadline_ms == 200
-    sooner()
-    later()
-    assert agent.turn_deadline_ms == 1_000
-    await anyio.sleep(0.5)
-    assert agent.limit_turn(400) is not None
-    assert agent.turn_deadline == pytest.approx(start + 0.9)  # 400 ms from now is sooner
-    agent.limit_turn(None)
-    assert agent.turn_deadline is None
-    outer()
-    assert agent.turn_deadline is None  # the restore of the first bound: none before it
-
-
-async def test_join_tree_places_a_child_below_its_parent_inside_its_deadline() -> None:
-    harness = Harness(ScriptedModel([]))
-    root, child, grandchild = (harness.loop.create(name) for name in ("r", "c", "g"))
-    assert (root.parent, root.depth, root.ancestors) == (None, 1, [])
-    root.limit_turn(2_000)
-    child.join_tree(root)
-    grandchild.join_tree(child)
-    assert (child.parent, child.depth) == (root, 2)
-    assert (grandchild.parent, grandchild.depth, grandchild.ancestors) == (child, 3, [child, root])
-    assert grandchild.turn_deadline == root.turn_deadline
-    assert grandchild.turn_deadline_ms == 2_000
+from guardstack.pipeline import (
+    TOOL_ABORTED,
+    AgentLoop,
+    Harness,
+    ModelReply,
+    ScriptedModel,
+    ToolRegistry,
+    TurnEnd,
+    TurnInProgressError,
+)
+from guardstack.pipeline.session import Session
+from guardstack.pipeline.testing import Hang, ScriptedTool
+from tests.helpers import calls, registry_with, results_by_id
 
 
 def test_what_an_agent_owns_is_not_written_from_outside() -> None:
@@ -52,3 +28,61 @@ def test_what_an_agent_owns_is_not_written_from_outside() -> None:
         with pytest.raises(AttributeError):
             setattr(agent, name, value)
     assert not hasattr(agent, "tree_caps")  # the ancestors' caps are the tree's: tree.py
+
+
+async def test_agent_cancel_ends_the_turn_as_aborted_without_raising() -> None:
+    registry = registry_with(ScriptedTool("hang", [Hang()]))
+    agent = AgentLoop(registry, ScriptedModel([calls(("hang", {}))])).create("s")
+    results = []
+
+    async def run() -> None:
+        results.append(await agent.prompt("go"))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        await anyio.sleep(1)
+        agent.cancel()
+    assert [r.reason for r in results] == ["aborted"]
+    assert results_by_id(agent.session)["call_1_1_0"].code == TOOL_ABORTED
+    assert agent.session.messages()[-1]["role"] == "tool"
+
+
+async def test_a_second_prompt_while_a_turn_runs_is_refused() -> None:
+    agent = AgentLoop(
+        registry_with(ScriptedTool("hang", [Hang()])), ScriptedModel([calls(("hang", {}))])
+    ).create("s")
+    async with anyio.create_task_group() as group:
+        group.start_soon(agent.prompt, "first")
+        await anyio.sleep(1)
+        with pytest.raises(TurnInProgressError):
+            await agent.prompt("second")
+        agent.cancel()
+
+
+async def test_agents_share_the_registry_and_may_have_their_own_model() -> None:
+    tool = ScriptedTool("echo")
+    shared = ScriptedModel([ModelReply("from shared")])
+    own = ScriptedModel([calls(("echo", {})), ModelReply("from own")])
+    loop = AgentLoop(registry_with(tool), shared)
+    first, second = loop.create("one"), loop.create("two", model=own)
+    assert first != second
+    assert (await first.prompt("hi")).text == "from shared"
+    assert (await second.prompt("hi")).text == "from own"
+    assert [run.call.agent for run in tool.runs] == [second]
+
+
+async def test_a_resumed_session_continues_its_turns_with_the_whole_history() -> None:
+    first = ScriptedModel([ModelReply("one")])
+    agent = AgentLoop(ToolRegistry(), first).create("s")
+    await agent.prompt("first")
+    restored = Session.from_jsonl(agent.session.to_jsonl())
+    second = ScriptedModel([ModelReply("two")])
+    resumed = AgentLoop(ToolRegistry(), second).create("s", session=restored)
+    await resumed.prompt("second")
+    assert second.requests[0] == [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "one"},
+        {"role": "user", "content": "second"},
+    ]
+    ends = [e.turn for e in resumed.session.events if isinstance(e, TurnEnd)]
+    assert ends == [1, 2]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -15,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guardstack.guards import AgentLimit, BudgetNotice, ToolCallLimit, TurnDeadline, UsageLimit
+from guardstack.guards import AgentLimit, ToolCallLimit, TurnDeadline, UsageLimit
 from guardstack.pipeline import (
     AGENT_STOPPED,
     TOOL_DENIED,
@@ -23,95 +22,17 @@ from guardstack.pipeline import (
     AssistantMessage,
     GuardstackWarning,
     Harness,
-    ModelReply,
     Session,
     ToolCallEvent,
     ToolCallRequest,
     ToolResultEvent,
     TurnEnd,
     Usage,
-    UserMessage,
     tool,
 )
 from guardstack.wrappers import Tracing
+from tests.pipeline.trees import Plan, calls, ran, tool_results, worker
 from tests.wrappers.otel import SpanRig
-
-
-class Plan:
-    """A model that makes ``steps`` (each a list of tool calls, run as one step) and then
-    answers; each call waits ``think_s`` and costs ``usage``."""
-
-    model = "m"
-
-    def __init__(
-        self,
-        steps: Sequence[Sequence[ToolCallRequest]],
-        answer: str = "done",
-        *,
-        usage: Usage | None = None,
-        think_s: float = 0.0,
-    ) -> None:
-        self.steps, self.answer, self.usage, self.think_s = steps, answer, usage, think_s
-        self.requests: list[list[dict[str, Any]]] = []
-
-    async def complete(self, messages: list[dict[str, Any]], tools: Any) -> ModelReply:
-        self.requests.append(messages)
-        if self.think_s:
-            await anyio.sleep(self.think_s)
-        made = sum(1 for m in messages[_prompt_at(messages) :] if m["role"] == "assistant")
-        if made < len(self.steps):
-            return ModelReply(tool_calls=tuple(self.steps[made]), usage=self.usage, model="m")
-        return ModelReply(self.answer, usage=self.usage, model="m")
-
-
-def _prompt_at(messages: list[dict[str, Any]]) -> int:
-    """Where the current turn's prompt is (a user message not after a tool result and
-    not a budget notice): a plan counts its steps from there."""
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        after_tool = index > 0 and messages[index - 1]["role"] == "tool"
-        notice = str(message.get("content", "")).startswith("Budget left")
-        if message["role"] == "user" and not after_tool and not notice:
-            return index
-    return 0
-
-
-def calls(*names: str, **arguments: Any) -> list[ToolCallRequest]:
-    return [ToolCallRequest(name, dict(arguments) or {"task": "t"}) for name in names]
-
-
-ran: list[str] = []
-
-
-@tool
-async def search(q: str = "") -> str:
-    """Search."""
-    ran.append("search")
-    return "results"
-
-
-@tool
-async def fetch(q: str = "") -> str:
-    """Fetch."""
-    ran.append("fetch")
-    return "page"
-
-
-def worker(steps: Sequence[Sequence[ToolCallRequest]], *plugins: Any, **plan: Any) -> Any:
-    def build() -> Harness:
-        child = Harness(Plan(steps, "child answer", **plan))
-        child.tools.register(search)
-        child.tools.register(fetch)
-        for plugin in plugins:
-            child.plugin(plugin)
-        return child
-
-    return build
-
-
-def tool_results(agent_or_session: Any) -> list[ToolResultEvent]:
-    session = getattr(agent_or_session, "session", agent_or_session)
-    return [e for e in session.events if isinstance(e, ToolResultEvent)]
 
 
 @pytest.fixture(autouse=True)
@@ -363,55 +284,6 @@ async def test_a_recording_records_every_child_as_it_runs(tmp_path: Any) -> None
 
 
 # -- what the model is told ----------------------------------------------------------
-
-
-async def test_budget_notice_says_what_is_left_and_is_logged() -> None:
-    model = Plan([calls("search", q="a")])
-    harness = Harness(model, max_steps=10)
-    harness.tools.register(search)
-    harness.plugin(ToolCallLimit(per_turn=3))
-    harness.plugin(UsageLimit(usd_per_session=1.0, prices={"m": (0.0, 1.0)}))
-    harness.plugin(TurnDeadline(ms=90_400))
-    harness.plugin(BudgetNotice())
-    agent = harness.loop.create("s")
-    await agent.prompt("go")
-    first, second = (request[-1]["content"] for request in model.requests)
-    assert first == (
-        "Budget left: 9 more steps after this one, 3 tool calls, $1.00, 90 s. "
-        "Plan to finish within it."
-    )
-    assert second.startswith("Budget left: 8 more steps after this one, 2 tool calls,")
-    notices = [
-        e
-        for e in agent.session.events
-        if isinstance(e, UserMessage) and e.source.plugin == "budget-notice"
-    ]
-    assert len(notices) == 2
-    assert agent.session.rebuild_messages()[: len(model.requests[1])] == model.requests[1]
-
-
-async def test_a_childs_notice_counts_what_its_ancestors_have_left() -> None:
-    child_model = Plan([])
-
-    def child() -> Harness:
-        harness = Harness(child_model)
-        harness.plugin(ToolCallLimit(per_turn=10))
-        harness.plugin(BudgetNotice(show=("tool_calls",)))
-        return harness
-
-    parent = Harness(Plan([calls("research")]))
-    parent.tools.register(AgentTool("research", child, description="R."))
-    parent.plugin(ToolCallLimit(per_turn=3))
-    await parent.loop.create("p").prompt("go")
-    # the parent's 3, less its own research call, is stricter than the child's own 10
-    assert child_model.requests[0][-1]["content"].startswith("Budget left: 2 tool calls.")
-
-
-async def test_budget_notice_rejects_what_it_cannot_show() -> None:
-    from guardstack.pipeline import ConfigError
-
-    with pytest.raises(ConfigError, match="one of steps, tool_calls"):
-        BudgetNotice(show=("dollars",))
 
 
 # -- telemetry -----------------------------------------------------------------------

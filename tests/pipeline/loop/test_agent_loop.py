@@ -29,22 +29,17 @@ from guardstack.pipeline import (
     ToolResult,
     ToolResultEvent,
     TurnEnd,
-    TurnInProgressError,
     UserMessage,
 )
 from guardstack.pipeline.session import Session
 from guardstack.pipeline.testing import Hang, Reply, ScriptedTool
-from tests.helpers import calls, registry_with
+from tests.helpers import calls, registry_with, results_by_id
 
 NOTE = MessageSource("plugin", "note-taker")
 
 
 def types_of(session: Session) -> list[str]:
     return [event.type for event in session.events]
-
-
-def results_by_id(session: Session) -> dict[str, ToolResult]:
-    return {e.call_id: e.result for e in session.events if isinstance(e, ToolResultEvent)}
 
 
 def assert_every_call_answered_once(session: Session) -> None:
@@ -320,23 +315,6 @@ async def test_a_tool_that_ignores_cancellation_is_waited_for_and_logged_aborted
     assert_every_call_answered_once(agent.session)
 
 
-async def test_agent_cancel_ends_the_turn_as_aborted_without_raising() -> None:
-    registry = registry_with(ScriptedTool("hang", [Hang()]))
-    agent = AgentLoop(registry, ScriptedModel([calls(("hang", {}))])).create("s")
-    results = []
-
-    async def run() -> None:
-        results.append(await agent.prompt("go"))
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(run)
-        await anyio.sleep(1)
-        agent.cancel()
-    assert [r.reason for r in results] == ["aborted"]
-    assert results_by_id(agent.session)["call_1_1_0"].code == TOOL_ABORTED
-    assert agent.session.messages()[-1]["role"] == "tool"
-
-
 async def test_cancelling_while_the_model_thinks_leaves_no_dangling_call() -> None:
     async def think_forever(messages: Any) -> ModelReply:
         await anyio.sleep(math.inf)
@@ -354,30 +332,6 @@ async def test_cancelling_while_the_model_thinks_leaves_no_dangling_call() -> No
     ]
 
 
-async def test_a_second_prompt_while_a_turn_runs_is_refused() -> None:
-    agent = AgentLoop(
-        registry_with(ScriptedTool("hang", [Hang()])), ScriptedModel([calls(("hang", {}))])
-    ).create("s")
-    async with anyio.create_task_group() as group:
-        group.start_soon(agent.prompt, "first")
-        await anyio.sleep(1)
-        with pytest.raises(TurnInProgressError):
-            await agent.prompt("second")
-        agent.cancel()
-
-
-async def test_agents_share_the_registry_and_may_have_their_own_model() -> None:
-    tool = ScriptedTool("echo")
-    shared = ScriptedModel([ModelReply("from shared")])
-    own = ScriptedModel([calls(("echo", {})), ModelReply("from own")])
-    loop = AgentLoop(registry_with(tool), shared)
-    first, second = loop.create("one"), loop.create("two", model=own)
-    assert first != second
-    assert (await first.prompt("hi")).text == "from shared"
-    assert (await second.prompt("hi")).text == "from own"
-    assert [run.call.agent for run in tool.runs] == [second]
-
-
 def test_creating_an_agent_without_any_model_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="no model"):
         AgentLoop(ToolRegistry()).create("s")
@@ -388,23 +342,6 @@ def test_creating_an_agent_without_any_model_is_a_config_error() -> None:
 def test_loop_limits_must_be_positive_integers(key: str, bad: Any) -> None:
     with pytest.raises(ConfigError, match=key):
         AgentLoop(ToolRegistry(), **{key: bad})
-
-
-async def test_a_resumed_session_continues_its_turns_with_the_whole_history() -> None:
-    first = ScriptedModel([ModelReply("one")])
-    agent = AgentLoop(ToolRegistry(), first).create("s")
-    await agent.prompt("first")
-    restored = Session.from_jsonl(agent.session.to_jsonl())
-    second = ScriptedModel([ModelReply("two")])
-    resumed = AgentLoop(ToolRegistry(), second).create("s", session=restored)
-    await resumed.prompt("second")
-    assert second.requests[0] == [
-        {"role": "user", "content": "first"},
-        {"role": "assistant", "content": "one"},
-        {"role": "user", "content": "second"},
-    ]
-    ends = [e.turn for e in resumed.session.events if isinstance(e, TurnEnd)]
-    assert ends == [1, 2]
 
 
 async def test_unserialisable_arguments_from_a_model_keep_the_log_valid(tmp_path: Any) -> None:

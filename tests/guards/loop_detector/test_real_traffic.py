@@ -25,8 +25,8 @@ from guardstack.pipeline import (
     ToolError,
     ToolResult,
 )
-from tests.guards.test_loop_detector import calls as run
-from tests.guards.test_loop_detector import first_detection
+from tests.guards.loop_detector.test_detector import calls as run
+from tests.guards.loop_detector.test_detector import first_detection
 
 _ids = itertools.count()
 

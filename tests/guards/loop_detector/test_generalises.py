@@ -19,7 +19,7 @@ from guardstack.pipeline import (
     ModelReply,
     ScriptedModel,
 )
-from tests.guards.test_loop_detector import Tools, calls, detector_harness, first_detection
+from tests.guards.loop_detector.test_detector import Tools, calls, detector_harness, first_detection
 
 _ids = itertools.count()
 

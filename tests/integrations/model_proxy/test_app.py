@@ -184,7 +184,7 @@ async def test_the_command_serves_a_config_with_the_key_from_the_environment(
     environment = {**os.environ, "GUARDSTACK_TEST_KEY": "from-the-environment"}
     chat_server.script = [Answer("Through the command.")]
     process = await anyio.open_process(
-        command, cwd=str(Path(__file__).parents[2]), env=environment, stderr=subprocess.DEVNULL
+        command, cwd=str(Path(__file__).parents[3]), env=environment, stderr=subprocess.DEVNULL
     )
     try:
         await until_listening(port)

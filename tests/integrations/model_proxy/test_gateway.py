@@ -21,8 +21,8 @@ from guardstack.guards import BudgetNotice, ModelCallLimit, RepeatToolReminder, 
 from guardstack.pipeline import Harness, MemoryStore
 from guardstack.pipeline.contract import Window, store_key
 from tests.integrations.chat_server import Answer, ChatServer, Raw
+from tests.integrations.model_proxy.test_app import ASK, Served, serve
 from tests.integrations.responses_server import ResponsesServer, Said
-from tests.integrations.test_model_proxy import ASK, Served, serve
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from temporalio.client import Client  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from guardstack.integrations.temporal import Conversation, TemporalAgent, worker  # noqa: E402
-from tests.integrations.test_temporal import BIN  # noqa: E402
+from tests.integrations.temporal.test_agent import BIN  # noqa: E402
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from guardstack.integrations.temporal import Conversation, TemporalAgent, worker  # noqa: E402
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 BIN = Path(sys.executable).parent
 
 

@@ -25,7 +25,7 @@ from guardstack.pipeline import (
     ToolDefinition,
 )
 
-LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
+LOGS = Path(__file__).parents[2] / "fixtures" / "logs"
 WRITTEN = sorted(path for path in LOGS.glob("*.jsonl") if "paused" not in path.name)
 
 

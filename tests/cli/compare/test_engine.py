@@ -2,43 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from guardstack.cli.compare import compare, load_scenario, render
-from guardstack.cli.main import main
-from guardstack.guards import ToolCallTimeoutPolicy
 from guardstack.pipeline import ConfigError, Harness
 from guardstack.wrappers import Retry
-
-ROOT = Path(__file__).parents[2]
-
-
-def hanging(p: float, calls: int) -> dict[str, object]:
-    return {
-        "calls": calls,
-        "give_up_s": 30,
-        "tools": {"t": {"timeout_ms": 200, "latency_ms": 50, "hang_probability": p}},
-    }
-
-
-def retry_then_policy(attempts: int) -> Harness:
-    harness = Harness()
-    harness.plugin(Retry(attempts=attempts, backoff_ms=0, max_backoff_ms=0))
-    harness.plugin(ToolCallTimeoutPolicy())
-    return harness
-
-
-def policy_then_retry(attempts: int) -> Harness:
-    harness = Harness()
-    harness.plugin(ToolCallTimeoutPolicy())
-    harness.plugin(Retry(attempts=attempts, backoff_ms=0, max_backoff_ms=0))
-    return harness
+from tests.cli.compare.stacks import (
+    hanging,
+    policy_then_retry,
+    retry_then_policy,
+)
 
 
 @pytest.mark.parametrize(("p", "attempts"), [(0.3, 3), (0.5, 2), (0.1, 1)])
@@ -71,126 +46,6 @@ def test_the_same_seed_gives_the_same_numbers_and_the_caller_gives_up_on_hangs()
     [bare] = first
     assert bare.timeouts_by_code == {"caller gave up": round((1 - bare.success_rate) * 500)}
     assert bare.p99_ms == 30_000
-
-
-BAD_SCENARIOS = [
-    ({"tools": {"t": {"hang_probability": 2}}}, "tools.t: `hang_probability` must be a finite"),
-    ({"call": 3, "tools": {"t": {}}}, "unknown key 'call' (did you mean 'calls'?)"),
-    ({"tools": {}}, "`tools` must map at least one tool"),
-    ({"tools": {"search": {}}, "mix": {"serch": 1}}, "mix: unknown tool 'serch' (did you mean"),
-    ({"tools": {"t": {}}, "mix": {"t": 0}}, "every weight is 0"),
-    ({"tools": {"t": {"latncy_ms": 100}}}, "tools.t: unknown key 'latncy_ms' (did you mean"),
-    ({"tools": {"t": {"failure_code": "TOOL_TIMOUT"}}}, "(did you mean 'TOOL_TIMEOUT'?)"),
-    ({"tools": {"t": {"timeout_ms": math.inf}}}, "`timeout_ms` must be a finite number"),
-    ({"tools": {"t": {}}, "calls": math.inf}, "`calls` must be a whole number"),
-    ({"tools": {"t": {}}, "calls": "lots"}, "`calls` must be a whole number"),
-    ({"tools": {"t": {"latency_ms": {"median": 5}}}}, "latency_ms: `p99` is missing"),
-    ({"tools": {"t": {"idempotent": "yes"}}}, "`idempotent` must be true or false"),
-]
-
-
-@pytest.mark.parametrize(("scenario", "message"), BAD_SCENARIOS)
-def test_bad_scenarios_are_refused_naming_the_key_path(
-    scenario: dict[str, Any], message: str
-) -> None:
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        load_scenario(scenario)
-
-
-def test_a_missing_scenario_file_says_scenario(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"cannot read scenario .*nope\.yaml"):
-        load_scenario(str(tmp_path / "nope.yaml"))
-
-
-@pytest.mark.parametrize("calls", [0, -5, 10**9])
-def test_calls_out_of_range_are_refused(calls: int) -> None:
-    scenario = load_scenario({"tools": {"t": {}}})
-    with pytest.raises(ConfigError, match="--calls must be a whole number from 1"):
-        compare([("bare", Harness)], scenario, calls=calls)
-
-
-def example_comparison(calls: int) -> list[str]:
-    """``compare`` of the two example stacks on the example scenario."""
-    examples = ROOT / "examples"
-    return [
-        "compare",
-        str(examples / "per-attempt.yaml"),
-        str(examples / "whole-operation.yaml"),
-        "--scenario",
-        str(examples / "scenario.yaml"),
-        "--calls",
-        str(calls),
-    ]
-
-
-def test_json_output_is_byte_for_byte_the_same_for_a_seed(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """Unseeded jitter in the stacks' retries drew from the system's entropy before."""
-    args = [*example_comparison(400), "--seed", "1", "--json"]
-    outputs = []
-    for _ in range(2):
-        assert main(args) == 0
-        outputs.append(capsys.readouterr().out)
-    assert outputs[0] == outputs[1]
-
-
-def test_the_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
-    args = example_comparison(300)
-    assert main(args) == 0
-    table = capsys.readouterr().out
-    assert table.splitlines()[0].startswith("| stack ")
-    assert "per-attempt.yaml" in table
-    assert main([*args, "--json"]) == 0
-    stacks = json.loads(capsys.readouterr().out)["stacks"]
-    assert [s["config"] for s in stacks] == ["per-attempt.yaml", "whole-operation.yaml"]
-    assert set(stacks[0]) == {
-        "config", "success_rate", "p50_ms", "p95_ms", "p99_ms", "mean_attempts",
-        "wasted_tool_s", "timeouts_by_code", "goodput_per_s", "rate_limited_per_success",
-    }  # fmt: skip
-    assert stacks[0]["success_rate"] > stacks[1]["success_rate"]
-
-
-def test_plot_draws_a_png(tmp_path: Path) -> None:
-    from guardstack.cli.compare import plot
-
-    scenario = load_scenario(hanging(0.2, 200))
-    results = compare(
-        [("per attempt", lambda: retry_then_policy(3)), ("bare", Harness)], scenario, seed=1
-    )
-    target = tmp_path / "compare.png"
-    plot(results, str(target))
-    data = target.read_bytes()
-    assert data.startswith(b"\x89PNG\r\n\x1a\n")
-    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    assert (width, height) == (1210, 440)  # 11 x 4 inches at 110 dpi
-    assert len(results[0].latencies_ms) == 200
-
-
-def test_the_plot_can_be_read_at_a_glance() -> None:
-    """A title naming scenario and seed, one colour per stack in both panels, the rate on
-    each bar, a marker at each declared budget."""
-    from matplotlib.colors import to_hex
-
-    from guardstack.cli.compare import figure, scenario_budgets
-
-    scenario = load_scenario(hanging(0.2, 100))
-    results = compare(
-        [("per attempt", lambda: retry_then_policy(3)), ("bare", Harness)], scenario, seed=1
-    )
-    drawn = figure(results, title="hang.yaml, seed 1", budgets_ms=scenario_budgets(scenario))
-    latency, success = drawn.axes
-    assert drawn._suptitle.get_text() == "hang.yaml, seed 1"
-    lines = [line for line in latency.get_lines() if line.get_linestyle() == "-"]
-    line_colours = [to_hex(line.get_color()) for line in lines]
-    bar_colours = [to_hex(bar.get_facecolor()) for bar in success.patches]
-    assert line_colours == bar_colours
-    assert len(set(line_colours)) == 2
-    labels = sorted(text.get_text() for text in success.texts)
-    assert labels == sorted(f"{stats.success_rate * 100:.1f}%" for stats in results)
-    budgets = [line for line in latency.get_lines() if line.get_linestyle() == "--"]
-    assert [line.get_xdata()[0] for line in budgets] == [200.0]
-    assert "t budget 200 ms" in [text.get_text() for text in latency.texts]
 
 
 def test_the_progress_bar_changes_nothing() -> None:
@@ -327,26 +182,3 @@ def test_fair_shares_serve_a_small_tenant_in_turns_at_equal_priority() -> None:
         [("fifo", lambda: limited()), ("fair", lambda: limited(fair=True))], scenario, seed=5
     )
     assert fair.tenants["person"]["p50_ms"] < fifo.tenants["person"]["p50_ms"] / 2
-
-
-@pytest.mark.parametrize(
-    ("change", "key"),
-    [
-        ({"tenants": {"a": {"share": 0}}}, "share"),
-        ({"tenants": {"a": {"priority": 1.5}}}, "priority"),
-        ({"tenants": {"a": {"weight": 1}}}, "weight"),
-        ({"tenants": []}, "tenants"),
-        ({"tools": {"t": {"stream": {"chunk_ms": 10}}}}, "first_byte_ms"),
-        ({"tools": {"t": {"stream": {"first_byte_ms": 10, "chunk_ms": 0}}}}, "chunk_ms"),
-        ({"tools": {"t": {"stream": {"first_byte_ms": 1, "chunk_ms": 1, "stall": 1}}}}, "stall"),
-        (
-            {"tools": {"t": {"capacity": {"concurrent": 2, "latency_grows": "no"}}}},
-            "capacity.latency_grows",
-        ),
-    ],
-)
-def test_bad_tenants_streams_and_caps_are_named(change: dict[str, Any], key: str) -> None:
-    base: dict[str, Any] = {"calls": 10, "tools": {"t": {"latency_ms": 10}}}
-    with pytest.raises(ConfigError) as raised:
-        load_scenario({**base, **change})
-    assert raised.value.key == key
