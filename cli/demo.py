@@ -41,9 +41,7 @@ SEED_CONFIG: list[dict[str, Any]] = [
 
 def _search_tool() -> ScriptedTool:
     """Hangs on its first two runs, answers on the third; declares a 200 ms budget."""
-    return ScriptedTool(
-        "search", [Hang(), Hang(), Reply("3 results", after_s=0.05)], timeout_ms=200
-    )
+    return ScriptedTool("search", [Hang(), Hang(), Reply("3 results", after_ms=50)], timeout_ms=200)
 
 
 def order_stacks() -> list[tuple[str, Callable[[Harness], None]]]:

@@ -36,7 +36,7 @@ import attrs
 
 from guardstack.pipeline.errors import GuardstackWarning
 from guardstack.pipeline.ledger import LEASE_S, SESSION_TTL_S, MemoryLedger
-from guardstack.pipeline.validate import integer
+from guardstack.pipeline.validate import in_ms, integer, number
 
 __all__ = [
     "Admission",
@@ -243,10 +243,22 @@ class MemoryStore(MemoryLedger):
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
         on_error: Literal["open", "closed"] | None = None,
-        lease_s: float = LEASE_S,
-        session_ttl_s: float = SESSION_TTL_S,
+        session_ttl_ms: float = SESSION_TTL_S * 1000,
+        reservation_ttl_ms: float = LEASE_S * 1000,
+        lease_s: float | None = None,
+        session_ttl_s: float | None = None,
     ) -> None:
-        super().__init__(wall_clock=wall_clock, lease_s=lease_s, session_ttl_s=session_ttl_s)
+        # The ledger's lifetimes, spelt as RedisStore spells them (the old seconds warn).
+        session_ttl_ms = in_ms("MemoryStore", "session_ttl", session_ttl_s, session_ttl_ms)
+        reservation_ttl_ms = in_ms(
+            "MemoryStore", "reservation_ttl", lease_s, reservation_ttl_ms, old="lease_s"
+        )
+        super().__init__(
+            wall_clock=wall_clock,
+            lease_s=number("MemoryStore", "reservation_ttl_ms", reservation_ttl_ms, minimum=1)
+            / 1000,
+            session_ttl_s=number("MemoryStore", "session_ttl_ms", session_ttl_ms, minimum=1) / 1000,
+        )
         self.max_keys = integer("MemoryStore", "max_keys", max_keys)
         #: The monotonic clock windows and waits are measured with (anyio's: virtual in tests).
         self.clock = clock or anyio.current_time

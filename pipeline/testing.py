@@ -25,6 +25,7 @@ import attrs
 from guardstack.pipeline.errors import ScriptExhaustedError
 from guardstack.pipeline.model import ModelReply
 from guardstack.pipeline.onion import Registration
+from guardstack.pipeline.validate import in_ms
 from guardstack.pipeline.values import ToolCall, ToolDefinition
 
 __all__ = [
@@ -44,19 +45,29 @@ __all__ = [
 
 @attrs.frozen
 class Reply:
-    """Return ``value`` after ``after_s`` seconds; with ``ignore_cancel``, finish anyway."""
+    """Return ``value`` after ``after_ms``; with ``ignore_cancel``, finish anyway."""
 
     value: object = "ok"
-    after_s: float = 0.0
+    #: Deprecated in 0.2 (removed in 0.3): ``after_ms``, as every duration is.
+    after_s: float | None = attrs.field(default=None, repr=False)
     ignore_cancel: bool = False
+    after_ms: float = attrs.field(default=0.0, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "after_ms", in_ms("Reply", "after", self.after_s, self.after_ms))
 
 
 @attrs.frozen
 class Raise:
-    """Raise ``error`` after ``after_s`` seconds."""
+    """Raise ``error`` after ``after_ms``."""
 
     error: Exception
-    after_s: float = 0.0
+    #: Deprecated in 0.2 (removed in 0.3): ``after_ms``, as every duration is.
+    after_s: float | None = attrs.field(default=None, repr=False)
+    after_ms: float = attrs.field(default=0.0, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "after_ms", in_ms("Raise", "after", self.after_s, self.after_ms))
 
 
 @attrs.frozen
@@ -120,12 +131,12 @@ class ScriptedTool:
             if isinstance(step, Hang):
                 await anyio.sleep(math.inf)
             elif isinstance(step, Raise):
-                await anyio.sleep(step.after_s)
+                await anyio.sleep(step.after_ms / 1000)
                 finish("raised")
                 raise step.error
             else:
                 with anyio.CancelScope(shield=step.ignore_cancel):
-                    await anyio.sleep(step.after_s)
+                    await anyio.sleep(step.after_ms / 1000)
                 finish("returned")
                 return step.value
         except anyio.get_cancelled_exc_class():

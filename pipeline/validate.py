@@ -196,15 +196,18 @@ def flag(owner: str, key: str) -> Callable[[Any, Any, Any], None]:
     return check
 
 
-def in_ms(owner: str, name: str, seconds: float | None, milliseconds: float) -> float:
-    """``<name>_ms``, or the deprecated ``<name>_s`` converted (every public duration is
-    in milliseconds); the old spelling warns, naming its replacement, until 0.3."""
+def in_ms(
+    owner: str, name: str, seconds: float | None, milliseconds: float, old: str | None = None
+) -> float:
+    """``<name>_ms``, or the deprecated ``<name>_s`` (or ``old``) converted (every public
+    duration is in milliseconds); the old spelling warns, naming its replacement, until 0.3."""
     if seconds is None:
         return milliseconds
-    converted = number(owner, f"{name}_s", seconds, minimum=1e-9) * 1000
+    old = old or f"{name}_s"
+    converted = number(owner, old, seconds, minimum=1e-9) * 1000
     warnings.warn(
-        f"{owner}: {name}_s is deprecated in 0.2 and removed in 0.3 (every duration is in "
-        f"milliseconds); write {name}_ms={converted:g}",
+        f"{owner}: {old} is deprecated in 0.2 and removed in 0.3 (every duration is in "
+        f"milliseconds); write {name}_ms={converted:.12g}",
         DeprecationWarning,
         stacklevel=3,
     )

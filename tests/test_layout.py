@@ -97,7 +97,6 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "pipeline/deadline.py": ("tests/wrappers/test_timeout.py",),
     "pipeline/errors.py": ("tests/pipeline/test_hardening.py",),
     "pipeline/plugin_config.py": ("tests/pipeline/test_harness.py", "tests/cli/test_check.py"),
-    "pipeline/testing.py": ("tests/pipeline/test_registry.py", "tests/pipeline/test_model.py"),
     # The loop's and the log's parts: observable only as a turn and its log.
     "pipeline/loop/paused.py": ("tests/guards/test_approval.py",),
     "pipeline/loop/reply.py": ("tests/pipeline/test_hardening.py",),

@@ -101,7 +101,7 @@ async def test_counts_are_per_agent_and_reset_by_each_new_prompt() -> None:
 
 
 async def test_the_count_is_exact_under_parallel_calls() -> None:
-    tool = ScriptedTool("work", [Reply("done", after_s=1.0)])
+    tool = ScriptedTool("work", [Reply("done", after_ms=1000)])
     model = ScriptedModel([calls(*[("work", {"i": i}) for i in range(6)]), ModelReply("ok")])
     harness = Harness(model=model, max_parallel_tool_calls=4)
     tool.register(harness.tools)

@@ -52,13 +52,13 @@ async def test_a_hung_call_ends_at_the_tools_own_budget_with_the_seeds_error() -
 
 
 async def test_a_call_within_its_budget_is_untouched() -> None:
-    tool = ScriptedTool("web_fetch", [Reply({"page": "body"}, after_s=0.2)], timeout_ms=250)
+    tool = ScriptedTool("web_fetch", [Reply({"page": "body"}, after_ms=200)], timeout_ms=250)
     outcome = await with_policy(tool).execute(call("web_fetch"))
     assert outcome.result == ToolResult('{"page": "body"}')
 
 
 async def test_a_tool_without_a_budget_passes_through_however_long_it_takes() -> None:
-    tool = ScriptedTool("grep", [Reply("found", after_s=3600)])
+    tool = ScriptedTool("grep", [Reply("found", after_ms=3_600_000)])
     seen: list[ToolCall] = []
 
     async def inner(tool_call: ToolCall, call_next: Any) -> ToolResult:
@@ -105,7 +105,7 @@ async def test_whatever_the_tool_does_when_cancelled_the_result_is_the_timeout()
 
 async def test_a_tool_that_ignores_cancellation_is_waited_for_then_still_times_out() -> None:
     tool = ScriptedTool(
-        "stubborn", [Reply("late result", after_s=2.0, ignore_cancel=True)], timeout_ms=250
+        "stubborn", [Reply("late result", after_ms=2000, ignore_cancel=True)], timeout_ms=250
     )
     started = anyio.current_time()
     outcome = await with_policy(tool).execute(call("stubborn"))
@@ -195,7 +195,7 @@ async def test_in_a_loop_the_model_reads_the_timeout_and_post_execute_saw_it() -
 
 async def test_a_stubborn_tool_outliving_the_callers_cancel_is_not_a_timeout_result() -> None:
     tool = ScriptedTool(
-        "stubborn", [Reply("late", after_s=2.0, ignore_cancel=True)], timeout_ms=250
+        "stubborn", [Reply("late", after_ms=2000, ignore_cancel=True)], timeout_ms=250
     )
     registry = with_policy(tool)
     outcomes = []

@@ -70,8 +70,8 @@ async def everything(
         tool.register(harness.tools)
     ScriptedTool("grep", [Reply("src/a.py:1: TODO")] * 1000).register(agentic.tools)
     for tool in (
-        ScriptedTool("slow", [Reply("done", after_s=0.5)] * 6 * rounds + [Hang()] * 10),
-        ScriptedTool("api", [Reply("ok", after_s=0.05)] * 1000),
+        ScriptedTool("slow", [Reply("done", after_ms=500)] * 6 * rounds + [Hang()] * 10),
+        ScriptedTool("api", [Reply("ok", after_ms=50)] * 1000),
     ):
         tool.register(limited.tools)
     for each in (harness, limited, agentic):

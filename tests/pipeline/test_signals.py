@@ -104,7 +104,7 @@ async def test_a_retry_storm_shows_as_attempts_per_operation() -> None:
 
 async def test_a_limiter_queue_and_its_waits_are_visible() -> None:
     rig = Rig()
-    ScriptedTool("slow", [Reply("done", after_s=1.0)] * 3).register(rig.harness.tools)
+    ScriptedTool("slow", [Reply("done", after_ms=1000)] * 3).register(rig.harness.tools)
     rig.harness.plugin(ConcurrencyLimit(max_concurrent=1, queue=5))
     queued: list[float] = []
     async with anyio.create_task_group() as group:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from guardstack.pipeline import MemoryStore
+import pytest
+
+from guardstack.pipeline import ConfigError, MemoryStore
 from guardstack.pipeline.contract import store_key
 
 
@@ -70,3 +72,16 @@ async def test_a_counter_starts_at_zero_unless_told() -> None:
     assert await store.add("d", 1, initial=5.0) == (True, 6.0)
     assert await store.add("c", 2, limit=2) == (False, 1.0)  # would pass: not added
     assert await store.read("c") == 1.0
+
+
+def test_the_memory_stores_lifetimes_are_in_ms_as_redis_store_spells_them() -> None:
+    """One unit per constructor, and the same keywords on both stores: ``session_ttl_ms``
+    and ``reservation_ttl_ms``; the old seconds keep working a minor version, warning."""
+    store = MemoryStore(session_ttl_ms=7_200_000, reservation_ttl_ms=5_000)
+    assert (store.session_ttl_s, store.lease_s) == (7_200, 5)
+    with pytest.warns(DeprecationWarning, match="lease_s is deprecated .* reservation_ttl_ms=5000"):
+        assert MemoryStore(lease_s=5).lease_s == 5
+    with pytest.warns(DeprecationWarning, match="write session_ttl_ms=7200000"):
+        assert MemoryStore(session_ttl_s=7_200).session_ttl_s == 7_200
+    with pytest.raises(ConfigError, match="reservation_ttl_ms"):
+        MemoryStore(reservation_ttl_ms=0)

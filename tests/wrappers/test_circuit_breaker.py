@@ -43,7 +43,7 @@ async def test_a_breaker_opens_on_failures_and_answers_at_once_until_it_probes()
 
 
 async def test_a_failed_probe_opens_it_again_and_only_one_probe_runs() -> None:
-    flaky = ScriptedTool("search", [Raise(RuntimeError("down"), after_s=1.0)])
+    flaky = ScriptedTool("search", [Raise(RuntimeError("down"), after_ms=1000)])
     built = harness_with(flaky)
     built.plugin(CircuitBreaker(minimum_calls=1, break_s=10))
     assert (await run(built, "search")).code == TOOL_FAILED

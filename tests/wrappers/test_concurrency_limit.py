@@ -27,7 +27,7 @@ from tests.helpers import call, harness_with, run
 
 
 async def test_a_bulkhead_runs_at_most_n_queues_fifo_and_refuses_beyond_the_queue() -> None:
-    slow = ScriptedTool("fetch", [Reply("done", after_s=1.0)])
+    slow = ScriptedTool("fetch", [Reply("done", after_ms=1000)])
     built = harness_with(slow)
     built.plugin(ConcurrencyLimit(2, queue=2))
     finished: list[tuple[int, float, str]] = []
@@ -59,7 +59,7 @@ def index_of(asked: Any) -> Any:
 
 
 async def test_a_bulkhead_serves_its_queue_in_arrival_order() -> None:
-    slow = ScriptedTool("fetch", [Reply("done", after_s=1.0)])
+    slow = ScriptedTool("fetch", [Reply("done", after_ms=1000)])
     built = harness_with(slow)
     built.plugin(ConcurrencyLimit(1, queue=3))
     started = anyio.current_time()
@@ -76,11 +76,11 @@ async def test_a_bulkhead_serves_its_queue_in_arrival_order() -> None:
 
 
 async def test_queue_time_counts_against_a_timeout_only_inside_it() -> None:
-    slow = ScriptedTool("fetch", [Reply("done", after_s=1.0)])
+    slow = ScriptedTool("fetch", [Reply("done", after_ms=1000)])
     inside = harness_with(slow)
     inside.plugin(Timeout(ms=1_500))
     inside.plugin(ConcurrencyLimit(1, queue=1))
-    outside = harness_with(ScriptedTool("fetch", [Reply("done", after_s=1.0)]))
+    outside = harness_with(ScriptedTool("fetch", [Reply("done", after_ms=1000)]))
     outside.plugin(ConcurrencyLimit(1, queue=1))
     outside.plugin(Timeout(ms=1_500))
     for built, expected in ((inside, [None, TOOL_TIMEOUT]), (outside, [None, None])):
@@ -97,7 +97,7 @@ async def test_queue_time_counts_against_a_timeout_only_inside_it() -> None:
 
 
 async def test_a_queued_call_gives_up_after_queue_timeout_and_a_cancelled_one_leaves() -> None:
-    slow = ScriptedTool("fetch", [Reply("done", after_s=10.0)])
+    slow = ScriptedTool("fetch", [Reply("done", after_ms=10_000)])
     built = harness_with(slow)
     built.plugin(ConcurrencyLimit(1, queue=2, queue_timeout_ms=500))
     results: list[ToolResult] = []

@@ -18,7 +18,7 @@ from tests.helpers import harness_with, run
 
 
 async def test_a_hedge_starts_another_attempt_and_cancels_the_loser() -> None:
-    tool = ScriptedTool("read", [Reply("slow", after_s=5.0), Reply("fast", after_s=0.1)])
+    tool = ScriptedTool("read", [Reply("slow", after_ms=5000), Reply("fast", after_ms=100)])
     built = harness_with(tool)
     built.plugin(Hedge(delay_ms=200))
     started = anyio.current_time()
@@ -31,7 +31,7 @@ async def test_a_hedge_starts_another_attempt_and_cancels_the_loser() -> None:
 
 
 async def test_a_non_idempotent_tool_is_never_hedged_and_naming_one_is_refused() -> None:
-    tool = ScriptedTool("pay", [Reply("paid", after_s=5.0)])
+    tool = ScriptedTool("pay", [Reply("paid", after_ms=5000)])
     built = Harness()
     built.tools.register(attrs.evolve(tool.definition, idempotent=False))
     built.plugin(Hedge(delay_ms=100))

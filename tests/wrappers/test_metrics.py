@@ -12,8 +12,8 @@ from tests.wrappers.otel import MetricRig
 
 
 def failing_twice() -> ScriptedTool:
-    failure = Reply(ToolResult.failure("slow", code=TOOL_TIMEOUT), after_s=1.0)
-    return ScriptedTool("lookup", [failure, failure, Reply("found", after_s=1.0)])
+    failure = Reply(ToolResult.failure("slow", code=TOOL_TIMEOUT), after_ms=1000)
+    return ScriptedTool("lookup", [failure, failure, Reply("found", after_ms=1000)])
 
 
 async def test_outside_a_retry_it_counts_operations() -> None:

@@ -175,8 +175,8 @@ def to_step(item: Behaviour) -> ToolStep:
     if item.kind == "hang":
         return Hang()
     if item.kind == "fail":
-        return Raise(RuntimeError("tool failed"), after_s=item.latency)
-    return Reply("ok", after_s=item.latency, ignore_cancel=item.kind == "stubborn")
+        return Raise(RuntimeError("tool failed"), after_ms=item.latency * 1000)
+    return Reply("ok", after_ms=item.latency * 1000, ignore_cancel=item.kind == "stubborn")
 
 
 async def check_stack(

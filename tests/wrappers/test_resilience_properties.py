@@ -123,7 +123,7 @@ async def test_queue_time_counts_against_the_budget_only_inside_it(
     seconds = [d / 10 for d in durations]
     budget_ms = budget * 100 + 7  # never a tie with a duration: no race to decide
     budget_s = budget_ms / 1000
-    tool = ScriptedTool("t", [Reply("ok", after_s=s) for s in seconds])
+    tool = ScriptedTool("t", [Reply("ok", after_ms=s * 1000) for s in seconds])
     built = Harness()
     tool.register(built.tools)
     limit = ConcurrencyLimit(slots, queue=len(seconds))
@@ -229,7 +229,9 @@ async def test_a_fallback_answers_once_outside_a_retry_and_after_each_attempt_in
 async def test_the_first_good_answer_wins_and_no_hedge_outlives_the_call(
     durations: list[int], delay: int, hedges: int, idempotent: bool | None
 ) -> None:
-    tool = ScriptedTool("t", [Reply(f"run {n}", after_s=d / 10) for n, d in enumerate(durations)])
+    tool = ScriptedTool(
+        "t", [Reply(f"run {n}", after_ms=(d / 10) * 1000) for n, d in enumerate(durations)]
+    )
     built = Harness()
     built.tools.register(attrs.evolve(tool.definition, idempotent=idempotent))
     delay_ms = delay * 100 + 7  # never a tie between a start and an answer
@@ -288,7 +290,7 @@ async def test_many_agents_share_one_limit_without_losing_a_slot_or_starving() -
 
 
 async def test_many_agents_share_one_breaker() -> None:
-    tool = ScriptedTool("t", [Raise(RuntimeError("down"), after_s=0.01)])
+    tool = ScriptedTool("t", [Raise(RuntimeError("down"), after_ms=10)])
     built = Harness()
     tool.register(built.tools)
     built.plugin(CircuitBreaker(minimum_calls=20, failure_ratio=1.0, break_s=3600))

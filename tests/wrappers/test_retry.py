@@ -198,7 +198,7 @@ def _block_the_event_loop_for(seconds: float) -> None:
 
 async def test_no_attempt_starts_once_the_enclosing_deadline_has_passed() -> None:
     """The loop runs late: the backoff ends after the outer deadline, before its cancel."""
-    tool = ScriptedTool("flaky", [Reply(timeout_result(100), after_s=0.5)] * 5)
+    tool = ScriptedTool("flaky", [Reply(timeout_result(100), after_ms=500)] * 5)
     registry = registry_with(tool)
     registry.dispatch.use(Timeout(ms=1000, code="TOTAL"))
     registry.dispatch.use(Retry(attempts=5, backoff_ms=400, max_backoff_ms=400, jitter=False))

@@ -46,7 +46,7 @@ async def test_a_fixed_budget_times_out_with_the_layers_code() -> None:
 async def test_no_ms_uses_the_tools_declared_budget_or_passes_through() -> None:
     registry = registry_with(
         ScriptedTool("budgeted", [Hang()], timeout_ms=70),
-        ScriptedTool("free", [Reply("done", after_s=100)]),
+        ScriptedTool("free", [Reply("done", after_ms=100_000)]),
     )
     registry.dispatch.use(Timeout())
     assert (await registry.execute(call("budgeted"))).result == timeout_result(70, TOOL_TIMEOUT)

@@ -217,7 +217,7 @@ async def test_model_argument_text_is_parsed_kept_verbatim_and_bad_json_is_answe
 
 async def test_parallel_calls_overlap_but_results_keep_the_models_order() -> None:
     tools = [
-        ScriptedTool(name, [Reply(name, after_s=delay)])
+        ScriptedTool(name, [Reply(name, after_ms=delay * 1000)])
         for name, delay in (("slow", 3.0), ("medium", 2.0), ("fast", 1.0))
     ]
     post_order: list[str] = []
@@ -242,7 +242,7 @@ async def test_parallel_calls_overlap_but_results_keep_the_models_order() -> Non
 
 
 async def test_parallelism_is_bounded_by_max_parallel_tool_calls() -> None:
-    tool = ScriptedTool("work", [Reply("done", after_s=1.0)])
+    tool = ScriptedTool("work", [Reply("done", after_ms=1000)])
     model = ScriptedModel([calls(*[("work", {"i": i}) for i in range(5)]), ModelReply("ok")])
     agent = AgentLoop(registry_with(tool), model, max_parallel_tool_calls=2).create("s")
     started = anyio.current_time()
@@ -276,7 +276,7 @@ async def test_a_tool_may_run_its_own_agent_inside_a_parallel_step() -> None:
 @pytest.mark.parametrize("parallel", [1, 3])
 async def test_a_cancelled_turn_answers_every_call_and_re_raises(parallel: int) -> None:
     registry = registry_with(
-        ScriptedTool("quick", [Reply("q", after_s=0.5)]), ScriptedTool("hang", [Hang()])
+        ScriptedTool("quick", [Reply("q", after_ms=500)]), ScriptedTool("hang", [Hang()])
     )
     model = ScriptedModel([calls(("quick", {}), ("hang", {}), ("quick", {}))])
     agent = AgentLoop(registry, model, max_parallel_tool_calls=parallel).create("s")
@@ -301,7 +301,9 @@ async def test_a_cancelled_turn_answers_every_call_and_re_raises(parallel: int) 
 async def test_a_tool_that_ignores_cancellation_is_waited_for_and_logged_aborted(
     parallel: int,
 ) -> None:
-    stubborn = ScriptedTool("stubborn", [Reply("finished anyway", after_s=5, ignore_cancel=True)])
+    stubborn = ScriptedTool(
+        "stubborn", [Reply("finished anyway", after_ms=5000, ignore_cancel=True)]
+    )
     model = ScriptedModel([calls(("stubborn", {}), ("stubborn", {}))])
     agent = AgentLoop(registry_with(stubborn), model, max_parallel_tool_calls=parallel).create("s")
     started = anyio.current_time()
@@ -389,7 +391,7 @@ async def test_an_instrument_hook_behaves_the_same_in_parallel_and_sequential_st
     hook: Any, parallel: int
 ) -> None:
     """A hook that answers itself or calls through twice: one call and one result each."""
-    tool = ScriptedTool("echo", [Reply("e", after_s=0.1)] * 6)
+    tool = ScriptedTool("echo", [Reply("e", after_ms=100)] * 6)
     registry = registry_with(tool)
     registry.instrument(hook)
     script = [calls(("echo", {"n": 1}), ("echo", {"n": 2}), ("echo", {"n": 3})), ModelReply("ok")]

@@ -71,8 +71,8 @@ async def test_requests_are_the_log_and_the_log_stays_whole(
 ) -> None:
     registry = registry_with(
         ScriptedTool("ok", ["fine"]),
-        ScriptedTool("slow", [Reply("late", after_s=2.0)]),
-        ScriptedTool("boom", [Raise(RuntimeError("tool broke"), after_s=0.5)]),
+        ScriptedTool("slow", [Reply("late", after_ms=2000)]),
+        ScriptedTool("boom", [Raise(RuntimeError("tool broke"), after_ms=500)]),
         ScriptedTool("hang", [Hang()]),
     )
 
