@@ -284,7 +284,8 @@ class ToolRegistry:
             await order.enter("pre_execute")
             placed = CALL_ORDER.set(order)
         try:
-            decided = await self._pre_executed(call, pre_chain)
+            before = self._pre_executed(call, pre_chain)
+            decided = before if before is None or isinstance(before, _Early) else await before
             if type(decided) is ToolCall:  # a person edited the arguments
                 call, decided = decided, None
         finally:
@@ -320,36 +321,51 @@ class ToolRegistry:
             if order is not None:
                 order.leave("post_execute")
 
-    async def _pre_executed(
+    def _pre_executed(
         self, call: ToolCall, chain: PreNext | bool | None = True
-    ) -> _Early | ToolCall | None:
-        """The arguments checked and the pre-execute stage run (under the ancestors' tree
-        caps): ``None`` to run the call, the edited call, or what answers it instead.
-        ``chain``: the stage's chain as the call found it (``None``: no layers; ``True``:
-        read it now)."""
+    ) -> _Early | Awaitable[_Early | ToolCall | None] | None:
+        """The arguments checked and what runs before dispatch: ``None`` to run the call
+        now, an ``_Early`` answer, or what to await for the pre-execute stage (under the
+        ancestors' tree caps, after an operator's overrides) — which answers ``None``, the
+        call with edited arguments, or an ``_Early`` answer. ``chain``: the stage's chain
+        as the call found it (``None``: no layers; ``True``: read it now). Not a
+        coroutine: the usual call, with nothing to run before dispatch, makes none."""
         early = check_arguments(call.arguments)
         if early is not None:
             return _Early(early)
         control = self.control
-        if control is not None:
-            if control.stale():
-                await control.refresh()
-            if control.paused:
-                reason = control.paused.get(call.name)
-                if reason is not None:  # paused by an operator: denied, the reason said
-                    return self._decided(call, Deny(f'tool "{call.name}" is paused: {reason}'))
+        if control is not None and (control.paused or control.stale()):
+            return self._controlled(call, control, chain)
+        return self._stages_before(call, chain)
+
+    def _stages_before(
+        self, call: ToolCall, chain: PreNext | bool | None
+    ) -> Awaitable[_Early | ToolCall | None] | None:
         agent = call.agent
         if agent is None:
             caps = TREE_CAPS.get()
         else:
             caps = () if agent.parent is None else ancestor_caps(agent)
         if caps:
-            return await self._pre_execute(call, _under_ancestors(call, caps, self))
+            return self._pre_execute(call, _under_ancestors(call, caps, self))
         if chain is True:
             chain = self.pre_execute.entry if self.pre_execute.layered else None
         if chain is not None and chain is not False:
-            return await self._pre_execute(call, chain)
+            return self._pre_execute(call, chain)
         return None
+
+    async def _controlled(
+        self, call: ToolCall, control: Control, chain: PreNext | bool | None
+    ) -> _Early | ToolCall | None:
+        """With an operator's overrides to read (or some held): a paused tool is denied
+        with the reason given; any other call goes on to the stages before dispatch."""
+        if control.stale():
+            await control.refresh()
+        reason = control.paused.get(call.name) if control.paused else None
+        if reason is not None:
+            return self._decided(call, Deny(f'tool "{call.name}" is paused: {reason}'))
+        before = self._stages_before(call, chain)
+        return None if before is None else await before
 
     async def decide(
         self, call: ToolCall, *, tool: ToolDefinition | None = None
@@ -362,7 +378,8 @@ class ToolRegistry:
         resolved = self._tools.get(call.name) if tool is None else tool
         if call.tool is not resolved:
             call = call.resolved(resolved)
-        decided = await self._pre_executed(call)
+        before = self._pre_executed(call)
+        decided = before if before is None or isinstance(before, _Early) else await before
         if decided is None:
             return call
         if type(decided) is ToolCall:
