@@ -92,16 +92,12 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "integrations/temporal/turn_workflow.py": ("tests/integrations/temporal/test_agent.py",),
     # The core's shared vocabulary: every test reads it; these prove its promises.
     "pipeline/approval.py": ("tests/guards/test_approval.py",),
-    "pipeline/call_context.py": ("tests/pipeline/test_typing.py",),
     "pipeline/contract.py": ("tests/pipeline/test_typing.py", "tests/test_public_api.py"),
     "pipeline/deadline.py": ("tests/wrappers/test_timeout.py",),
-    "pipeline/errors.py": ("tests/pipeline/test_hardening.py",),
     "pipeline/plugin_config.py": ("tests/pipeline/test_harness.py", "tests/cli/test_check.py"),
     # The loop's and the log's parts: observable only as a turn and its log.
     "pipeline/loop/paused.py": ("tests/guards/test_approval.py",),
-    "pipeline/loop/reply.py": ("tests/pipeline/test_hardening.py",),
     "pipeline/loop/step_order.py": ("tests/pipeline/loop/test_agent_loop.py",),
-    "pipeline/loop/turn_result.py": ("tests/pipeline/loop/test_agent_loop.py",),
     "pipeline/session/events.py": ("tests/pipeline/session/test_log.py",),
     "pipeline/session/messages.py": ("tests/pipeline/session/test_log.py",),
     # The telemetry helpers: through the layers that export with them.
