@@ -52,10 +52,6 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     # Integration internals: through the integration, against the real peer.
     "integrations/_admin.py": ("tests/integrations/model_proxy/test_gateway.py",),
     "integrations/_framework.py": ("tests/frameworks/test_langchain.py",),
-    "integrations/_gate.py": (
-        "tests/integrations/model_proxy/test_gateway.py",
-        "tests/integrations/test_mcp_proxy.py",
-    ),
     "integrations/_provider.py": (
         "tests/integrations/test_openai_hostile.py",
         "tests/integrations/test_anthropic.py",
