@@ -52,10 +52,6 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     # Integration internals: through the integration, against the real peer.
     "integrations/_admin.py": ("tests/integrations/model_proxy/test_gateway.py",),
     "integrations/_framework.py": ("tests/frameworks/test_langchain.py",),
-    "integrations/_provider.py": (
-        "tests/integrations/test_openai_hostile.py",
-        "tests/integrations/test_anthropic.py",
-    ),
     # The frameworks run on asyncio in virtual time (tests/frameworks/conftest.py), the
     # integrations against real peers in real time: two directories.
     "integrations/adk.py": ("tests/frameworks/test_adk.py",),
@@ -77,7 +73,6 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     ),
     "integrations/redis/scripts.py": ("tests/integrations/test_redis_ledger.py",),
     "integrations/redis/store.py": ("tests/integrations/test_redis.py",),
-    "integrations/mcp_gateway/config.py": ("tests/integrations/mcp_gateway/test_server.py",),
     "integrations/mcp_gateway/downstream.py": ("tests/integrations/mcp_gateway/test_server.py",),
     "integrations/model_proxy/conversations.py": ("tests/integrations/model_proxy/test_app.py",),
     "integrations/model_proxy/responses.py": ("tests/integrations/model_proxy/test_wires.py",),

@@ -6,93 +6,31 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from benchmarks.mcp_proxy import http_session
-from guardstack.cli.mcp_gateway import load_gateway
-from guardstack.integrations.mcp_gateway import read_gateway, read_keys
-from guardstack.pipeline import ConfigError
+#: A raw ``initialize`` request, and the ``Accept`` a streamable-HTTP client sends.
+from tests.integrations.mcp_gateway.gateways import (
+    ACCEPT,
+    INITIALIZE,
+    KEY_A,
+    KEY_B,
+    client,
+    fastmcp_server,
+    gateway_file,
+    http_gateway,
+    keys_file,
+    tenants,
+    two_servers_and_time,
+)
 from tests.integrations.ports import free_port, until_listening
 from tests.integrations.test_mcp import ROOT, connected, runs, wait_for
 from tests.integrations.test_mcp_proxy import GUARDSTACK, texts
-
-TIME_SERVER = shutil.which(
-    "mcp-server-time", path=str(Path(sys.executable).parent)
-) or shutil.which("mcp-server-time")
-#: A raw ``initialize`` request, and the ``Accept`` a streamable-HTTP client sends.
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "probe", "version": "1"},
-    },
-}
-ACCEPT = {"Accept": "application/json, text/event-stream"}
-KEY_A = "key-team-a-0123456789"
-KEY_B = "key-team-b-0123456789"
-
-
-def fastmcp_server(log: Path, *extra: str) -> dict[str, Any]:
-    return {
-        "command": sys.executable,
-        "args": ["-m", "tests.integrations.mcp_server", str(log), *extra],
-    }
-
-
-def time_server() -> dict[str, Any]:
-    if TIME_SERVER is None:
-        pytest.fail(
-            "mcp-server-time is not installed (a test dependency: pip install mcp-server-time)"
-        )
-    return {"command": TIME_SERVER, "args": ["--local-timezone", "UTC"]}
-
-
-def gateway_file(
-    directory: Path, servers: Mapping[str, Any], plugins: list[Any] | None = None
-) -> Path:
-    path = directory / "gateway.json"
-    path.write_text(json.dumps({"servers": dict(servers), "plugins": plugins or []}), "utf-8")
-    return path
-
-
-def keys_file(
-    directory: Path, tenants: Mapping[str, Any], keys: Mapping[str, str] | None = None
-) -> Path:
-    path = directory / "keys.json"
-    keys = keys or {KEY_A: "team-a", KEY_B: "team-b"}
-    path.write_text(json.dumps({"keys": dict(keys), "tenants": dict(tenants)}), "utf-8")
-    return path
-
-
-STACK = [
-    {"name": "tool-call-timeout-policy"},
-    {"name": "retry", "config": {"attempts": 2, "retry_on": ["TOOL_FAILED"]}},
-]
-
-
-def two_servers_and_time(directory: Path) -> Path:
-    return gateway_file(
-        directory,
-        {
-            "a": fastmcp_server(directory / "a.log"),
-            "b": {**fastmcp_server(directory / "b.log"), "timeouts_ms": {"hang": 300}},
-            "time": time_server(),
-        },
-        STACK,
-    )
-
 
 # -- over stdio ------------------------------------------------------------------------
 
@@ -182,54 +120,6 @@ async def test_a_server_that_dies_answers_at_once_restarts_and_the_others_serve_
 
 
 # -- over HTTP -------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def http_gateway(
-    directory: Path, config: Path, *options: str, host: str = "127.0.0.1"
-) -> AsyncIterator[tuple[str, Any]]:
-    """The gateway over streamable HTTP: its URL and its process."""
-    port = free_port()
-    stderr = (directory / "gateway.err").open("w")
-    process = await anyio.open_process(
-        [*GUARDSTACK, "mcp-proxy", "--config", str(config), "--transport", "http",
-         "--listen", f"{host}:{port}", *options],
-        cwd=ROOT,
-        stderr=stderr,
-    )  # fmt: skip
-    try:
-        with anyio.fail_after(20):
-            while True:  # listening, or gone (then its stderr says why)
-                if process.returncode is not None:
-                    said = (directory / "gateway.err").read_text("utf-8")
-                    raise AssertionError(f"the gateway exited {process.returncode}: {said}")
-                try:
-                    await until_listening(port, timeout_s=0.2, host=host)
-                    break
-                except TimeoutError:
-                    continue
-        yield f"http://{host}:{port}/mcp", process
-    finally:
-        if process.returncode is None:
-            process.terminate()
-        with anyio.fail_after(10):
-            await process.wait()
-        stderr.close()
-
-
-def client(url: str, key: str | None = None) -> Any:
-    """The official client in a session with the gateway at ``url``, with a key."""
-    return http_session(url, key)
-
-
-def tenants() -> dict[str, Any]:
-    return {
-        "team-a": {
-            "servers": {"a": {}, "time": {"tools": ["get_current_time"]}},
-            "quotas": [{"server": "a", "tool": "echo", "calls_per_day": 2}],
-        },
-        "team-b": {"servers": {"b": {}}, "quotas": [{"server": "b", "calls_per_day": 3}]},
-    }
 
 
 async def test_each_tenant_sees_and_calls_only_what_it_is_given_within_its_quotas(
@@ -490,68 +380,6 @@ async def test_with_connect_a_downstream_that_goes_answers_the_call_and_exits_in
 # -- reading the files -----------------------------------------------------------------
 
 
-BAD_GATEWAYS = [
-    ({"servers": {"a_b": {"command": "x"}}}, "servers.a_b", "letters, digits and '-'"),
-    ({"servers": {"a": {"comand": "x"}}}, "servers.a.comand", "did you mean 'command'"),
-    ({"servers": {"a": {"command": "x", "url": "http://h/mcp"}}}, "servers.a", "either"),
-    ({"servers": {"a": {"url": "ftp://h"}}}, "servers.a.url", "http:// or https://"),
-    ({"servers": {"a": {"command": "x", "timeouts_ms": {"t": -1}}}}, "servers.a.timeouts_ms", "ms"),
-    ({"servers": {}}, "servers", "a mapping of server names"),
-    ({"servers": {"a": {"command": "x"}}, "plugin": []}, "plugin", "did you mean 'plugins'"),
-]
-
-
-@pytest.mark.parametrize(("data", "key", "says"), BAD_GATEWAYS)
-def test_a_bad_gateway_file_names_file_key_and_value(
-    tmp_path: Path, data: dict[str, Any], key: str, says: str
-) -> None:
-    path = tmp_path / "gateway.json"
-    path.write_text(json.dumps(data), "utf-8")
-    with pytest.raises(ConfigError) as raised:
-        read_gateway(path)
-    assert str(raised.value).startswith(f"{path}: {key}")
-    assert says in str(raised.value)
-
-
-BAD_KEYS = [
-    ({"keys": {"short": "t"}, "tenants": {"t": {"servers": {"a": {}}}}}, "16 characters"),
-    ({"keys": {KEY_A: "tt"}, "tenants": {"t": {"servers": {"a": {}}}}}, "did you mean 't'"),
-    ({"keys": {KEY_A: "t"}, "tenants": {"t": {"servers": {"c": {}}}}}, "no server 'c'"),
-    ({"keys": {KEY_A: "t"}, "tenants": {"t": {"servers": {"a": {"tool": ["x"]}}}}}, "tools"),
-    (
-        {
-            "keys": {KEY_A: "t"},
-            "tenants": {
-                "t": {"servers": {"a": {}}, "quotas": [{"server": "b", "calls_per_day": 1}]}
-            },
-        },
-        "a server this tenant sees",
-    ),
-    (
-        {
-            "keys": {KEY_A: "t"},
-            "tenants": {
-                "t": {"servers": {"a": {}}, "quotas": [{"server": "a", "calls_per_day": 0}]}
-            },
-        },
-        "a whole number >= 1",
-    ),
-]
-
-
-@pytest.mark.parametrize(("data", "says"), BAD_KEYS)
-def test_a_bad_keys_file_names_what_is_wrong_and_never_the_keys(
-    tmp_path: Path, data: dict[str, Any], says: str
-) -> None:
-    path = tmp_path / "keys.json"
-    path.write_text(json.dumps(data), "utf-8")
-    with pytest.raises(ConfigError) as raised:
-        read_keys(path, ["a", "b"])
-    assert str(raised.value).startswith(f"{path}: ")
-    assert says in str(raised.value)
-    assert KEY_A not in str(raised.value)  # a key is a secret: never repeated
-
-
 def test_the_cli_refuses_mixing_a_gateway_with_a_command_or_keys_over_stdio(tmp_path: Path) -> None:
     config = gateway_file(tmp_path, {"a": fastmcp_server(tmp_path / "a.log")})
     keys = keys_file(tmp_path, {"team-a": {"servers": {"a": {}}}, "team-b": {"servers": {"a": {}}}})
@@ -567,22 +395,3 @@ def test_the_cli_refuses_mixing_a_gateway_with_a_command_or_keys_over_stdio(tmp_
         assert done.returncode == 2, done.stderr
         assert says in done.stderr
         assert "Traceback" not in done.stderr
-
-
-def test_describe_and_check_show_the_whole_gateway(tmp_path: Path) -> None:
-    config = two_servers_and_time(tmp_path)
-    keys = keys_file(tmp_path, tenants())
-    gateway, _ = load_gateway(config, keys)
-    text = gateway.describe()
-    checked = subprocess.run(
-        [*GUARDSTACK, "check", str(config), "--keys", str(keys)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert "servers:\n  a (not started; 0 tools): " in text
-    assert "  team-a: a, time (get_current_time); quotas a_echo 2/day" in text
-    assert "  team-b: b; quotas b 3/day" in text
-    assert "ToolCallTimeoutPolicy" in text
-    assert checked.returncode == 0, checked.stderr
-    assert checked.stdout.startswith("servers:\n  a (not started; 0 tools): ")
-    assert "team-b: b; quotas b 3/day" in checked.stdout
-    assert "2. retry: runs the layers after it again" in checked.stdout
