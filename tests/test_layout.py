@@ -93,7 +93,6 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "pipeline/session/messages.py": ("tests/pipeline/session/test_log.py",),
     # The telemetry helpers: through the layers that export with them.
     "wrappers/_genai.py": ("tests/wrappers/test_tracing.py",),
-    "wrappers/_otel.py": ("tests/wrappers/test_telemetry_trust.py",),
 }
 
 
