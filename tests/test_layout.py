@@ -92,7 +92,6 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "pipeline/session/events.py": ("tests/pipeline/session/test_log.py",),
     "pipeline/session/messages.py": ("tests/pipeline/session/test_log.py",),
     # The telemetry helpers: through the layers that export with them.
-    "wrappers/_genai.py": ("tests/wrappers/test_tracing.py",),
 }
 
 
