@@ -7,19 +7,29 @@ milliseconds and every elapsed time is exact, so timing tests assert equalities.
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
-import anyio._core._subprocesses  # noqa: F401 - see below
 import pytest
 from hypothesis import HealthCheck, settings
 from trio.testing import MockClock
 
 from tests.virtual_time import VirtualTimeEventLoop
 
-# anyio imports its subprocess module lazily, and pytest rewrites it (anyio is a pytest
-# plugin) when first used — mid-run, where CPython 3.11.7's parser can trip over its own
-# recursion bookkeeping ("AST constructor recursion depth mismatch"). Import it up front.
+#: anyio and hypothesis are pytest plugins, so pytest rewrites (parses) every module of
+#: theirs when it is first imported — and both import some lazily: anyio its
+#: subprocesses, hypothesis ``st.randoms()``'s module. Imported mid-run, deep in a
+#: hypothesis test's stack, CPython 3.11.7's parser can trip over its own recursion
+#: bookkeeping ("AST constructor recursion depth mismatch", cpython#106905): so they
+#: are imported here, at collection.
+LAZY_PLUGIN_MODULES = (
+    "anyio._core._subprocesses",
+    "hypothesis.strategies._internal.random",
+    "hypothesis.internal.conjecture.optimiser",
+)
+for _module in LAZY_PLUGIN_MODULES:
+    importlib.import_module(_module)
 
 settings.register_profile(
     "default",
