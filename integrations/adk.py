@@ -204,6 +204,7 @@ class GuardstackPlugin(_adk()):  # type: ignore[misc]
         await self.harness.loop.prompt_submit(agent, text)
         agent.start_turn()
         if self.deadline_ms is not None:
+            agent.limit_turn(None)  # from now, whatever an invocation that never ended left
             agent.limit_turn(self.deadline_ms)
         return None
 

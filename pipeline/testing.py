@@ -54,7 +54,9 @@ class Reply:
     after_ms: float = attrs.field(default=0.0, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "after_ms", in_ms("Reply", "after", self.after_s, self.after_ms))
+        if self.after_s is not None:  # the old spelling, converted once: equal to the new
+            object.__setattr__(self, "after_ms", in_ms("Reply", "after", self.after_s, 0.0))
+            object.__setattr__(self, "after_s", None)
 
 
 @attrs.frozen
@@ -67,7 +69,9 @@ class Raise:
     after_ms: float = attrs.field(default=0.0, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "after_ms", in_ms("Raise", "after", self.after_s, self.after_ms))
+        if self.after_s is not None:  # the old spelling, converted once: equal to the new
+            object.__setattr__(self, "after_ms", in_ms("Raise", "after", self.after_s, 0.0))
+            object.__setattr__(self, "after_s", None)
 
 
 @attrs.frozen

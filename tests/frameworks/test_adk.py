@@ -5,6 +5,7 @@ agents' model is ADK's ``BaselLlm`` subclassed to answer scripted function calls
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -238,3 +239,19 @@ async def test_a_person_who_rejects_a_call_keeps_it_from_running() -> None:
     assert ran == []
     [response] = function_responses(events)
     assert "not prod this week" in response["error"]
+
+
+async def test_an_invocation_that_never_ended_leaves_the_next_a_whole_deadline() -> None:
+    """ADK may start an invocation whose predecessor never reached ``after_run`` (it
+    raised): the new one's deadline runs from its own start, not from the old one's."""
+    harness = Harness()
+    harness.plugin(TurnDeadline(ms=500))
+    plugin = GuardstackPlugin(harness)
+    context = SimpleNamespace(session=SimpleNamespace(id="s"), user_content=None)
+    await plugin.before_run_callback(invocation_context=context)
+    await anyio.sleep(2)  # the first invocation died without its after_run
+    await plugin.before_run_callback(invocation_context=context)
+    agent = plugin._agent("s")
+    assert agent.turn_deadline == pytest.approx(anyio.current_time() + 0.5)
+    await plugin.after_run_callback(invocation_context=context)
+    assert agent.turn_deadline is None

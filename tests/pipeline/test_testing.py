@@ -44,6 +44,8 @@ def test_the_old_seconds_keep_working_for_a_minor_version_with_a_warning() -> No
     with pytest.warns(DeprecationWarning, match="write after_ms=2000"):
         assert Raise(RuntimeError(), after_s=2).after_ms == 2_000
     assert Reply("x", after_ms=30).after_ms == 30
+    with pytest.warns(DeprecationWarning, match="write after_ms=30"):
+        assert Reply("x", 0.03) == Reply("x", after_ms=30)  # one value, however spelt
 
 
 async def test_a_scripted_model_answers_in_order_records_requests_and_says_when_it_ran_out() -> (
