@@ -1,10 +1,14 @@
 """``--watch``: reload a running service's stack when its configuration file changes.
 
-The file is looked at every ``interval_s`` (its modification time and size, then its
-bytes); a change is loaded with ``Harness.reload`` and ``guardstack check``. A file
-that does not load — or is half-written when read — changes nothing: one line on
+The file is looked at every ``interval_s`` (a digest of its bytes); a change is
+loaded with ``Harness.reload`` and ``guardstack check`` once the file has stopped
+changing — it must read the same twice, ``settle_s`` apart, as an editor that writes
+a file in parts leaves it. A file that does not load changes nothing: one line on
 standard error says why (file, plugin, key, value), and the service goes on with the
-stack it has until the next change. Check's warnings are printed; they never stop a
+stack it has until the next change. So does a file with nothing in it — empty, only
+blanks or only comments, which is how most editors' saves begin (truncate, then
+write): it would otherwise drop every cap until the next look. A stack with no
+plugins at all is written ``[]``. Check's warnings are printed; they never stop a
 reload.
 """
 
@@ -30,25 +34,59 @@ def _fingerprint(path: Path) -> str | None:
         return None
 
 
+def _holds_nothing(path: Path) -> bool:
+    """Whether the file says nothing at all: empty, blanks, or only comments."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True
+    return all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines())
+
+
+async def _settled(path: Path, seen: str | None, settle_s: float) -> str | None:
+    """The file's digest once two reads ``settle_s`` apart agree (``None``: unreadable)."""
+    while True:
+        await anyio.sleep(settle_s)
+        again = _fingerprint(path)
+        if again == seen:
+            return seen
+        seen = again
+
+
 async def watch_config(
     harness: Harness,
     path: Path,
     *,
     allow_imports: bool = False,
     interval_s: float = 1.0,
+    settle_s: float | None = None,
     say: TextIO | None = None,
 ) -> None:
-    """Reload ``harness`` from ``path`` whenever its contents change, until cancelled."""
+    """Reload ``harness`` from ``path`` whenever its contents change, until cancelled;
+    a change is read again ``settle_s`` later (default: a fifth of ``interval_s``, at
+    most 0.2 s) and loaded only once it reads the same."""
     from guardstack.cli.check import check
 
     out = say if say is not None else sys.stderr
+    settle = settle_s if settle_s is not None else min(0.2, interval_s / 5)
     seen = _fingerprint(path)
     while True:
         await anyio.sleep(interval_s)
         now = _fingerprint(path)
         if now is None or now == seen:
             continue
+        now = await _settled(path, now, settle)
+        if now is None or now == seen:
+            continue
         seen = now
+        if _holds_nothing(path):
+            print(
+                f"guardstack: {path} not reloaded, the stack is unchanged: the file is empty "
+                "(half-written?); write `[]` for a stack with no plugins",
+                file=out,
+                flush=True,
+            )
+            continue
         try:
             reloaded = harness.reload(path, allow_imports=allow_imports, check=check)
         except ConfigError as error:

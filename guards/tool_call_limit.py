@@ -163,7 +163,11 @@ class ToolCallLimit:
 
     def apply(self, scope: Scope) -> None:
         """Register the counting pre-execute layer and the per-turn reset, with fresh counts."""
-        turns: ConversationState[str] = self._resets.track(ConversationState(PLUGIN))
+        # which turn each conversation is in outlives a reload of this id: the new
+        # application counts on in the same turn's windows
+        turns: ConversationState[str] = self._resets.track(
+            scope.kept("turns", lambda: ConversationState[str](PLUGIN))
+        )
         cap = _Cap(self, turns, Accounts(scope, self.store))
         cap.shadow = Shadow(scope.namespace, scope.signals) if self.shadow else None
         cap.control, cap.plugin_id = scope.control, scope.plugin_id

@@ -26,7 +26,7 @@ mechanism, ``timed_dispatch`` / ``within_budget``, is here too: ``wrappers.Timeo
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from guardstack.pipeline.approval import (
     Approve,
@@ -183,6 +183,8 @@ __all__ = [
 ]
 
 #: A whole ``registry.execute``: what ``registry.instrument`` hooks wrap.
+KeptT = TypeVar("KeptT")
+
 Execute: TypeAlias = Callable[[ToolCall], Awaitable[ToolOutcome]]
 PreNext: TypeAlias = Callable[[ToolCall], Awaitable[PreDecision]]
 DispatchNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]
@@ -229,6 +231,7 @@ class Scope:
         namespace: str | None = None,
         control: Control | None = None,
         version: int = 0,
+        kept: dict[str, object] | None = None,
     ) -> None:
         self.tools = tools
         self.loop = loop
@@ -241,6 +244,7 @@ class Scope:
 
         self.namespace = namespace or plugin_id
         self._registrations: list[Registration] = []
+        self._kept: dict[str, object] = kept if kept is not None else {}
 
     @property
     def signals(self) -> Signals:
@@ -263,6 +267,15 @@ class Scope:
                 value=chosen,
             )
         return chosen
+
+    def kept(self, name: str, make: Callable[[], KeptT]) -> KeptT:
+        """State this application keeps in memory that a reload of the same plugin id
+        must find again (``make()`` the first time): which turn each conversation is in,
+        so a cap's per-turn counts — in the store, under that turn's key — go on."""
+        found = self._kept.get(name)
+        if found is None:
+            found = self._kept[name] = make()
+        return found  # type: ignore[return-value]
 
     def use(self, stage: Pipeline[Any], layer: Layer, *, name: str | None = None) -> Registration:
         """Add ``layer`` to ``stage`` (e.g. ``scope.tools.dispatch``) for this plugin."""

@@ -22,9 +22,10 @@ override naming a breaker, layer, tool or value that does not exist is a
 
 Overrides live in the harness's store (``ControlStore``: ``MemoryStore`` and
 ``RedisStore``) as one small record each. Layers read them from a snapshot of this
-process: on a store shared with other processes the snapshot is read again at most
-every ``refresh_s`` (one second), at the next call that finds it stale, so an
-override made in one process holds everywhere within that. Every change is an event
+harness, read again from the store at most every ``refresh_s`` (one second), at the
+next call that finds it stale, so an override made by one harness holds in every
+harness on that store — another process's, or another in this process on one
+``MemoryStore`` — within that. Every change is an event
 (``guardstack.control``) and the overrides in force a gauge
 (``guardstack.control.overrides``, by kind).
 """
@@ -175,16 +176,11 @@ class Control:
         return bool(getattr(self._store_of(), "suspends", False))
 
     def stale(self) -> bool:
-        """Whether the snapshot should be read again before a call (a shared store's).
-        Asked before every call: with nothing shared to read, it asks the store again
-        only after ``refresh_s``, as it would read a shared one."""
-        at = now()
-        if self._next_read > at:
-            return False
-        if self.shared:
-            return True
-        self._next_read = at + self.refresh_s
-        return False
+        """Whether the snapshot should be read again before a call: at most every
+        ``refresh_s``, whatever the store — a ``MemoryStore`` may be shared too, by
+        several harnesses of one process, and an override one of them makes holds in
+        the others within ``refresh_s``."""
+        return self._next_read <= now()
 
     async def refresh(self) -> None:
         """Read the overrides again (a store that fails leaves the snapshot as it was)."""

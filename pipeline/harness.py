@@ -120,6 +120,8 @@ class Harness:
         #: Where every keyed layer and cap of this harness keeps state (unless given its own).
         self.store: StateStore = store if store is not None else MemoryStore()
         self._applied: dict[str, int] = {}
+        #: What each application (by namespace) keeps in memory across reloads.
+        self._kept: dict[str, dict[str, object]] = {}
         #: An operator's overrides: breakers forced, tools paused, limits changed, in the
         #: store so every process sees them (see ``pipeline.control``).
         self.control = Control(self, self.loop.signals)
@@ -150,6 +152,7 @@ class Harness:
             namespace=namespace,
             control=self.control,
             version=self.version,
+            kept=self._kept.setdefault(namespace, {}),
         )
         try:
             apply(scope)
@@ -228,7 +231,9 @@ class Harness:
         application: a call that started on the old stack finishes on it (each call
         takes its stages as they are when it starts), the next runs on the new one. A
         plugin keeps its id, so what it keeps in the store — breaker windows, buckets,
-        every cap's counts — carries over; what it kept in memory starts afresh. The
+        every cap's counts — carries over, and so does what it keeps through
+        ``scope.kept`` (which turn each conversation is in, so a cap's per-turn counts go
+        on); whatever else it kept in memory starts afresh. The
         store itself is the one the harness has: a reload may not name another.
         """
         try:

@@ -3,8 +3,11 @@
 Every admission layer (``ConcurrencyLimit``, ``AdaptiveConcurrencyLimit``,
 ``RateLimit``, ``TokenRateLimit``) keeps one line per key of the calls that could not
 get in at once. Only the call at the head of the line asks the store for a slot or a
-token; when it leaves (admitted, refused, timed out or cancelled) the next head is
-woken and asks. Which call is the head:
+token; when any call leaves (admitted, refused, timed out or cancelled) the line's
+head — whichever call that is now — is woken and asks. (Admitting a call changes the
+served counts that choose the head, so the call that leaves need not have been the
+head when it left: the line wakes its head every time rather than guess.) Which call
+is the head:
 
 * **Priority first.** A call's priority (``ToolCall.priority``,
   ``ModelRequest.priority``, else its agent's; 0 by default) orders the line, higher
@@ -130,7 +133,8 @@ class WaitLine:
             self._last[waiter.tenant] = next(self._numbers)
 
     def leave(self, waiter: Waiter) -> bool:
-        """Take ``waiter`` out of the line (admitted or not); whether it was the head."""
+        """Take ``waiter`` out of the line (admitted or not) and wake the line's head,
+        whoever it is now; whether ``waiter`` was the head when it left."""
         was_head = self.head() is waiter
         level = self._levels[waiter.priority]
         lane = waiter.tenant if self.weights is not None else ""
@@ -144,10 +148,11 @@ class WaitLine:
             if not level.queues:
                 del self._levels[waiter.priority]
                 self._top = max(self._levels) if self._levels else None
+        self.wake_head()
         return was_head
 
     def wake_head(self) -> None:
-        """Tell the head it may ask now."""
+        """Tell the head it may ask now (a head already asking just asks again later)."""
         head = self.head()
         if head is not None:
             head.event.set()

@@ -195,12 +195,10 @@ class SlotQueue:
                 return lease
         finally:
             self.metrics.waited(key, started, admitted)
-            at_head = waiting.leave(waiter)
+            waiting.leave(waiter)  # wakes the line's head, whoever it is now
             if not waiting:
                 if self.queues.get(key) is waiting:
                     del self.queues[key]
-            elif at_head:
-                waiting.wake_head()  # the next in line asks for the slot now
         raise QueueFull(
             f"it waited {round((timeout_s or 0) * 1000)}ms for one of its "
             f"{limit} slots. Try again shortly, or do something else first."

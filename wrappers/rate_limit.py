@@ -176,12 +176,10 @@ class _Buckets(Generic[ItemT, ValueT, OutcomeT]):
                 await anyio.sleep(max(wait_s, _SHORTEST_WAIT_S))
         finally:
             self.metrics.waited(key, started, admitted)
-            at_head = queue.leave(waiter)
+            queue.leave(waiter)  # wakes the line's head, whoever it is now
             if not queue:
                 if self.queues.get(key) is queue:  # the line this waiter stood in, not a newer
                     del self.queues[key]
-            elif at_head:
-                queue.wake_head()  # the next waiter moves up and asks the bucket itself
 
     async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         stage = self.stage

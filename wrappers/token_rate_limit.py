@@ -357,12 +357,10 @@ class _Minutes(Generic[ItemT, ValueT, OutcomeT]):
                 with anyio.move_on_after(max(reservation.retry_after_s, _SHORTEST_WAIT_S)):
                     await waiter.event.wait()
         finally:
-            at_head = line.leave(waiter)
+            line.leave(waiter)  # wakes the line's head, whoever it is now
             if not line:
                 if self.lines.get(key) is line:
                     del self.lines[key]
-            elif at_head:
-                line.wake_head()
 
     def _why(self, reservation: Any) -> str:
         window = reservation.window

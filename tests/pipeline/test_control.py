@@ -197,3 +197,32 @@ async def test_mistakes_name_what_exists_and_change_nothing() -> None:
         await bare.control.force_open("search")
     assert await harness.control.overrides() == []
     assert (await call(harness)).content == "found"
+
+
+async def test_an_override_holds_in_every_harness_on_one_memory_store_within_refresh_s() -> None:
+    """Two harnesses of one process on one ``MemoryStore`` (as two gateways' stacks may
+    share one): a breaker forced open and a tool paused in one are seen by the other's
+    next call after ``refresh_s``, as on a store shared between processes."""
+    clock = Clock()
+    store = MemoryStore(wall_clock=clock)
+    first, second = Harness(store=store), Harness(store=store)
+    ran: list[str] = []
+
+    async def search(arguments: Any, call: ToolCall) -> str:
+        ran.append(call.call_id)
+        return "found"
+
+    for harness in (first, second):
+        harness.tools.register(ToolDefinition("search", search))
+        harness.plugin(CircuitBreaker(break_s=30))
+    assert (await call(second, "before")).content == "found"  # its snapshot read now
+    await first.control.force_open("search", by="oncall")
+    await first.control.pause("search", reason="maintenance")
+    await anyio.sleep(second.control.refresh_s)
+    refused = await call(second, "after")
+    assert refused.code == TOOL_DENIED
+    assert "maintenance" in refused.content
+    await first.control.resume("search")
+    await anyio.sleep(second.control.refresh_s)
+    assert (await call(second, "open")).code == TOOL_UNAVAILABLE  # still forced open
+    assert ran == ["before"]

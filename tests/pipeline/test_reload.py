@@ -20,6 +20,7 @@ from guardstack.pipeline import (
     TOOL_UNAVAILABLE,
     ConfigError,
     Harness,
+    ScriptedModel,
     ToolCall,
     ToolDefinition,
 )
@@ -259,3 +260,90 @@ async def test_watching_a_file_reloads_on_a_change_and_keeps_the_stack_on_a_bad_
     assert lines[-1].startswith(f"guardstack: {config} not reloaded, the stack is unchanged:")
     assert "atempts" in lines[-1]
     assert "timeout: " in harness.describe()
+
+
+@pytest.mark.parametrize("caller", ["conversation", "agent"])
+async def test_a_reload_keeps_the_per_turn_counts_of_a_turn_in_progress(caller: str) -> None:
+    """``tool-call-limit {per_turn: 2}``: two calls of a turn, then a reload of the same
+    stack (another cap beside it): the turn's third call is still denied — the reloaded
+    cap counts on in the turn it was in, it does not start the turn again from zero."""
+    harness = harness_with_tool()
+    cap = {"name": "tool-call-limit", "config": {"per_turn": 2}}
+    harness.load([cap])
+    agent = harness.loop.create("a-session", model=ScriptedModel([])) if caller == "agent" else None
+    if agent is not None:
+        agent.start_turn()
+
+    def work(call_id: str) -> ToolCall:
+        if agent is not None:
+            return ToolCall("work", {}, call_id, agent)
+        return ToolCall("work", {}, call_id, conversation="conv")
+
+    for n in range(2):
+        assert (await harness.tools.execute(work(f"c{n}"))).result.content == "done"
+    harness.reload([cap, {"name": "retry"}])
+    third = await harness.tools.execute(work("c2"))
+    assert third.result.code == TOOL_DENIED
+    assert "already made 2 tool calls" in third.result.content
+    # a new turn of the conversation starts from zero, as before the reload
+    if agent is not None:
+        agent.start_turn()
+        await harness.loop.prompt_submit(agent, "next")
+    else:
+        harness.reset("conv")
+    assert (await harness.tools.execute(work("c3"))).result.content == "done"
+
+
+async def test_watching_a_file_saved_the_way_editors_save_never_drops_a_cap(
+    tmp_path: Path,
+) -> None:
+    """An editor's save: truncate, write in parts (a cut-off entry between), or write a
+    new file and rename it over. The watcher never loads the empty or half-written file
+    — the cap holds throughout — and loads the whole new file once it stops changing."""
+    import io
+    import os
+
+    from guardstack.cli.watch import watch_config
+
+    config = tmp_path / "stack.yaml"
+    capped = "- name: tool-call-limit\n  config: {per_turn: 2}\n"
+    config.write_text(capped)
+    harness = harness_with_tool()
+    harness.load(config)
+    said = io.StringIO()
+    stacks: list[str] = []
+    async with anyio.create_task_group() as group:
+        group.start_soon(lambda: watch_config(harness, config, interval_s=0.5, say=said))
+
+        async def sample() -> None:  # the stack as a call would find it, every 10 ms
+            while True:
+                stacks.append(harness.describe())
+                await anyio.sleep(0.01)
+
+        group.start_soon(sample)
+        await anyio.sleep(0.45)
+        # 1. truncated, then nothing more for over a whole interval (an editor paused)
+        config.write_text("")
+        await anyio.sleep(1.2)
+        assert harness.version == 0
+        # 2. written in parts, 80 ms apart: the watcher may look at any instant
+        whole = capped + "- name: retry\n  config: {attempts: 2}\n"
+        config.write_text("")
+        for end in (10, 30, len(capped) + 5, len(whole)):
+            with config.open("w") as part:
+                part.write(whole[:end])
+            await anyio.sleep(0.08)
+        await anyio.sleep(1.0)
+        assert harness.version == 1
+        # 3. a new file renamed over the old (whitespace only, first)
+        blank = tmp_path / "stack.yaml.tmp"
+        blank.write_text("  \n\n# nothing yet\n")
+        os.replace(blank, config)
+        await anyio.sleep(1.2)
+        assert harness.version == 1
+        group.cancel_scope.cancel()
+    assert all("tool-call-limit" in stack for stack in stacks)  # never a moment without it
+    lines = said.getvalue().splitlines()
+    assert sum("reloaded:" in line for line in lines) == 1
+    assert "(tool-call-limit, retry)" in next(line for line in lines if "reloaded:" in line)
+    assert any("the file is empty" in line for line in lines)

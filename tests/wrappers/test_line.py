@@ -23,7 +23,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guardstack.pipeline import ConfigError, Harness, ToolCall, ToolDefinition
-from guardstack.wrappers import AdaptiveConcurrencyLimit, ConcurrencyLimit, RateLimit
+from guardstack.wrappers import (
+    AdaptiveConcurrencyLimit,
+    ConcurrencyLimit,
+    RateLimit,
+    TokenRateLimit,
+)
 from guardstack.wrappers._line import WaitLine
 
 
@@ -229,3 +234,40 @@ async def test_a_fair_bulkhead_gives_each_waiting_tenant_its_turn(
             between = [t for _, t in order[before + 1 : after]]
             for other in set(between):
                 assert between.count(other) <= math.ceil(weight[other] / weight[tenant])
+
+
+# -- fair lines at a rate limit: every waiter is served (no deadlock) -------------------
+
+
+def rate_limited(kind: str, fair: Any) -> Any:
+    if kind == "rate":
+        return RateLimit(per_second=20, fair=fair)
+    return TokenRateLimit(stage="dispatch", requests_per_minute=1200, fair=fair)
+
+
+@pytest.mark.parametrize("kind", ["rate", "tokens"])
+async def test_a_small_tenant_between_a_big_batch_is_served_at_a_fair_rate_limit(
+    kind: str,
+) -> None:
+    """Admitting a call changes which tenant's waiter is the head: the line must wake
+    that new head, or the small tenant waits until its own timeout (a deadlock)."""
+    calls = [Arrival(3, 0, "big", 10) for _ in range(6)] + [Arrival(5, 0, "small", 10)]
+    with anyio.fail_after(60):  # a deadlock waits forever; the calls need well under 1 s
+        log = await admissions(rate_limited(kind, True), calls)
+    assert len(log) == len(calls)
+    small_at = next(when for when, _, arrival in log if arrival.tenant == "small")
+    assert small_at < 0.2  # served within a couple of turns, not after the whole batch
+
+
+@pytest.mark.parametrize("kind", ["rate", "tokens"])
+@given(calls=arrivals, weights=st.fixed_dictionaries({}, optional={"a": st.integers(1, 3)}))
+async def test_every_waiter_at_a_fair_rate_limit_is_served(
+    kind: str, calls: list[Arrival], weights: dict[str, int]
+) -> None:
+    """Random arrivals, priorities and tenants at a fair rate limit (tool stage): every
+    call is admitted, in bounded virtual time, and no call of a higher priority waits
+    while a lower one is admitted."""
+    with anyio.fail_after(600):
+        log = await admissions(rate_limited(kind, weights or True), calls)
+    assert len(log) == len(calls)
+    check_priority(calls, log)
