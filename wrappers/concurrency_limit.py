@@ -196,9 +196,8 @@ class SlotQueue:
         finally:
             self.metrics.waited(key, started, admitted)
             waiting.leave(waiter)  # wakes the line's head, whoever it is now
-            if not waiting:
-                if self.queues.get(key) is waiting:
-                    del self.queues[key]
+            if not waiting and self.queues.get(key) is waiting:
+                del self.queues[key]
         raise QueueFull(
             f"it waited {round((timeout_s or 0) * 1000)}ms for one of its "
             f"{limit} slots. Try again shortly, or do something else first."

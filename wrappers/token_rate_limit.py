@@ -358,9 +358,8 @@ class _Minutes(Generic[ItemT, ValueT, OutcomeT]):
                     await waiter.event.wait()
         finally:
             line.leave(waiter)  # wakes the line's head, whoever it is now
-            if not line:
-                if self.lines.get(key) is line:
-                    del self.lines[key]
+            if not line and self.lines.get(key) is line:
+                del self.lines[key]
 
     def _why(self, reservation: Any) -> str:
         window = reservation.window
