@@ -177,9 +177,9 @@ class _Buckets(Generic[ItemT, ValueT, OutcomeT]):
         finally:
             self.metrics.waited(key, started, admitted)
             queue.leave(waiter)  # wakes the line's head, whoever it is now
-            if not queue:
-                if self.queues.get(key) is queue:  # the line this waiter stood in, not a newer
-                    del self.queues[key]
+            # the line this waiter stood in, not a newer one
+            if not queue and self.queues.get(key) is queue:
+                del self.queues[key]
 
     async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         stage = self.stage
