@@ -14,6 +14,7 @@ Every model call goes through the loop's ``model_call`` stage as a
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, runtime_checkable
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, runtime_check
 import attrs
 
 from guardstack.pipeline.frozen import copy_with, passes, quick_init
+from guardstack.pipeline.values import message_of
 
 if TYPE_CHECKING:
     from guardstack.pipeline.loop import Agent
@@ -94,6 +96,29 @@ class ModelError(Exception):
 
     def __repr__(self) -> str:
         return f"ModelError({self.message!r}, {self.code!r}, retry_after_s={self.retry_after_s!r})"
+
+
+def noted(error: BaseException, note: str) -> ModelError:
+    """``error`` with ``note`` added to its message (``"… (note)"``), as a ``ModelError``
+    that keeps everything the failure carried — its code, ``refused``,
+    ``retry_after_s``, ``layer``, the partial reply, and its class — so a layer that
+    says why it stopped never turns guardstack's own refusal into a provider's
+    failure. Any other exception becomes a ``ModelError`` of its code, caused by it."""
+    if isinstance(error, ModelError):
+        message = f"{error.message} ({note})"
+        try:
+            explained = copy.copy(error)
+        except Exception:  # a subclass that cannot be made again from its args
+            explained = ModelError(
+                message, error.code, error.retry_after_s, layer=error.layer,
+                refused=error.refused, partial=error.partial,
+            )  # fmt: skip
+        explained.message = message
+        explained.args = (message, *error.args[1:])
+    else:
+        explained = ModelError(f"{message_of(error)} ({note})", MODEL_FAILED)
+    explained.__cause__ = error
+    return explained
 
 
 def model_error_code(error: BaseException) -> str:

@@ -42,6 +42,7 @@ from guardstack.pipeline.model import (
     ModelReply,
     ModelRequest,
     model_error_code,
+    noted,
 )
 from guardstack.pipeline.values import (
     TOOL_ABORTED,
@@ -56,7 +57,6 @@ from guardstack.pipeline.values import (
     ToolError,
     ToolResult,
     failure_from_exception,
-    message_of,
     timeout_result,
 )
 
@@ -364,14 +364,15 @@ class ToolStage(StageAdapter[ToolCall, ToolResult, ToolResult]):
         return failure_from_exception(error)
 
     def explained(self, outcome: ToolResult, note: str) -> ToolResult:
+        # the note is added to the outcome, which keeps everything else it carries
         error = outcome.error
-        message = f"{error.message if error else outcome.content} ({note})"
-        name = error.name if error else None
-        return ToolResult(
-            f"{outcome.content} ({note})",
-            True,
-            ToolError(message, name, outcome.code),
-            outcome.value,
+        if error is None:
+            error = ToolError(outcome.content, None, outcome.code)
+        return attrs.evolve(
+            outcome,
+            content=f"{outcome.content} ({note})",
+            is_error=True,
+            error=attrs.evolve(error, message=f"{error.message} ({note})"),
         )
 
     def code_for(self, kind: FailureKind) -> str:
@@ -495,12 +496,7 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply, ModelReply | Exception])
     def explained(self, outcome: ModelReply | Exception, note: str) -> ModelReply | Exception:
         if isinstance(outcome, ModelReply):
             return outcome  # a reply is no failure to explain
-        layer = outcome.layer if isinstance(outcome, ModelError) else None
-        explained = ModelError(
-            f"{message_of(outcome)} ({note})", model_error_code(outcome), layer=layer
-        )
-        explained.__cause__ = outcome
-        return explained
+        return noted(outcome, note)
 
     def code_for(self, kind: FailureKind) -> str:
         return _MODEL_CODES[kind]

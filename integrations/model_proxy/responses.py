@@ -18,12 +18,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from guardstack.integrations._provider import usage_reported
+from guardstack.integrations.model_proxy import shapes
 from guardstack.integrations.model_proxy.wires import (
     Wire,
     _arguments,
-    _optional_int,
     _unknown,
-    need,
+    conformed,
     positive_int,
     text_of,
 )
@@ -61,36 +61,7 @@ class Responses(Wire):
     history = "input"
 
     def check(self, data: dict[str, Any]) -> None:
-        need(isinstance(data.get("model"), str), "model", "text")
-        given = data.get("input")
-        need(isinstance(given, str | list), "input", "text or a list of items")
-        for index, item in enumerate(given if isinstance(given, list) else ()):
-            where = f"input[{index}]"
-            need(isinstance(item, dict), where, "an object")
-            kind = item.get("type", "message")
-            need(isinstance(kind, str), f"{where}.type", "text")
-            if kind == "message":
-                need(isinstance(item.get("role"), str), f"{where}.role", "text")
-                content = item.get("content")
-                need(
-                    isinstance(content, str)
-                    or (isinstance(content, list) and all(isinstance(p, dict) for p in content)),
-                    f"{where}.content",
-                    "text or a list of parts",
-                )
-            elif kind == "function_call":
-                need(isinstance(item.get("call_id"), str), f"{where}.call_id", "text")
-                need(isinstance(item.get("name"), str), f"{where}.name", "text")
-                need(isinstance(item.get("arguments", ""), str), f"{where}.arguments", "text")
-            elif kind == "function_call_output":
-                need(isinstance(item.get("call_id"), str), f"{where}.call_id", "text")
-                output = item.get("output")
-                need(isinstance(output, str | list), f"{where}.output", "text or a list")
-        instructions = data.get("instructions")
-        need(instructions is None or isinstance(instructions, str), "instructions", "text")
-        need(isinstance(data.get("stream", False), bool), "stream", "true or false")
-        need(isinstance(data.get("tools", []), list), "tools", "a list")
-        _optional_int(data, "max_output_tokens")
+        conformed(data, shapes.RESPONSES)
 
     def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
         headers = {"content-type": "application/json"}

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from guardstack.integrations._provider import usage_reported
+from guardstack.integrations.model_proxy import shapes
 from guardstack.pipeline import ModelReply, Usage
 
 __all__ = ["ANTHROPIC", "OPENAI", "Malformed", "Wire", "text_of"]
@@ -74,13 +75,11 @@ def need(condition: bool, where: str, what: str) -> None:
         raise Malformed(f"{where} must be {what}")
 
 
-def _optional_int(data: Mapping[str, Any], key: str) -> None:
-    value = data.get(key)
-    need(
-        value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
-        key,
-        "a whole number above 0",
-    )
+def conformed(data: dict[str, Any], shape: shapes.Shape) -> None:
+    """Raise ``Malformed`` where ``data`` is not what the provider's schema types."""
+    wrong = shapes.conform(data, shape)
+    if wrong is not None:
+        raise Malformed(wrong)
 
 
 def positive_int(value: Any) -> int | None:
@@ -209,44 +208,8 @@ class OpenAIChat(Wire):
     name, path = "openai", "/v1/chat/completions"
 
     def check(self, data: dict[str, Any]) -> None:
-        need(isinstance(data.get("model"), str), "model", "text")
-        messages = data.get("messages")
-        need(isinstance(messages, list) and bool(messages), "messages", "a non-empty list")
-        assert isinstance(messages, list)
-        for index, message in enumerate(messages):
-            where = f"messages[{index}]"
-            need(isinstance(message, dict), where, "an object")
-            need(isinstance(message.get("role"), str), f"{where}.role", "text")
-            content = message.get("content")
-            need(
-                content is None
-                or isinstance(content, str)
-                or (isinstance(content, list) and all(isinstance(p, dict) for p in content)),
-                f"{where}.content",
-                "text, a list of parts, or null",
-            )
-            calls = message.get("tool_calls")
-            need(calls is None or isinstance(calls, list), f"{where}.tool_calls", "a list")
-            for number, call in enumerate(calls or ()):
-                at = f"{where}.tool_calls[{number}]"
-                need(isinstance(call, dict), at, "an object")
-                function = call.get("function")
-                need(isinstance(function, dict), f"{at}.function", "an object")
-                need(isinstance(function.get("name"), str), f"{at}.function.name", "text")
-                arguments = function.get("arguments")
-                need(
-                    arguments is None or isinstance(arguments, str),
-                    f"{at}.function.arguments",
-                    "text",
-                )
-            call_id = message.get("tool_call_id")
-            need(call_id is None or isinstance(call_id, str), f"{where}.tool_call_id", "text")
-        need(isinstance(data.get("stream", False), bool), "stream", "true or false")
-        options = data.get("stream_options")
-        need(options is None or isinstance(options, dict), "stream_options", "an object")
-        need(isinstance(data.get("tools", []), list), "tools", "a list")
-        _optional_int(data, "max_tokens")
-        _optional_int(data, "max_completion_tokens")
+        conformed(data, shapes.CHAT)
+        need(bool(data["messages"]), "messages", "a non-empty list")
 
     def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
         headers = {"content-type": "application/json"}
@@ -370,43 +333,8 @@ class AnthropicMessages(Wire):
     name, path = "anthropic", "/v1/messages"
 
     def check(self, data: dict[str, Any]) -> None:
-        need(isinstance(data.get("model"), str), "model", "text")
-        need(
-            positive_int(data.get("max_tokens")) is not None, "max_tokens", "a whole number above 0"
-        )
-        messages = data.get("messages")
-        need(isinstance(messages, list) and bool(messages), "messages", "a non-empty list")
-        assert isinstance(messages, list)
-        for index, message in enumerate(messages):
-            where = f"messages[{index}]"
-            need(isinstance(message, dict), where, "an object")
-            need(message.get("role") in ("user", "assistant"), f"{where}.role", "user or assistant")
-            content = message.get("content")
-            need(
-                isinstance(content, str | list),
-                f"{where}.content",
-                "text or a list of blocks",
-            )
-            for number, block in enumerate(content if isinstance(content, list) else ()):
-                at = f"{where}.content[{number}]"
-                need(isinstance(block, dict) and isinstance(block.get("type"), str), at,
-                     "a block with a type")  # fmt: skip
-                if block["type"] == "tool_use":
-                    need(isinstance(block.get("id"), str), f"{at}.id", "text")
-                    need(isinstance(block.get("name"), str), f"{at}.name", "text")
-                    need(isinstance(block.get("input", {}), dict), f"{at}.input", "an object")
-                elif block["type"] == "tool_result":
-                    need(isinstance(block.get("tool_use_id"), str), f"{at}.tool_use_id", "text")
-                    result = block.get("content")
-                    need(
-                        result is None or isinstance(result, str | list),
-                        f"{at}.content",
-                        "text or a list of blocks",
-                    )
-        system = data.get("system")
-        need(system is None or isinstance(system, str | list), "system", "text or blocks")
-        need(isinstance(data.get("stream", False), bool), "stream", "true or false")
-        need(isinstance(data.get("tools", []), list), "tools", "a list")
+        conformed(data, shapes.MESSAGES)
+        need(bool(data["messages"]), "messages", "a non-empty list")
 
     def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
         headers = {

@@ -269,3 +269,41 @@ async def test_a_provider_s_retry_after_is_waited_but_never_past_the_ceiling() -
     assert outcome.result.content == "ok"
     starts = [run.started - tool.runs[0].started for run in tool.runs]
     assert starts == pytest.approx([0, 1.5, 1.7], abs=1e-9)
+
+
+async def test_a_deadline_stop_keeps_a_refusal_a_refusal_on_the_model_stage() -> None:
+    """A rate limit's refusal (guardstack's own, ``refused``, with ``retry_after_s``)
+    that ``respect_deadline`` does not retry is passed on as that refusal, with a note:
+    a breaker outside does not count it as the provider failing, and the message
+    names its code once."""
+    from guardstack.pipeline import (
+        MODEL_RATE_LIMITED,
+        Harness,
+        ModelError,
+        ModelReply,
+        ModelRequest,
+    )
+    from guardstack.pipeline.testing import ScriptedModel
+    from guardstack.wrappers import CircuitBreaker, RateLimit
+
+    model = ScriptedModel([ModelReply(text) for text in ("one", "two", "three", "four")])
+    built = Harness(model)
+    built.plugin(CircuitBreaker(stage="model", minimum_calls=1, failure_ratio=1.0))
+    built.plugin(Timeout(stage="model", ms=1_000))
+    built.plugin(Retry(stage="model", attempts=3, respect_deadline=True, jitter=False))
+    built.plugin(RateLimit(stage="model", per_second=0.01, burst=1, wait=False))
+    agent = built.loop.create("s")
+    assert (await built.loop.call_model(ModelRequest(agent, [], []))).text == "one"
+    for _ in range(3):  # never a breaker's refusal: the provider never failed
+        with pytest.raises(ModelError) as raised:
+            await built.loop.call_model(ModelRequest(agent, [], []))
+        refusal = raised.value
+        assert (refusal.code, refusal.refused, refusal.layer) == (
+            MODEL_RATE_LIMITED,
+            True,
+            "rate-limit",
+        )
+        assert refusal.retry_after_s == pytest.approx(100, abs=1)
+        assert "not retried:" in refusal.message
+        assert str(refusal).count(MODEL_RATE_LIMITED) == 1
+    assert model.remaining == 3
