@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from guardstack.integrations._gate import Gate
+from guardstack.integrations._gate import Gate, serve
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.harness import Harness
 
@@ -115,4 +115,4 @@ async def _serve_http(
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     )
-    await server.serve()
+    await serve(server)

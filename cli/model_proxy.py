@@ -15,8 +15,9 @@ from pathlib import Path
 
 import anyio
 
-from guardstack.cli.mcp_proxy import _listen
+from guardstack.cli.mcp_proxy import _listen, export_from_environment
 from guardstack.cli.watch import watch_config
+from guardstack.integrations._gate import serve
 from guardstack.integrations.model_proxy import DEFAULT, ModelProxy
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.harness import Harness, read_config_file
@@ -130,37 +131,48 @@ async def run_model_proxy(
         upstream_keys[name] = key
     client_keys = _keys(keys) if keys is not None else None
     admin_key = _admin_key(admin_key_env)
-    harness = Harness()
-    if config is not None:
-        harness.load(config, allow_imports=allow_imports)
+    # OTEL_EXPORTER_OTLP_ENDPOINT: a `tracing` layer's spans (and the metrics) go there;
+    # set up before the stack is built, whose layers take the providers as they load
+    telemetry = export_from_environment("guardstack-model-proxy")
     try:
-        proxy = ModelProxy(
-            harness,
-            urls.pop(DEFAULT),
-            upstream_key=upstream_keys.pop(DEFAULT, None),
-            upstreams=urls,
-            upstream_keys=upstream_keys,
-            client_keys=client_keys,
-            listen_host=host,
-            allow_origins=allow_origins or (),
-            allow_hosts=allow_hosts or (),
-            drain_ms=drain_ms,
-            conversation_idle_ms=conversation_idle_ms,
-            max_conversations=max_conversations,
-            max_body_bytes=max_body_bytes,
-            admin_key=admin_key,
+        harness = Harness()
+        if config is not None:
+            harness.load(config, allow_imports=allow_imports)
+        try:
+            proxy = ModelProxy(
+                harness,
+                urls.pop(DEFAULT),
+                upstream_key=upstream_keys.pop(DEFAULT, None),
+                upstreams=urls,
+                upstream_keys=upstream_keys,
+                client_keys=client_keys,
+                listen_host=host,
+                allow_origins=allow_origins or (),
+                allow_hosts=allow_hosts or (),
+                drain_ms=drain_ms,
+                conversation_idle_ms=conversation_idle_ms,
+                max_conversations=max_conversations,
+                max_body_bytes=max_body_bytes,
+                admin_key=admin_key,
+            )
+        except ConfigError as error:  # a fallback naming an upstream nobody gave
+            raise in_file(error, config) from error
+        print(
+            f"guardstack model-proxy: serving http://{host}:{port}/v1", file=sys.stderr, flush=True
         )
-    except ConfigError as error:  # a fallback naming an upstream nobody gave
-        raise in_file(error, config) from error
-    print(f"guardstack model-proxy: serving http://{host}:{port}/v1", file=sys.stderr, flush=True)
-    try:
-        server = uvicorn.Server(
-            uvicorn.Config(proxy.app, host=host, port=port, log_level="warning")
-        )
-        async with anyio.create_task_group() as group:
-            if watch and config is not None:
-                group.start_soon(lambda: watch_config(harness, config, allow_imports=allow_imports))
-            await server.serve()
-            group.cancel_scope.cancel()
+        try:
+            server = uvicorn.Server(
+                uvicorn.Config(proxy.app, host=host, port=port, log_level="warning")
+            )
+            async with anyio.create_task_group() as group:
+                if watch and config is not None:
+                    group.start_soon(
+                        lambda: watch_config(harness, config, allow_imports=allow_imports)
+                    )
+                await serve(server)
+                group.cancel_scope.cancel()
+        finally:
+            await proxy.aclose()
     finally:
-        await proxy.aclose()
+        if telemetry is not None:
+            telemetry.shutdown()  # flush what the proxy traced

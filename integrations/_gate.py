@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import AsyncIterator, Collection, Mapping
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -141,3 +141,23 @@ def client_key(headers: Mapping[str, str]) -> str:
     if scheme.lower() == "bearer" and key.strip():
         return key.strip()
     return headers.get("x-api-key", "").strip()
+
+
+async def serve(server: Any) -> None:
+    """``await server.serve()`` for a ``uvicorn.Server``, and a SIGTERM (a service
+    manager's stop) ends it as gracefully as Ctrl-C: uvicorn finishes what is in flight,
+    then *raises the signal again* once it has put the earlier handlers back — with
+    Python's default handler the process would die there, before the caller's
+    ``finally`` blocks flush telemetry, close the ledger or say goodbye. While it serves,
+    the handler it puts back for SIGTERM does nothing, so ``serve`` returns instead."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        await server.serve()
+        return
+    before = signal.signal(signal.SIGTERM, lambda number, frame: None)
+    try:
+        await server.serve()
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -35,7 +35,10 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "cli/demo.py": ("tests/cli/test_main.py",),
     "cli/mcp_gateway.py": ("tests/integrations/mcp_gateway/test_server.py",),
     "cli/mcp_proxy.py": ("tests/integrations/test_mcp_proxy.py",),
-    "cli/model_proxy.py": ("tests/integrations/model_proxy/test_app.py",),
+    "cli/model_proxy.py": (
+        "tests/integrations/model_proxy/test_app.py",
+        "tests/integrations/model_proxy/test_command.py",
+    ),
     "cli/watch.py": ("tests/pipeline/test_reload.py",),
     # The caps' shared accounting: through the caps that use it.
     "guards/_accounts.py": (

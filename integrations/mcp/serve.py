@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer, TracerProvider
 
 from guardstack.integrations._extras import require
-from guardstack.integrations._gate import Gate
+from guardstack.integrations._gate import Gate, serve
 from guardstack.integrations.mcp.gate import calls_of, checked_by_gate, gated
 from guardstack.integrations.mcp.relay import NotificationRelay
 from guardstack.integrations.mcp.tools import (
@@ -416,7 +416,7 @@ async def serve_proxy_http(
                 lost()
 
             group.start_soon(stop_when_gone)
-        await running.serve()
+        await serve(running)
         group.cancel_scope.cancel()
     if gone:
         raise McpServerError("the MCP server behind the proxy stopped; the proxy stops too")

@@ -1,0 +1,76 @@
+"""``guardstack model-proxy`` as a user runs it: the console command in its own process,
+on a free loopback port, its standard error kept in a file the test reads."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+
+import anyio
+import attrs
+
+from tests.integrations.ports import free_port, until_listening
+
+ROOT = Path(__file__).parents[3]
+
+
+@attrs.define
+class Running:
+    """A proxy process: its port, its process and the file its standard error goes to."""
+
+    port: int
+    process: anyio.abc.Process
+    stderr: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def said(self) -> str:
+        return self.stderr.read_text("utf-8", errors="replace")
+
+
+def command(*arguments: str) -> list[str]:
+    return [
+        sys.executable, "-c", "from guardstack.cli.main import main; raise SystemExit(main())",
+        *arguments,
+    ]  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def running(
+    arguments: Sequence[str],
+    tmp_path: Path,
+    *,
+    environment: Mapping[str, str] | None = None,
+    name: str = "model-proxy",
+    port: int | None = None,
+) -> AsyncIterator[Running]:
+    """``guardstack model-proxy ARGUMENTS --listen 127.0.0.1:PORT``, until the block ends
+    (then SIGTERM, as a service manager stops it, and a bounded wait)."""
+    port = port or free_port()
+    stderr = tmp_path / f"{name}-{port}.stderr"
+    env = {**os.environ, **(environment or {})}
+    with stderr.open("wb") as sink:
+        process = await anyio.open_process(
+            command(name, *arguments, "--listen", f"127.0.0.1:{port}"),
+            cwd=str(ROOT),
+            env=env,
+            stderr=sink,
+            stdout=sink,
+        )
+    proxy = Running(port, process, stderr)
+    try:
+        try:
+            await until_listening(port)
+        except BaseException:
+            raise AssertionError(f"the proxy did not start:\n{proxy.said()}") from None
+        yield proxy
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        with anyio.fail_after(15):
+            await process.wait()
