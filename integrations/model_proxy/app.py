@@ -235,6 +235,7 @@ class ModelProxy:
         stopped, reminders = await self._guard(conversation, wire, messages)
         if stopped is not None:
             return _stop(wire, stopped, data, stream)
+        agent.start_step()  # each request forwarded is one step of the conversation's turn
         forwarded, changed = data, False
         if reminders:
             forwarded, changed = wire.remind(forwarded, reminders), True

@@ -159,6 +159,11 @@ class Agent(Place):
         self._turn += 1
         self.turn_usage, self.turn_model_calls, self.step = NO_USAGE, 0, 0
 
+    def start_step(self) -> None:
+        """A step run outside the loop begins (each model request the model proxy
+        forwards for a conversation is one): what notes once per step notes again."""
+        self.step += 1
+
     def note(self, text: str, plugin: str) -> None:
         """Log a context message from ``plugin`` now (a ``user/message`` it sources); the
         next request rebuilt from the log carries it. For layers that speak to the model

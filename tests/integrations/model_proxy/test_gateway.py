@@ -373,6 +373,28 @@ async def test_the_whole_model_stage_runs_behind_the_proxy(chat_server: ChatServ
     assert any(span.name.startswith("chat") for span in rig.spans)
 
 
+async def test_budget_notice_notes_every_request_of_a_turn_behind_the_proxy(
+    chat_server: ChatServer,
+) -> None:
+    """Reported: only the first request of a turn was noted (it notes once per step, and
+    the proxy never advanced the step, though each forwarded request is one)."""
+    harness = Harness()
+    harness.plugin(ModelCallLimit(per_turn=5))
+    harness.plugin(BudgetNotice(show=("model_calls",)))
+    chat_server.script = [Answer("noted")] * 3
+    asked = [*ASK]
+    async for served in serve(harness, chat_server):
+        for _ in range(3):  # one turn: the person's message, then the model's answers
+            await one(served, "/v1/chat/completions", {"model": "m", "messages": asked})
+            asked = [*asked, {"role": "assistant", "content": "noted"}]
+    notices = [sent["messages"][-1]["content"] for sent in chat_server.requests]
+    assert notices == [
+        "Budget left: 5 model calls. Plan to finish within it.",
+        "Budget left: 4 model calls. Plan to finish within it.",
+        "Budget left: 3 model calls. Plan to finish within it.",
+    ]
+
+
 # -- the Responses API ------------------------------------------------------------------
 
 
