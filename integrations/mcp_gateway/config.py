@@ -35,6 +35,7 @@ Every mistake is a ``ConfigError`` naming the file, the key and the value.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,10 +57,48 @@ __all__ = [
     "is_gateway_config",
     "read_gateway",
     "read_keys",
+    "served_names",
 ]
 
 #: Between a server's name and its tool's, prompt's or resource's in a served name.
 SEPARATOR: Final = "_"
+#: What a served name may hold, and how long it may be: what the strictest clients
+#: accept (OpenAI's ``^[a-zA-Z0-9_-]{1,64}$`` for a function's name).
+_SERVABLE: Final = re.compile(r"[A-Za-z0-9_-]+")
+_NOT_SERVABLE: Final = re.compile(r"[^A-Za-z0-9_-]")
+MAX_SERVED: Final = 64
+
+
+def served_names(server: str, names: list[str]) -> dict[str, str]:
+    """Each of a downstream's own names -> the name the gateway serves it under
+    (``<server>_<name>``): letters, digits, ``_`` and ``-`` only, at most 64 in all.
+
+    A name that already fits is served as it is. One that does not — a space, a dot,
+    ``/``, a newline, a letter outside ASCII, too long — has each other character
+    written ``_`` and a short digest of the name it came from added (``dots_in_name-
+    3f9a1c``), so two names that map alike stay apart and a name is served under the
+    same name every time the server is listed."""
+    room = MAX_SERVED - len(server) - len(SEPARATOR)
+    taken: set[str] = set()
+    found: dict[str, str] = {}
+    plain = [n for n in names if _SERVABLE.fullmatch(n) and len(n) <= room]
+    for name in plain:
+        found[name] = f"{server}{SEPARATOR}{name}"
+        taken.add(name)
+    for name in names:
+        if name in found:
+            continue
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+        for width in range(6, len(digest) + 1):
+            tail = f"-{digest[:width]}"
+            mapped = _NOT_SERVABLE.sub("_", name)[: max(0, room - len(tail))] + tail
+            if mapped not in taken:
+                break
+        taken.add(mapped)
+        found[name] = f"{server}{SEPARATOR}{mapped}"
+    return found
+
+
 _SERVER_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,39}")
 _SERVER_KEYS: Final = ("command", "args", "env", "url", "headers", "timeouts_ms")
 

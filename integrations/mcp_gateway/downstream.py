@@ -31,7 +31,7 @@ import anyio
 import attrs
 
 from guardstack.integrations.mcp import mcp_tools, tracing_provider
-from guardstack.integrations.mcp_gateway.config import SEPARATOR, ServerSpec
+from guardstack.integrations.mcp_gateway.config import ServerSpec, served_names
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.onion import Registration
 from guardstack.pipeline.values import TOOL_UNAVAILABLE, ToolCall, ToolDefinition, ToolResult
@@ -88,6 +88,9 @@ class Downstream:
         #: Why it last went away.
         self.last_error: str | None = None
         self._registered: dict[str, Registration] = {}
+        #: Its own names -> the names served, and back (letters, digits, _ and - only).
+        self._served: dict[str, str] = {}
+        self._own: dict[str, str] = {}
         #: Set to wake the watch: the connection was found closed, or a list changed.
         self._wake = anyio.Event()
         self._lost = self._relist = False
@@ -98,8 +101,17 @@ class Downstream:
         return self.spec.name
 
     def served(self, name: str) -> str:
-        """The name the gateway serves its ``name`` under."""
-        return f"{self.spec.name}{SEPARATOR}{name}"
+        """The name the gateway serves its ``name`` under (``config.served_names``)."""
+        found = self._served.get(name)
+        return found if found is not None else served_names(self.spec.name, [name])[name]
+
+    def own(self, served: str) -> str | None:
+        """Its own name for a name the gateway serves, or ``None``."""
+        return self._own.get(served)
+
+    def _name_all(self, names: list[str]) -> None:
+        self._served = served_names(self.spec.name, sorted(set(names)))
+        self._own = {served: name for name, served in self._served.items()}
 
     async def wait_tried(self) -> None:
         """Until its first start has succeeded or failed."""
@@ -199,6 +211,10 @@ class Downstream:
         else:
             self.resources, self.templates = [], []
         self.tools = {name: tool for name, tool in listed.items() if name in _names(definitions)}
+        self._name_all(
+            [*self.tools, *(p.name for p in self.prompts), *(r.name for r in self.resources)]
+            + [t.name for t in self.templates]
+        )
         self._register([(d, self._live(d)) for d in definitions])
 
     def _live(self, definition: ToolDefinition) -> Callable[..., Awaitable[Any]]:

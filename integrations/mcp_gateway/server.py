@@ -170,11 +170,12 @@ class Gateway:
 
     def split(self, served: str) -> tuple[Downstream, str] | None:
         """The downstream and its own name for a served name, or ``None``."""
-        server, separator, name = served.partition(SEPARATOR)
+        server, separator, _ = served.partition(SEPARATOR)
         downstream = self.downstreams.get(server)
-        if not separator or downstream is None or not name:
+        if not separator or downstream is None:
             return None
-        return downstream, name
+        name = downstream.own(served)
+        return (downstream, name) if name is not None else None
 
     def _conversation(self, ctx: Any, tenant: Tenant | None) -> str:
         connection = getattr(ctx, "connection", None) or getattr(
@@ -336,7 +337,12 @@ class Gateway:
         if reservation.granted:
             return None, op_id
         refused = quotas[windows.index(reservation.window)] if reservation.window else quotas[0]
-        what = f"tool {server}{SEPARATOR}{refused.tool}" if refused.tool else f"server {server!r}"
+        served = self.downstreams[server].served if server in self.downstreams else None
+        what = (
+            f"tool {served(refused.tool) if served else refused.tool}"
+            if refused.tool
+            else f"server {server!r}"
+        )
         return (
             f"tenant {tenant.name!r} has used its {refused.calls_per_day} calls today to {what} "
             "(the quota starts again at 00:00 UTC)",

@@ -4,7 +4,10 @@ MODE PID_FILE``.
 * ``endless-cursor`` — ``tools/list`` always answers with a next cursor (a new one each page);
 * ``same-cursor`` — ``tools/list`` answers the same next cursor forever;
 * ``duplicates`` — two tools under one name;
-* ``silent`` — reads its input and never answers anything, not even ``initialize``.
+* ``silent`` — reads its input and never answers anything, not even ``initialize``;
+* ``names`` — tools named with what clients refuse in a name (a space, dots, ``/``,
+  letters outside ASCII, ``;``, a newline, 80 characters), two of which map alike;
+  each call answers the name it was called by.
 
 Each writes its pid to PID_FILE first, so a test can check the process is gone.
 """
@@ -23,9 +26,14 @@ from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-MODE = sys.argv[1]
-Path(sys.argv[2]).write_text(str(os.getpid()), "utf-8")
+MODE = sys.argv[1] if __name__ == "__main__" else ""
+if __name__ == "__main__":
+    Path(sys.argv[2]).write_text(str(os.getpid()), "utf-8")
 _pages = itertools.count(1)
+ODD_NAMES = [
+    "has space", "dots.in.name", "slash/name", "ünïcode", "semi;colon", "names_new\nline",
+    "plain_name", "same.name", "same/name", "x" * 80,
+]  # fmt: skip
 
 
 def _tool(name: str) -> types.Tool:
@@ -35,12 +43,15 @@ def _tool(name: str) -> types.Tool:
 async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
     if MODE == "duplicates":
         return types.ListToolsResult(tools=[_tool("twin"), _tool("twin")])
+    if MODE == "names":
+        return types.ListToolsResult(tools=[_tool(name) for name in ODD_NAMES])
     cursor = "again" if MODE == "same-cursor" else f"page-{next(_pages)}"
     return types.ListToolsResult(tools=[_tool(f"t-{cursor}")], next_cursor=cursor)
 
 
 async def call_tool(ctx: Any, params: Any) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text="ok")])
+    text = params.name if MODE == "names" else "ok"
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
 
 async def main() -> None:

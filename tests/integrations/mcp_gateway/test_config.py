@@ -96,3 +96,32 @@ def test_describe_and_check_show_the_whole_gateway(tmp_path: Path) -> None:
     assert checked.stdout.startswith("servers:\n  a (not started; 0 tools): ")
     assert "team-b: b; quotas b 3/day" in checked.stdout
     assert "2. retry: runs the layers after it again" in checked.stdout
+
+
+def test_served_names_fit_what_clients_accept_whatever_the_downstream_calls_them() -> None:
+    """A property of ``served_names`` over any names: each served name fits
+    ``^[a-zA-Z0-9_-]{1,64}$``, starts with its server's, is unique, a name that fits is
+    served as it is, and the same names are served alike every time."""
+    import re
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from guardstack.integrations.mcp_gateway.config import served_names
+
+    @given(
+        server=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9-]{0,39}", fullmatch=True),
+        names=st.lists(st.text(min_size=1, max_size=90), max_size=12, unique=True),
+    )
+    def check(server: str, names: list[str]) -> None:
+        served = served_names(server, names)
+        assert set(served) == set(names)
+        assert len(set(served.values())) == len(names)
+        for name, mapped in served.items():
+            assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", mapped), mapped
+            assert mapped.startswith(f"{server}_")
+            if re.fullmatch(r"[A-Za-z0-9_-]+", name) and len(server) + 1 + len(name) <= 64:
+                assert mapped == f"{server}_{name}"
+        assert served_names(server, list(reversed(names))) == served
+
+    check()

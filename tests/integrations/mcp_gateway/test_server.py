@@ -395,3 +395,32 @@ def test_the_cli_refuses_mixing_a_gateway_with_a_command_or_keys_over_stdio(tmp_
         assert done.returncode == 2, done.stderr
         assert says in done.stderr
         assert "Traceback" not in done.stderr
+
+
+async def test_served_names_hold_only_what_clients_accept_and_each_calls_its_own_tool(
+    tmp_path: Path,
+) -> None:
+    """A downstream whose tools are named with spaces, dots, ``/``, non-ASCII letters,
+    ``;``, a newline or 80 characters (two that map alike): every served name fits
+    OpenAI's ``^[a-zA-Z0-9_-]{1,64}$``, names are unique, a clean name is served as it
+    is, and calling each served name reaches the tool it stands for."""
+    import re
+
+    from tests.integrations.hostile_mcp_server import ODD_NAMES
+
+    server = {
+        "command": sys.executable,
+        "args": ["-m", "tests.integrations.hostile_mcp_server", "names", str(tmp_path / "pid")],
+    }
+    config = gateway_file(tmp_path, {"odd": server, "a": fastmcp_server(tmp_path / "a.log")})
+    async with connected([*GUARDSTACK, "mcp-proxy", "--config", str(config)], tmp_path) as gateway:
+        names = [tool.name for tool in (await gateway.list_tools()).tools]
+        odd = [name for name in names if name.startswith("odd_")]
+        answers = {name: texts(await gateway.call_tool(name, {})) for name in odd}
+        listed_again = [tool.name for tool in (await gateway.list_tools()).tools]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name) for name in names), names
+    assert len(set(names)) == len(names)
+    assert listed_again == names  # the same names every time
+    assert "odd_plain_name" in odd
+    assert "a_echo" in names
+    assert sorted(text for [text] in answers.values()) == sorted(ODD_NAMES)
