@@ -260,16 +260,14 @@ class _Sliding:
 
 
 class _Operation:
-    __slots__ = ("expires", "reserved", "sliding", "state")
+    __slots__ = ("expires", "reserved", "sliding")
 
     def __init__(
         self,
-        state: str,
         reserved: list[tuple[_Counter, str, float]],
         expires: float,
         sliding: list[tuple[_Sliding, str, float, int]] | None = None,
     ) -> None:
-        self.state = state  # "reserved", "settled" or "released"
         self.reserved = reserved  # (the window's counter, unit, amount)
         self.expires = expires
         #: (a sliding window, unit, amount, the bucket it was reserved in)
@@ -281,9 +279,13 @@ class MemoryLedger:
     entry kept until its lifetime (by the UTC wall clock) ends; expired entries are
     dropped as new operations come, in order of expiry.
 
-    In one process no answer is ever lost, so an operation's record goes as soon as it
-    is settled or released (a second settle then finds it ``unknown`` and counts
-    nothing); a release that came first is remembered for its lease, as in any store."""
+    An operation's record is kept for its lease whichever way it ended, as every store
+    keeps it: a ``reserve`` sent again after its settle or release is a ``duplicate``
+    that counts nothing (granted if it had settled, refused if it was released), a
+    second settle is a ``duplicate``, a settle after a release answers ``released`` —
+    the answers ``RedisStore`` gives, so a caller that re-sends (a retried activity, a
+    gateway) is counted once on either. An ended record is a pair (how it ended, when
+    its lease ends) and holds nothing of its windows."""
 
     def __init__(
         self,
@@ -303,13 +305,16 @@ class MemoryLedger:
         #: Operation records in the order made: with one lease for all, also the order
         #: they expire in (settled and released ones leave at once).
         self._operations: dict[str, _Operation] = {}
+        #: Operations that ended, kept for their lease to answer what comes again:
+        #: op id -> (settled, not released; when the record goes), in the order they ended.
+        self._ended: dict[str, tuple[bool, float]] = {}
         #: (expiry when pushed, key), a min-heap with one item per window: a window whose
         #: life was extended since is pushed again when its old expiry comes.
         self._expiries: list[tuple[float, str]] = []
 
     def ledger_size(self) -> int:
         """How many windows (sliding ones too) and operation records the ledger holds."""
-        return len(self._windows) + len(self._sliding) + len(self._operations)
+        return len(self._windows) + len(self._sliding) + len(self._operations) + len(self._ended)
 
     def _expire(self, now: float) -> None:
         expiries = self._expiries
@@ -328,6 +333,12 @@ class MemoryLedger:
             if operations[op_id].expires > now:
                 break
             del operations[op_id]
+        ended = self._ended
+        while ended:
+            op_id = next(iter(ended))
+            if ended[op_id][1] > now:
+                break
+            del ended[op_id]
 
     def _window(self, key: str, now: float) -> _Counter | None:
         counter = self._windows.get(key)
@@ -347,13 +358,19 @@ class MemoryLedger:
         now = self.wall_clock()
         operations = self._operations
         expiries = self._expiries
-        if (expiries and expiries[0][0] <= now) or (
-            operations and next(iter(operations.values())).expires <= now
+        ended = self._ended
+        if (
+            (expiries and expiries[0][0] <= now)
+            or (operations and next(iter(operations.values())).expires <= now)
+            or (ended and next(iter(ended.values()))[1] <= now)
         ):
             self._expire(now)
-        operation = operations.get(op_id)
-        if operation is not None:
-            return Reservation(op_id, operation.state != "released", duplicate=True)
+        if op_id in operations:
+            return Reservation(op_id, True, duplicate=True)
+        if ended:
+            gone = ended.get(op_id)
+            if gone is not None and gone[1] > now:
+                return Reservation(op_id, gone[0], duplicate=True)
         found = self._windows
         counters = []
         sliding: list[tuple[Window, _Sliding | None, int, float]] = []
@@ -396,7 +413,7 @@ class MemoryLedger:
             counter.value = value + amount
             reserved.append((counter, window.unit, amount))
         lease = self.lease_s if lease_s is None else lease_s
-        operations[op_id] = _Operation("reserved", reserved, now + lease, slid or None)
+        operations[op_id] = _Operation(reserved, now + lease, slid or None)
         return Reservation(op_id, True)
 
     def _slide(
@@ -428,12 +445,20 @@ class MemoryLedger:
         sliding.append((window, slider, index, amount))
         return None
 
+    def _ended_as(self, op_id: str, now: float) -> bool | None:
+        """How an operation ended (``True``: settled, ``False``: released), if its
+        record is still kept."""
+        gone = self._ended.get(op_id)
+        return gone[0] if gone is not None and gone[1] > now else None
+
     async def settle(self, op_id: str, actual: Mapping[str, float]) -> Settlement:
         operation = self._operations.get(op_id)
-        if operation is None or operation.expires <= self.wall_clock():
-            return "unknown"
-        if operation.state != "reserved":
-            return "duplicate" if operation.state == "settled" else "released"
+        now = self.wall_clock()
+        if operation is None or operation.expires <= now:
+            ended = self._ended_as(op_id, now) if self._ended else None
+            if ended is None:
+                return "unknown"
+            return "duplicate" if ended else "released"
         # each counter as reserved: one closed or expired since is no longer in the ledger,
         # so changing it changes nothing (a closed window stays closed)
         for counter, unit, amount in operation.reserved:
@@ -445,6 +470,7 @@ class MemoryLedger:
             if spent != amount:
                 slider.add(index, spent - amount)
         del self._operations[op_id]
+        self._ended[op_id] = (True, operation.expires)
         return "settled"
 
     async def release(self, op_id: str) -> Settlement:
@@ -452,17 +478,19 @@ class MemoryLedger:
         self._expire(now)
         operation = self._operations.get(op_id)
         if operation is None:
+            ended = self._ended_as(op_id, now) if self._ended else None
+            if ended is not None:
+                return "settled" if ended else "duplicate"
             # a reservation arriving later is void (memory order is kept by lease: the
             # tombstone's, like any record's, is the store's own)
-            self._operations[op_id] = _Operation("released", [], now + self.lease_s)
+            self._ended[op_id] = (False, now + self.lease_s)
             return "unknown"
-        if operation.state != "reserved":
-            return "duplicate" if operation.state == "released" else "settled"
         for counter, _, amount in operation.reserved:
             counter.value = max(0.0, counter.value - amount)
         for slider, _, amount, index in operation.sliding or ():
             slider.add(index, -amount)
         del self._operations[op_id]
+        self._ended[op_id] = (False, operation.expires)
         return "released"
 
     async def balance(self, window: Window) -> float:

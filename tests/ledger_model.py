@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from guardstack.pipeline.contract import Ledger, Window, store_key
 from guardstack.pipeline.store import StoreError
@@ -77,6 +77,17 @@ class LedgerModel:
         for name, amount in operation.amounts.items():
             self.values[name] = max(0.0, self.values[name] - amount)
         operation.state = "released"
+
+    def answer(self, kind: str, op_id: str) -> str:
+        """What a store answers to ``settle`` or ``release`` of ``op_id`` now (before it
+        changes anything): every store alike, an ended operation included."""
+        operation = self.operations.get(op_id)
+        if operation is None:
+            return "unknown"
+        done = "settled" if kind == "settle" else "released"
+        if operation.state == "reserved":
+            return done
+        return "duplicate" if operation.state == done else operation.state
 
     def close(self, name: str) -> None:
         self.values[name] = 0.0
@@ -160,6 +171,7 @@ class LedgerMachine(RuleBasedStateMachine):
         except StoreError:
             # as a cap does: the call is refused, so its reservation is given back by id
             self._answer(lambda: self.ledger.release(op_id))
+            self.model.operations[op_id] = ModelOperation("released", {})  # either way
             # whether the lost script ran is unknown: if it did, its floors stand (what
             # a session log says was spent stays counted; only the amount goes back)
             for name, floor in floors.items():
@@ -182,32 +194,43 @@ class LedgerMachine(RuleBasedStateMachine):
         again=st.booleans(),
     )
     def settle(self, op_id: str, spent: dict[str, float], lose: bool, again: bool) -> None:
+        expected = self.model.answer("settle", op_id)
         try:
-            self._lossy(lose, lambda: self.ledger.settle(op_id, spent))
+            answer = self._lossy(lose, lambda: self.ledger.settle(op_id, spent))
+            assert answer == expected, (op_id, answer, expected)
         except StoreError:
             self._answer(lambda: self.ledger.settle(op_id, spent))  # sent again
         self.model.settle(op_id, spent)
         if again:  # a retried or late settle never counts twice
-            self._answer(lambda: self.ledger.settle(op_id, {"usd": 99.0, "calls": 99.0}))
+            expected = self.model.answer("settle", op_id)
+            answer = self._answer(lambda: self.ledger.settle(op_id, {"usd": 99.0, "calls": 99.0}))
+            assert answer == expected, (op_id, answer, expected)
 
-    @rule(op_id=consumes(operations), lose=st.booleans())
+    @rule(op_id=operations, lose=st.booleans())
     def release(self, op_id: str, lose: bool) -> None:
+        """Released — or sent again after it ended either way (a retried cancellation)."""
+        expected = self.model.answer("release", op_id)
         try:
-            self._lossy(lose, lambda: self.ledger.release(op_id))
+            answer = self._lossy(lose, lambda: self.ledger.release(op_id))
+            assert answer == expected, (op_id, answer, expected)
         except StoreError:
             self._answer(lambda: self.ledger.release(op_id))  # sent again
         self.model.release(op_id)
+        if op_id not in self.model.operations:  # met only after a restart: a tombstone
+            self.model.operations[op_id] = ModelOperation("released", {})
 
     @rule(op_id=operations)
     def reserve_again(self, op_id: str) -> None:
-        """The same id reserved again while it holds its reservation (a retried request):
-        nothing is added twice."""
+        """The same id reserved again — while it holds its reservation or after it ended
+        (a retried request, a re-sent activity): a duplicate, granted unless it was
+        released, and nothing is added twice."""
         operation = self.model.operations.get(op_id)
-        if operation is None or operation.state != "reserved":
-            return  # ids are never reused once an operation has ended
+        if operation is None:
+            return  # a restart forgot it: the id would start afresh (never reused)
         windows = list(self.windows.values())
         answer = self._answer(lambda: self.ledger.reserve(op_id, {"usd": 0.25}, windows))
         assert answer.duplicate
+        assert answer.granted == (operation.state != "released"), (operation, answer)
 
     @rule(name=st.sampled_from(sorted(LIMITS)))
     def close(self, name: str) -> None:

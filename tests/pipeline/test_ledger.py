@@ -92,10 +92,16 @@ async def test_settlements_are_idempotent_and_a_settle_after_a_release_is_refuse
     store = MemoryStore()
     await store.reserve("cap:op:1", {"calls": 2}, [window("w")])
     assert await store.settle("cap:op:1", {"calls": 1}) == "settled"
-    assert await store.settle("cap:op:1", {"calls": 7}) == "unknown"  # counted once
+    assert await store.settle("cap:op:1", {"calls": 7}) == "duplicate"  # counted once
+    again = await store.reserve("cap:op:1", {"calls": 2}, [window("w")])
+    assert (again.granted, again.duplicate) == (True, True)  # re-sent: not counted again
     await store.reserve("cap:op:2", {"calls": 2}, [window("w")])
     assert await store.release("cap:op:2") == "released"
-    assert await store.settle("cap:op:2", {"calls": 2}) == "unknown"
+    assert await store.settle("cap:op:2", {"calls": 2}) == "released"
+    assert await store.release("cap:op:2") == "duplicate"
+    late = await store.reserve("cap:op:2", {"calls": 2}, [window("w")])
+    assert (late.granted, late.duplicate) == (False, True)
+    assert await store.release("cap:op:1") == "settled"
     assert await store.balance(window("w")) == 1
 
 

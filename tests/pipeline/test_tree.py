@@ -88,9 +88,10 @@ async def test_a_child_counts_in_its_ancestors_caps_as_they_are_when_it_calls() 
     [child] = agent.session.children.values()
     codes = [e.result.code for e in tool_results(child)]
     # tighten runs under the cap of 10; the new cap of 2 binds the searches after it (a
-    # copy taken at adoption would have kept 10 and let all three run)
-    assert codes == [None, None, TOOL_DENIED, TOOL_DENIED]
-    assert ran == ["search"]
+    # copy taken at adoption would have kept 10 and let all three run), and counts on in
+    # the turn: research and tighten made its 2 calls already
+    assert codes == [None, TOOL_DENIED, TOOL_DENIED, TOOL_DENIED]
+    assert ran == []
 
 
 async def test_a_call_the_childs_own_layers_deny_is_given_back_to_the_parent() -> None:
