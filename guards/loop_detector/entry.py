@@ -74,10 +74,13 @@ class Detection:
 class Turn:
     """One conversation's turn: the watched calls and how many detections so far."""
 
-    __slots__ = ("detections", "entries", "looping")
+    __slots__ = ("denied", "detections", "entries", "looping")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
         self.detections = 0
         #: Calls whose last repetition was part of a detected loop (the ones deny stops).
         self.looping: set[str] = set()
+        #: How many calls it denied since the last call that ran: each was one more
+        #: repetition of the loop, and its message counts it.
+        self.denied = 0

@@ -161,6 +161,8 @@ class Watcher:
         found = config.detect([*turn.entries[-(MAX_CYCLE * 16) :], predicted])
         if found is None:
             return await call_next(call)
+        if turn.denied:  # the repetitions it denied since the last one that ran count too
+            found = attrs.evolve(found, repeats=found.repeats + turn.denied)
         number = turn.detections + 1
         ends = config.end_turn is not None and number >= config.end_turn
         if ends or (config.deny is not None and number >= config.deny):
@@ -183,11 +185,13 @@ class Watcher:
         denial = result.error.message if result.error is not None else ""
         if result.code == TOOL_DENIED and denial.startswith(f"{PLUGIN}:"):
             turn.detections += 1  # our own denial: the loop went on, and nothing ran
+            turn.denied += 1
             return decision
         entry = config.entry(call, result, step_of(call), turn.entries)
         if self._is_parallel_repeat(turn, entry):
             return decision
         turn.entries.append(entry)
+        turn.denied = 0
         if len(turn.entries) > MAX_CYCLE * 32:
             del turn.entries[: MAX_CYCLE * 16]
         found = config.detect(turn.entries)

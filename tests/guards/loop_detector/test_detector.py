@@ -297,3 +297,14 @@ async def test_nothing_is_ever_raised_on_any_arguments_or_results(values: list[A
         assert isinstance(outcome.result, ToolResult)
         # no layer of ours failed (its final failure names it: 'post_execute layer "…"')
         assert 'layer "' not in (outcome.result.error.message if outcome.result.error else "")
+
+
+async def test_each_denial_says_how_many_times_the_call_has_come_by_now() -> None:
+    """Reported: after a loop was denied, every later call's message still said the
+    count the loop had when it was found (the 8th, 9th… call: "7 times in a row")."""
+    built = detector_harness(LoopDetector(no_progress=3, remind=1, deny=2, end_turn=5), Tools())
+    outcomes = await calls(built, *[("read", {"a": 1})] * 6)
+    denials = [o.result.content for o in outcomes if o.result.code == TOOL_DENIED]
+    assert len(denials) == 3
+    counts = [int(text.split("returned the same result ")[1].split(" ")[0]) for text in denials]
+    assert counts == [4, 5, 6]  # the 4th, 5th and 6th calls, each counted
