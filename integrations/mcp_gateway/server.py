@@ -184,7 +184,10 @@ class Gateway:
         known = self.conversations.get(connection)
         if known is None:
             who = tenant.name if tenant is not None else "any"
-            known = self.conversations[connection] = f"mcp-gateway-{who}-{next(self._ids)}"
+            # tenant and number as escaped parts: no tenant's name can spell another's
+            known = self.conversations[connection] = store_key(
+                "mcp-gateway", who, str(next(self._ids))
+            )
             self.relay.connections.add(connection)
         return known
 

@@ -15,6 +15,7 @@ from guardstack.integrations._admin import Admin
 from guardstack.integrations._extras import require
 from guardstack.integrations._gate import Gate, Refused
 from guardstack.integrations.model_proxy.conversations import Conversation, Conversations, named
+from guardstack.integrations.model_proxy.owners import ResponseOwners, unattributable
 from guardstack.integrations.model_proxy.responses import RESPONSES
 from guardstack.integrations.model_proxy.upstream import DEFAULT, Target, Upstream
 from guardstack.integrations.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
@@ -33,6 +34,7 @@ from guardstack.pipeline import (
     TurnBlocked,
 )
 from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.ledger import Ledger
 from guardstack.pipeline.validate import in_ms, integer, number
 from guardstack.pipeline.values import TOOL_DENIED
 
@@ -137,6 +139,8 @@ class ModelProxy:
             idle_s=idle_ms / 1000,
             most=max_conversations,
         )
+        #: Which tenant each stored response belongs to (``None``: a store with no ledger).
+        self.owners = ResponseOwners(harness.store) if isinstance(harness.store, Ledger) else None
         self.app = self._build()
         if admin_key is not None:  # harness.control at /admin/control, behind its key
             self.app = Admin(harness.control, admin_key, self.gate).around(self.app)
@@ -221,6 +225,10 @@ class ModelProxy:
         body = await self.gate.read(request.stream())
         data = parse(body)
         wire.check(data)
+        if tenant is not None:
+            refused = await self._reaches_another(wire, tenant, data)
+            if refused is not None:
+                return refused
         messages = wire.messages(data)
         stream = bool(data.get("stream"))
         conversation, fresh = self.conversations.get(
@@ -253,6 +261,7 @@ class ModelProxy:
             messages=wire.messages(forwarded),
         )
         upstream.strip_usage = asked is not None
+        upstream.tenant = tenant
         call = ModelRequest(agent, upstream.messages, forwarded.get("tools") or [], model=upstream)
         exchange = _Exchange(self, agent, call, upstream, data)
         if stream:
@@ -267,6 +276,45 @@ class ModelProxy:
             return Response(b"", 499)
         status, content, media = upstream.answer or (502, b"", None)
         return Response(content, status, media_type=media)
+
+    async def _reaches_another(
+        self, wire: Wire, tenant: str, data: Mapping[str, Any]
+    ) -> Any | None:
+        """The answer to a request that names provider-side state that is not its
+        tenant's (``owners``), or ``None``: a stored response of another tenant is one
+        the provider does not know (404); state the proxy cannot attribute, a 400."""
+        field = unattributable(data)
+        if field is not None:
+            return self._error(
+                wire,
+                400,
+                "invalid_request",
+                f"{field} names state stored at the provider, which this gateway cannot "
+                "tell is yours; send the content itself",
+            )
+        previous = data.get("previous_response_id")
+        if wire is not RESPONSES or not isinstance(previous, str) or not previous:
+            return None
+        try:
+            owned = self.owners is not None and await self.owners.owns(previous, tenant)
+        except Exception:
+            logger.warning("model-proxy: the store did not say whose response %s is", previous)
+            return self._error(
+                wire, 503, "overloaded", "the gateway cannot check this response id now"
+            )
+        if owned:
+            return None
+        from starlette.responses import JSONResponse
+
+        missing = {
+            "error": {
+                "message": f"Previous response with id '{previous}' not found.",
+                "type": "invalid_request_error",
+                "param": "previous_response_id",
+                "code": "previous_response_not_found",
+            }
+        }
+        return JSONResponse(missing, 404)
 
     # -- the conversation ------------------------------------------------------------------
 

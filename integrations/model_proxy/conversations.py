@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from guardstack.pipeline import Agent
+from guardstack.pipeline.contract import store_key
 
 __all__ = ["Conversation", "Conversations", "named"]
 
@@ -69,8 +70,10 @@ class Conversations:
         found = self._open.get(key)
         fresh = found is None
         if found is None:
-            # the session id carries the tenant: its ledger entries are the tenant's own
-            session = name if tenant is None else f"{tenant}/{name}"
+            # the session id carries the tenant: its ledger entries are the tenant's own.
+            # The pair is escaped part by part, never joined as text: a tenant named
+            # ``acme`` sending ``prod/support`` is not tenant ``acme/prod``'s ``support``
+            session = name if tenant is None else store_key(tenant, name)
             found = self._open[key] = Conversation(self.make(session))
             while len(self._open) > self.most:
                 self._open.popitem(last=False)

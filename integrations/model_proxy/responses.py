@@ -116,6 +116,20 @@ class Responses(Wire):
             model=model if isinstance(model, str) else None,
         )
 
+    def response_id(self, content: bytes) -> str | None:
+        try:
+            found = json.loads(content).get("id")
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            return None
+        return found if isinstance(found, str) and found else None
+
+    def response_id_in(self, event: Mapping[str, Any]) -> str | None:
+        if event.get("type") != "response.created":
+            return None
+        response = event.get("response")
+        found = response.get("id") if isinstance(response, Mapping) else None
+        return found if isinstance(found, str) and found else None
+
     def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
         if event.get("type") not in ("response.completed", "response.incomplete"):
             return so_far

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT", "Target", "Upstream", "Via"]
 
 DEFAULT = "default"
+
+logger = logging.getLogger("guardstack")
 
 
 class Target:
@@ -81,6 +84,9 @@ class Upstream:
         self.send: Any = None
         self.started = False  # a byte of a streamed reply has reached the client
         self.gone = False  # the client left: read on for the usage, send nothing
+        #: Whose request it is (``None``: the proxy has no tenants): a reply the provider
+        #: stores is recorded as this tenant's.
+        self.tenant: str | None = None
 
     def with_model(self, model: str) -> Via:
         """The same request, asking the default upstream for ``model`` (a ``UsageLimit``'s
@@ -161,11 +167,23 @@ class Upstream:
                         f"upstream {target.name!r} answered {response.status_code}",
                         response.headers,
                     )
+                await self._owned(self.wire.response_id(content))
                 return self.wire.reply_of(content)
             return await self._relay(response, on_chunk)
         finally:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
+
+    async def _owned(self, response_id: str | None) -> None:
+        """Record a reply the provider stores as this request's tenant's (``owners``)."""
+        owners = self.proxy.owners
+        if response_id is None or self.tenant is None or owners is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await owners.record(response_id, self.tenant)
+        except Exception:  # its continuation is refused, as for an id never relayed
+            logger.warning("model-proxy: could not record whose response %s is", response_id)
 
     async def _deliver(self, message: dict[str, Any]) -> None:
         if self.gone:
@@ -205,6 +223,9 @@ class Upstream:
                 for line in lines:
                     event = _event_of(line)
                     if event is not None:
+                        stored = wire.response_id_in(event)
+                        if stored is not None:
+                            await self._owned(stored)
                         before = usage
                         usage = wire.usage_in(event, usage)
                         seen_usage = seen_usage or usage is not before

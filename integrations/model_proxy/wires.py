@@ -172,6 +172,14 @@ class Wire:
         """The usage a stream has reported, after one more of its events."""
         return so_far
 
+    def response_id(self, content: bytes) -> str | None:
+        """The id under which the provider stored a JSON reply (Responses), if any."""
+        return None
+
+    def response_id_in(self, event: Mapping[str, Any]) -> str | None:
+        """The id under which the provider stores a streamed reply, from its event."""
+        return None
+
     def stop_body(self, model: str, text: str) -> dict[str, Any]:
         raise NotImplementedError
 

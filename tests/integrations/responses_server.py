@@ -28,6 +28,8 @@ class Said:
     calls: tuple[tuple[str, str, str], ...] = ()
     usage: tuple[int, int] = (12, 6)
     model: str = "test-model"
+    #: The id the provider stores the response under.
+    response_id: str = "resp_test"
 
 
 def _usage(step: Said) -> dict[str, Any]:
@@ -69,7 +71,7 @@ def _output(step: Said) -> list[dict[str, Any]]:
 
 def _response(step: Said, status: str = "completed", *, done: bool = True) -> dict[str, Any]:
     return {
-        "id": "resp_test",
+        "id": step.response_id,
         "object": "response",
         "created_at": 1,
         "status": status,
