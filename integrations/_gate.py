@@ -135,12 +135,13 @@ class Gate:
 
 def client_key(headers: Mapping[str, str]) -> str:
     """The key a client offers: ``Authorization: <scheme> KEY`` (any scheme's case),
-    else ``x-api-key``; empty when none."""
+    else ``x-api-key`` (Anthropic's clients), else ``x-goog-api-key`` (the Gemini
+    API's); empty when none."""
     authorization = headers.get("authorization", "").strip()
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() == "bearer" and key.strip():
         return key.strip()
-    return headers.get("x-api-key", "").strip()
+    return (headers.get("x-api-key") or headers.get("x-goog-api-key") or "").strip()
 
 
 async def serve(server: Any) -> None:

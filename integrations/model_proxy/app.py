@@ -2,84 +2,58 @@
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import logging
-import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
-
-import anyio
 
 from guardstack.integrations._admin import Admin
 from guardstack.integrations._extras import require
 from guardstack.integrations._gate import Gate, Refused
-from guardstack.integrations.model_proxy.conversations import Conversation, Conversations, named
+from guardstack.integrations.model_proxy.conversations import (
+    Conversation,
+    Conversations,
+    digests,
+    identity,
+)
+from guardstack.integrations.model_proxy.exchange import (
+    STOPPED_HEADER,
+    Exchange,
+    error_response,
+    stop_response,
+)
+from guardstack.integrations.model_proxy.gemini import GEMINI
+from guardstack.integrations.model_proxy.guarding import Guard
 from guardstack.integrations.model_proxy.owners import ResponseOwners, unattributable
 from guardstack.integrations.model_proxy.responses import RESPONSES
 from guardstack.integrations.model_proxy.upstream import DEFAULT, Target, Upstream
 from guardstack.integrations.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
-from guardstack.pipeline import (
-    MODEL_FAILED,
-    MODEL_RATE_LIMITED,
-    MODEL_TIMEOUT,
-    Agent,
-    Harness,
-    ModelError,
-    ModelReply,
-    ModelRequest,
-    ToolCall,
-    ToolDefinition,
-    ToolResult,
-    TurnBlocked,
-)
+from guardstack.pipeline import MODEL_FAILED, Harness, ModelError, ModelReply, ModelRequest
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import Ledger
 from guardstack.pipeline.validate import in_ms, integer, number
-from guardstack.pipeline.values import TOOL_DENIED
 
 __all__ = ["CONVERSATION_HEADER", "STOPPED_HEADER", "ModelProxy"]
 
 logger = logging.getLogger("guardstack")
 
 EXTRA = "proxy"
-STOPPED_HEADER = "x-guardstack-stopped"
 CONVERSATION_HEADER = "x-guardstack-conversation"
-
-
-def _stop(wire: Wire, stopped: tuple[str, str], data: Mapping[str, Any], stream: bool) -> Any:
-    """The stop a guard asked for, as the assistant's reply (``finish_reason: stop`` /
-    ``stop_reason: end_turn``), naming the plugin in ``x-guardstack-stopped``."""
-    import json
-
-    from starlette.responses import JSONResponse, StreamingResponse
-
-    plugin, text = stopped
-    content = f"Stopped by {plugin}: {text}"
-    headers = {STOPPED_HEADER: plugin}
-    model = str(data.get("model", "guardstack"))
-    if not stream:
-        return JSONResponse(wire.stop_body(model, content), headers=headers)
-
-    async def events() -> AsyncIterator[bytes]:
-        for event, payload in wire.stop_events(model, content):
-            named_event = f"event: {event}\n" if event else ""
-            yield f"{named_event}data: {json.dumps(payload)}\n\n".encode()
-        if wire.done_line():
-            yield wire.done_line()
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+#: The upstream a Gemini request goes to, when one is named so (else the default).
+GEMINI_UPSTREAM = "gemini"
 
 
 class ModelProxy:
     """The proxy's app (``.app``, a Starlette application) over ``harness``'s stack.
 
     ``upstream`` is the default upstream's base URL; ``upstreams`` names others
-    (name -> URL) for ``Fallback(stage="model", to={"upstream": NAME})``, with their keys
-    in ``upstream_keys``. Every ``Fallback`` in the stack must name one of them.
-    ``client_keys`` maps each client key to its tenant (``None``: any client, one
-    tenant); ``allow_origins`` and ``allow_hosts`` are the browsers' origins and the
-    host names it answers beyond loopback and ``listen_host``.
+    (name -> URL) for ``Fallback(stage="model", to={"upstream": NAME})`` and for the
+    Gemini API (``gemini``), with their keys in ``upstream_keys``. Every ``Fallback``
+    in the stack must name one of them. ``client_keys`` maps each client key to its
+    tenant (``None``: any client, one tenant); ``allow_origins`` and ``allow_hosts`` are
+    the browsers' origins and the host names it answers beyond loopback and
+    ``listen_host``.
     """
 
     def __init__(
@@ -110,6 +84,7 @@ class ModelProxy:
         idle_ms = in_ms(owner, "conversation_idle", conversation_idle_s, conversation_idle_ms)
         number(owner, "conversation_idle_ms", idle_ms, minimum=1e-6)
         self.harness = harness
+        self.guard = Guard(harness)
         keys = dict(upstream_keys or {})
         self.upstreams: dict[str, Target] = {
             DEFAULT: Target(self.httpx, DEFAULT, upstream, upstream_key),
@@ -141,6 +116,8 @@ class ModelProxy:
         )
         #: Which tenant each stored response belongs to (``None``: a store with no ledger).
         self.owners = ResponseOwners(harness.store) if isinstance(harness.store, Ledger) else None
+        #: Streams the upstream broke off after their first byte, by API.
+        self.cuts: dict[str, int] = {}
         self.app = self._build()
         if admin_key is not None:  # harness.control at /admin/control, behind its key
             self.app = Admin(harness.control, admin_key, self.gate).around(self.app)
@@ -149,9 +126,27 @@ class ModelProxy:
         for target in self.upstreams.values():
             await target.client.aclose()
 
+    def count_cut(self, wire: Wire) -> None:
+        self.cuts[wire.name] = self.cuts.get(wire.name, 0) + 1
+        logger.warning("model-proxy: an upstream %s stream broke off mid-answer", wire.name)
+
+    def attempts_allowed(self) -> int:
+        """How many upstream calls one request may make: the model stage's ``Retry``."""
+        from guardstack.wrappers import Retry
+
+        most = 1
+        for handle in self.harness.plugins:
+            plugin = handle.plugin
+            if isinstance(plugin, Retry) and plugin.stage == "model":
+                most = max(most, plugin.attempts)
+        return most
+
+    # -- routes -----------------------------------------------------------------------
+
     def _build(self) -> Any:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
+        from starlette.responses import Response
         from starlette.routing import Route
 
         async def http_error(request: Any, error: Exception) -> Any:
@@ -163,44 +158,51 @@ class ModelProxy:
             logger.error("model-proxy: a request failed inside the proxy", exc_info=error)
             return self._error(_wire_of(request), 500, "server", "the proxy failed this request")
 
+        async def root(request: Any) -> Any:  # Claude Code's HEAD / at start
+            return Response(b"", 200)
+
         return Starlette(
             routes=[
+                Route("/", root, methods=["GET", "HEAD"]),
                 Route("/v1/chat/completions", self._route(OPENAI), methods=["POST"]),
                 Route("/v1/messages", self._route(ANTHROPIC), methods=["POST"]),
+                Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
                 Route("/v1/responses", self._route(RESPONSES), methods=["POST"]),
+                Route("/v1beta/models/{target}", self._gemini, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ],
             exception_handlers={HTTPException: http_error, Exception: crashed},
         )
 
     def _error(self, wire: Wire, status: int, kind: str, message: str) -> Any:
-        from starlette.responses import JSONResponse
-
-        return JSONResponse(wire.error_body(status, kind, message), status)
-
-    def _refused(self, wire: Wire, error: ModelError) -> Any:
-        """A layer's refusal as the status a client's retry logic understands: 429 for a
-        rate limit, 503 for an open breaker or a full limit — with ``Retry-After`` when
-        the layer said when to come back."""
-        from starlette.responses import JSONResponse
-
-        status = 429 if error.code == MODEL_RATE_LIMITED else 503
-        kind = "rate_limit" if status == 429 else "overloaded"
-        headers = {}
-        if error.retry_after_s:
-            headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
-        return JSONResponse(wire.error_body(status, kind, error.message), status, headers=headers)
+        return error_response(wire, status, kind, message)
 
     def _route(self, wire: Wire) -> Callable[[Any], Awaitable[Any]]:
         async def route(request: Any) -> Any:
             try:
-                return await self._proxy(request, wire)
+                return await self._proxy(request, wire, _Route(wire.path, None, None))
             except Refused as refused:
                 return self._error(wire, refused.status, refused.kind, refused.message)
             except Malformed as malformed:
                 return self._error(wire, 400, "invalid_request", str(malformed))
 
         return route
+
+    async def _gemini(self, request: Any) -> Any:
+        """``POST /v1beta/models/{model}:generateContent`` or ``:streamGenerateContent``."""
+        target = str(request.path_params.get("target", ""))
+        model, _, action = target.rpartition(":")
+        if action not in ("generateContent", "streamGenerateContent") or not model:
+            return self._error(GEMINI, 404, "not_found", f"no method {target!r} here")
+        query = "?alt=sse" if action == "streamGenerateContent" else ""
+        path = f"/v1beta/models/{model}:{action}{query}"
+        route = _Route(path, model, action == "streamGenerateContent")
+        try:
+            return await self._proxy(request, GEMINI, route)
+        except Refused as refused:
+            return self._error(GEMINI, refused.status, refused.kind, refused.message)
+        except Malformed as malformed:
+            return self._error(GEMINI, 400, "invalid_request", str(malformed))
 
     async def _models(self, request: Any) -> Any:
         from starlette.responses import Response
@@ -218,10 +220,42 @@ class ModelProxy:
             answer.content, answer.status_code, media_type=answer.headers.get("content-type")
         )
 
-    async def _proxy(self, request: Any, wire: Wire) -> Any:
+    async def _count_tokens(self, request: Any) -> Any:
+        """``POST /v1/messages/count_tokens`` (Claude Code asks it): forwarded with the
+        proxy's key after the client's is checked; it costs nothing, so nothing is
+        charged or counted."""
         from starlette.responses import Response
 
-        tenant = self.gate.check(request.headers, "POST")
+        try:
+            self.gate.check(request.headers, "POST")
+            body = await self.gate.read(request.stream())
+            parse(body)
+        except Refused as refused:
+            return self._error(ANTHROPIC, refused.status, refused.kind, refused.message)
+        except Malformed as malformed:
+            return self._error(ANTHROPIC, 400, "invalid_request", str(malformed))
+        target = self.upstreams[DEFAULT]
+        headers = ANTHROPIC.headers(target.key, request.headers)
+        try:
+            answer = await target.client.post(
+                "/v1/messages/count_tokens", content=body, headers=headers
+            )
+        except self.httpx.TransportError:
+            return self._error(ANTHROPIC, 502, "upstream", "the upstream is unreachable")
+        return Response(
+            answer.content, answer.status_code, media_type=answer.headers.get("content-type")
+        )
+
+    # -- one request ------------------------------------------------------------------
+
+    async def _proxy(self, request: Any, wire: Wire, route: _Route) -> Any:
+        started = time.perf_counter()
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        if wire is GEMINI and not headers.get("x-goog-api-key"):
+            key = request.query_params.get("key")
+            if key:
+                headers["x-goog-api-key"] = key
+        tenant = self.gate.check(headers, "POST")
         body = await self.gate.read(request.stream())
         data = parse(body)
         wire.check(data)
@@ -230,19 +264,21 @@ class ModelProxy:
             if refused is not None:
                 return refused
         messages = wire.messages(data)
-        stream = bool(data.get("stream"))
-        conversation, fresh = self.conversations.get(
-            tenant, named(request.headers, CONVERSATION_HEADER, messages)
-        )
+        stream = route.stream if route.stream is not None else bool(data.get("stream"))
+        name = identity(headers, CONVERSATION_HEADER, wire.system_text(data, messages),
+                        wire.first_prompt(messages), data)  # fmt: skip
+        conversation, fresh = self.conversations.get(tenant, name, digests(messages))
         agent = conversation.agent
         agent.tenant = tenant
+        model = route.model or str(data.get("model") or "guardstack")
         if fresh:  # met again after it was freed: only its current turn is new here
             before = wire.turn_start(messages)
             conversation.calls.update(call_id for call_id, *_ in wire.calls(messages[:before]))
-        await self._start_turn_if_new(conversation, wire, messages)
-        stopped, reminders = await self._guard(conversation, wire, messages)
+        guard = self.guard
+        await guard.start_turn_if_new(conversation, wire, messages)
+        stopped, reminders = await guard.history(conversation, wire, messages)
         if stopped is not None:
-            return _stop(wire, stopped, data, stream)
+            return self._stopped(conversation, wire, stopped, model, stream)
         agent.start_step()  # each request forwarded is one step of the conversation's turn
         forwarded, changed = data, False
         if reminders:
@@ -257,25 +293,44 @@ class ModelProxy:
             wire,
             forwarded,
             json.dumps(forwarded).encode() if changed else body,  # exact unless changed
-            request.headers,
+            headers,
             messages=wire.messages(forwarded),
         )
+        upstream.stream = stream
+        if route.model is not None:
+            upstream.model = route.model
+        upstream.path = route.path
         upstream.strip_usage = asked is not None
         upstream.tenant = tenant
-        call = ModelRequest(agent, upstream.messages, forwarded.get("tools") or [], model=upstream)
-        exchange = _Exchange(self, agent, call, upstream, data)
+        upstream.decide = guard.deciding(conversation)
+        upstream.attempts = guard.attempts(conversation, body)
+        upstream.allowed = self.attempts_allowed()
+        if wire is GEMINI and GEMINI_UPSTREAM in self.upstreams:
+            upstream.default = GEMINI_UPSTREAM
+        call = ModelRequest(agent, upstream.messages, _tools(forwarded), model=upstream)
+        exchange = Exchange(self, conversation, call, upstream, model, started)
         if stream:
             return exchange  # an ASGI response: the stream goes out from inside the call
-        try:
-            reply = await exchange.until_done(request.receive)
-        except TurnBlocked as blocked:
-            return exchange.stopped(blocked)
-        except ModelError as error:
-            return exchange.failed(error)
-        if reply is None:  # the client went away and the upstream did not answer in time
-            return Response(b"", 499)
-        status, content, media = upstream.answer or (502, b"", None)
-        return Response(content, status, media_type=media)
+        return await exchange.answered(request.receive)
+
+    def _stopped(
+        self,
+        conversation: Conversation,
+        wire: Wire,
+        stopped: tuple[str, str],
+        model: str,
+        stream: bool,
+    ) -> Any:
+        """A stop decided on the history, before anything went upstream — or, when no
+        upstream call of the turn worked, the upstream's last error instead."""
+        from starlette.responses import Response
+
+        failure = conversation.failed
+        if not conversation.succeeded and failure is not None:
+            status, content, media = failure
+            return Response(content, status, media_type=media)
+        plugin, text = stopped
+        return stop_response(wire, plugin, text, model, stream, {})
 
     async def _reaches_another(
         self, wire: Wire, tenant: str, data: Mapping[str, Any]
@@ -316,43 +371,14 @@ class ModelProxy:
         }
         return JSONResponse(missing, 404)
 
-    # -- the conversation ------------------------------------------------------------------
 
-    async def _start_turn_if_new(
-        self, conversation: Conversation, wire: Wire, messages: list[Any]
-    ) -> None:
-        """A new person's message starts a new turn: the last one ends, per-turn guards
-        start again."""
-        prompts = wire.prompts(messages)
-        if prompts == conversation.prompts:
-            return
-        agent, loop = conversation.agent, self.harness.loop
-        if conversation.prompts >= 0:
-            await loop.turn_ended(agent)
-        conversation.prompts = prompts
-        await loop.prompt_submit(agent, wire.last_prompt(messages))
-        agent.start_turn()
+class _Route:
+    """Where a request goes upstream, and what its path (not its body) says."""
 
-    async def _guard(
-        self, conversation: Conversation, wire: Wire, messages: list[Any]
-    ) -> tuple[tuple[str, str] | None, list[str]]:
-        """Feed the history's calls the guards have not seen through the tool stages:
-        the stop (plugin, text) if one refuses, and the reminders."""
-        reminders: list[str] = []
-        agent = conversation.agent
-        for call_id, name, arguments, content in wire.calls(messages):
-            if call_id in conversation.calls:
-                continue
-            conversation.calls.add(call_id)
-            outcome = await self.harness.tools.execute(
-                ToolCall(name, arguments, call_id, agent),
-                tool=ToolDefinition(name, _answered(content)),
-            )
-            reminders.extend(context.text for context in outcome.contexts)
-            if outcome.result.code == TOOL_DENIED or outcome.ends_turn:
-                text = outcome.result.error.message if outcome.result.error else ""
-                return (_plugin_of(text), text), reminders
-        return None, reminders
+    __slots__ = ("model", "path", "stream")
+
+    def __init__(self, path: str, model: str | None, stream: bool | None) -> None:
+        self.path, self.model, self.stream = path, model, stream
 
 
 class _Nothing:
@@ -362,127 +388,20 @@ class _Nothing:
         raise ModelError("the proxy's agents have no model of their own", MODEL_FAILED)
 
 
+def _tools(data: Mapping[str, Any]) -> list[Any]:
+    tools = data.get("tools")
+    return tools if isinstance(tools, list) else []
+
+
 def _wire_of(request: Any) -> Wire:
     path = str(getattr(request, "url", "") and request.url.path)
-    return ANTHROPIC if path.startswith(ANTHROPIC.path) else OPENAI
-
-
-def _answered(content: str) -> Any:
-    async def already_ran(arguments: Any, call: ToolCall) -> ToolResult:
-        return ToolResult(content)  # the client ran it: this is what it answered
-
-    return already_ran
-
-
-def _plugin_of(text: str) -> str:
-    """The plugin a refusal's text names (``tool-call-limit: …``), else ``guardstack``."""
-    head = text.split(":", 1)[0].strip()
-    if head and " " not in head:
-        return head
-    if text.startswith("tool call limit"):
-        return "tool-call-limit"
-    return "guardstack"
-
-
-class _Exchange:
-    """One request through the model stage. For a stream, also its ASGI response: the
-    chain runs inside it, the upstream's chunks go out as they arrive, and a stop or an
-    error before the first of them is answered whole instead."""
-
-    def __init__(
-        self,
-        proxy: ModelProxy,
-        agent: Agent,
-        call: ModelRequest,
-        upstream: Upstream,
-        data: Mapping[str, Any],
-    ) -> None:
-        self.proxy, self.agent, self.call = proxy, agent, call
-        self.upstream, self.data = upstream, data
-
-    async def run(self) -> ModelReply:
-        loop = self.proxy.harness.loop
-        reply = await loop.call_model(self.call)  # every layer and hook of the stage
-        if isinstance(reply, ModelReply) and reply.usage is not None:
-            loop.charge(self.agent, reply.usage, self.call)
-        return reply
-
-    async def until_done(self, receive: Any) -> ModelReply | None:
-        """``run()``; a client that disconnects stops getting bytes, and the call is let
-        finish for ``drain_s`` (so its usage is known), then cancelled."""
-        answer: ModelReply | None = None
-        upstream = self.upstream
-
-        try:
-            async with anyio.create_task_group() as group:
-
-                async def watch() -> None:
-                    with contextlib.suppress(OSError):
-                        while (await receive())["type"] != "http.disconnect":
-                            pass
-                    upstream.gone = True
-                    await anyio.sleep(self.proxy.drain_s)
-                    group.cancel_scope.cancel()  # it did not finish in time: charged as is
-
-                group.start_soon(watch)
-                try:
-                    answer = await self.run()
-                finally:
-                    group.cancel_scope.cancel()
-        except BaseExceptionGroup as failed:  # the call's own error, as itself
-            if len(failed.exceptions) == 1:
-                raise failed.exceptions[0] from None
-            raise
-        return answer
-
-    def stopped(self, blocked: TurnBlocked) -> Any:
-        text = str(blocked)
-        return _stop(self.upstream.wire, (_plugin_of(text), text), self.data, self.upstream.stream)
-
-    def failed(self, error: ModelError) -> Any:
-        """The upstream's own error, status and body, or in the API's shape when none
-        answered: 504 when a timeout ended the wait, else 502 (unreachable, or its reply
-        cut short)."""
-        from starlette.responses import Response
-
-        if self.upstream.answer is None:
-            if error.refused:  # a layer of the stack answered: an open breaker, a limit
-                return self.proxy._refused(self.upstream.wire, error)
-            if error.code == MODEL_TIMEOUT:
-                return self.proxy._error(self.upstream.wire, 504, "upstream", error.message)
-            return self.proxy._error(
-                self.upstream.wire, 502, "upstream", "the upstream did not answer in full"
-            )
-        status, content, media = self.upstream.answer
-        return Response(content, status, media_type=media)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from starlette.responses import Response
-
-        self.upstream.send = send
-        instead: Any = None
-        try:
-            await self.until_done(receive)
-        except TurnBlocked as blocked:
-            instead = self.stopped(blocked)
-        except ModelError as error:
-            instead = self.failed(error)
-        if self.upstream.gone:
-            return
-        if not self.upstream.started:
-            if instead is None:  # an empty stream: answered empty, as it came
-                status, content, media = self.upstream.answer or (200, b"", None)
-                instead = Response(content, status, media_type=media or "text/event-stream")
-            await instead(scope, receive, send)
-        elif instead is None:
-            with anyio.CancelScope(shield=True), contextlib.suppress(OSError):  # a client gone
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        else:  # the upstream's stream broke after its first bytes went out: the client's
-            # breaks too (its response is left incomplete; the server drops the connection)
-            logger.warning(
-                "model-proxy: the upstream's stream broke after it began reaching the client; "
-                "the client's stream is cut too"
-            )
+    if path.startswith(ANTHROPIC.path):
+        return ANTHROPIC
+    if path.startswith("/v1beta/"):
+        return GEMINI
+    if path.startswith(RESPONSES.path):
+        return RESPONSES
+    return OPENAI
 
 
 def _check_fallbacks(harness: Harness, upstreams: Mapping[str, Target]) -> None:

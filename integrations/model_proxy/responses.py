@@ -130,6 +130,18 @@ class Responses(Wire):
         found = response.get("id") if isinstance(response, Mapping) else None
         return found if isinstance(found, str) and found else None
 
+    def system_text(self, data: Mapping[str, Any], messages: list[Any]) -> str:
+        instructions = data.get("instructions")
+        return (instructions if isinstance(instructions, str) else "") + super().system_text(
+            data, messages
+        )
+
+    def cut_events(self, message: str) -> bytes:
+        failed = self._response("", "", "failed")
+        failed["error"] = {"code": "server_error", "message": message}
+        event = {"type": "response.failed", "sequence_number": 1_000_000, "response": failed}
+        return f"event: response.failed\ndata: {json.dumps(event)}\n\n".encode()
+
     def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
         if event.get("type") not in ("response.completed", "response.incomplete"):
             return so_far

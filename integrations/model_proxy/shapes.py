@@ -310,3 +310,42 @@ RESPONSES: Final = fields(
     user=TEXT,
     required=("model", "input"),
 )
+
+# -- the Gemini API --------------------------------------------------------------------
+
+_GEMINI_PART: Final = fields(
+    text=TEXT,
+    thought=BOOL,
+    thoughtSignature=TEXT,
+    functionCall=fields(name=TEXT, args=OBJECT, id=TEXT, required=("name",)),
+    functionResponse=fields(name=TEXT, response=OBJECT, id=TEXT, required=("name",)),
+    inlineData=fields(mimeType=TEXT, data=TEXT),
+    fileData=fields(mimeType=TEXT, fileUri=TEXT),
+)
+_GEMINI_CONTENT: Final = fields(role=TEXT, parts=items(_GEMINI_PART))
+GEMINI: Final = fields(
+    contents=items(_GEMINI_CONTENT),
+    systemInstruction=_GEMINI_CONTENT,
+    tools=items(
+        fields(
+            functionDeclarations=items(
+                fields(name=TEXT, description=TEXT, parameters=OBJECT,
+                       parametersJsonSchema=OBJECT, required=("name",))
+            )
+        )
+    ),
+    toolConfig=OBJECT,
+    safetySettings=items(OBJECT),
+    generationConfig=fields(
+        maxOutputTokens=COUNT,
+        temperature=NUMBER,
+        topP=NUMBER,
+        topK=NUMBER,
+        candidateCount=COUNT,
+        stopSequences=TEXTS,
+        responseMimeType=TEXT,
+        thinkingConfig=fields(includeThoughts=BOOL, thinkingBudget=INT, thinkingLevel=TEXT),
+    ),
+    cachedContent=TEXT,
+    required=("contents",),
+)  # fmt: skip

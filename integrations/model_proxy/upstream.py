@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -35,7 +36,9 @@ from guardstack.pipeline import (
 )
 
 if TYPE_CHECKING:
+    from guardstack.integrations.model_proxy.answers import Decide, Editor
     from guardstack.integrations.model_proxy.app import ModelProxy
+    from guardstack.integrations.model_proxy.guarding import Attempts
 
 __all__ = ["DEFAULT", "Target", "Upstream", "Via"]
 
@@ -87,11 +90,29 @@ class Upstream:
         #: Whose request it is (``None``: the proxy has no tenants): a reply the provider
         #: stores is recorded as this tenant's.
         self.tenant: str | None = None
+        #: What decides the tool calls an answer asks for, before the agent runs them.
+        self.decide: Decide | None = None
+        #: Where the request goes upstream (the wire's path; Gemini's names the model).
+        self.path = wire.path
+        #: The headers a stream's answer starts with, beside its content type.
+        self.start_headers: Callable[[], list[tuple[bytes, bytes]]] = list
+        #: Seconds spent waiting on the upstream (the proxy's overhead excludes them).
+        self.waited_s = 0.0
+        #: This operation's upstream calls across a client's resends (``None``: not
+        #: counted), and how many it may make in all.
+        self.attempts: Attempts | None = None
+        self.allowed = 1
+        #: The upstream it goes to unless a layer sends it elsewhere.
+        self.default = DEFAULT
+        #: A stream's status, content type and editor, for the response's start.
+        self.status = 200
+        self.media = "text/event-stream"
+        self.editor: Editor | None = None
 
     def with_model(self, model: str) -> Via:
         """The same request, asking the default upstream for ``model`` (a ``UsageLimit``'s
         downgrade to a cheaper model)."""
-        return Via(self, DEFAULT, model)
+        return Via(self, self.default, model)
 
     def upstream(self, name: str, *, model: str | None = None) -> Via:
         """The same request to the upstream ``name`` (``Fallback(to={"upstream": …})``)."""
@@ -104,7 +125,7 @@ class Upstream:
     async def complete(
         self, messages: Any, tools: Any, *, on_chunk: ChunkListener | None = None
     ) -> ModelReply:
-        return await self.post(self.proxy.upstreams[DEFAULT], None, messages, on_chunk)
+        return await self.post(self.proxy.upstreams[self.default], None, messages, on_chunk)
 
     def _body(self, model: str | None, messages: Any) -> bytes:
         added = (
@@ -137,18 +158,23 @@ class Upstream:
                 MODEL_FAILED,
             )
         httpx = self.proxy.httpx
+        self._count_attempt(target)
         headers = self.wire.headers(target.key, self.client_headers)
         body = self._body(model, messages)
-        request = target.client.build_request("POST", self.wire.path, content=body, headers=headers)
+        request = target.client.build_request("POST", self.path, content=body, headers=headers)
         self.answer = None
+        asked_at = time.perf_counter()
         try:
             response = await target.client.send(request, stream=True)
         except httpx.TransportError as error:
             raise ModelError(
                 f"upstream {target.name!r} unreachable ({type(error).__name__})", MODEL_UNAVAILABLE
             ) from error
+        finally:
+            self.waited_s += time.perf_counter() - asked_at
         try:
             if response.status_code >= 400 or not self.stream:
+                asked_at = time.perf_counter()
                 try:
                     content = await response.aread()
                 except httpx.TransportError as error:  # the body cut short
@@ -156,12 +182,17 @@ class Upstream:
                         f"upstream {target.name!r} cut its reply short ({type(error).__name__})",
                         MODEL_UNAVAILABLE,
                     ) from error
+                finally:
+                    self.waited_s += time.perf_counter() - asked_at
                 self.answer = (
                     response.status_code,
                     content,
                     response.headers.get("content-type"),
                 )
                 if response.status_code >= 400:
+                    if self.attempts is not None:
+                        failure = (*self.answer, dict(response.headers))
+                        self.attempts.failures[target.name] = failure
                     raise status_error(
                         response.status_code,
                         f"upstream {target.name!r} answered {response.status_code}",
@@ -174,6 +205,34 @@ class Upstream:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
 
+    def _count_attempt(self, target: Target) -> None:
+        """One more upstream call of this operation — or, when its resends have used
+        every attempt the stack allows, its last failure again without going upstream."""
+        attempts = self.attempts
+        if attempts is None:
+            return
+        used = attempts.used.get(target.name, 0)
+        if used >= self.allowed:
+            failure = attempts.failures.get(target.name)
+            if failure is None:
+                raise ModelError(
+                    f"not sent to upstream {target.name!r} again: this request's "
+                    f"{used} attempts are used (the client resent it)",
+                    MODEL_UNAVAILABLE,
+                )
+            status, content, media, headers = failure
+            self.answer = (status, content, media)
+            raise status_error(
+                status,
+                f"upstream {target.name!r} answered {status} (not sent again: this "
+                f"request's {used} attempts are used)",
+                headers,
+            )
+        attempts.used[target.name] = used + 1
+
+    def response_headers(self, media: str) -> list[tuple[bytes, bytes]]:
+        return [(b"content-type", media.encode()), *self.start_headers()]
+
     async def _owned(self, response_id: str | None) -> None:
         """Record a reply the provider stores as this request's tenant's (``owners``)."""
         owners = self.proxy.owners
@@ -185,6 +244,26 @@ class Upstream:
         except Exception:  # its continuation is refused, as for an id never relayed
             logger.warning("model-proxy: could not record whose response %s is", response_id)
 
+    async def _emit(self, body: bytes) -> None:
+        """Bytes of the stream to the client; the response starts with the first of
+        them (so a stop decided before any is named in its headers)."""
+        if not body:
+            return
+        if not self.started:
+            self.started = True
+            headers = self.response_headers(self.media)
+            stop = self.editor.stop if self.editor is not None else None
+            if stop is not None:
+                from guardstack.integrations.model_proxy.guarding import plugin_of
+
+                headers.append(
+                    (b"x-guardstack-stopped", plugin_of(stop[len("Stopped by ") :]).encode())
+                )
+            await self._deliver(
+                {"type": "http.response.start", "status": self.status, "headers": headers}
+            )
+        await self._deliver({"type": "http.response.body", "body": body, "more_body": True})
+
     async def _deliver(self, message: dict[str, Any]) -> None:
         if self.gone:
             return
@@ -194,34 +273,38 @@ class Upstream:
             self.gone = True
 
     async def _relay(self, response: Any, on_chunk: ChunkListener | None = None) -> ModelReply:
-        """The upstream's stream to the client as it arrives; the usage it reports."""
+        """The upstream's stream to the client as it arrives, event by event (an SSE
+        event is whole at its blank line); the usage it reports. The answer's editor
+        (``answers.Editor``) may hold its tool calls until they are decided."""
         wire = self.wire
         pending = b""
         usage: Usage | None = None
         seen_usage = False
-        # the blank line that ends a stripped usage event may arrive in the next chunk
-        skip_blank = False
+        editor = None
+        if self.decide is not None:
+            from guardstack.integrations.model_proxy.answers import editor_for
+
+            editor = editor_for(wire.name, self.decide)
+        asked_at: float | None = time.perf_counter()
+        self.media = response.headers.get("content-type", "text/event-stream")
+        self.status = response.status_code
+        self.editor = editor
         try:
             async for chunk in response.aiter_raw():
                 if not chunk:
                     continue
                 if on_chunk is not None:
                     on_chunk("")
-                if not self.started:
-                    self.started = True
-                    media = response.headers.get("content-type", "text/event-stream")
-                    await self._deliver(
-                        {
-                            "type": "http.response.start",
-                            "status": response.status_code,
-                            "headers": [(b"content-type", media.encode())],
-                        }
-                    )
+                if asked_at is not None:
+                    self.waited_s += time.perf_counter() - asked_at  # to its first byte
+                    asked_at = None
                 pending += chunk
-                *lines, pending = pending.split(b"\n")
                 out: list[bytes] = []
-                for line in lines:
-                    event = _event_of(line)
+                while True:
+                    raw, pending = _next_event(pending)
+                    if raw is None:
+                        break
+                    event = _event_in(raw)
                     if event is not None:
                         stored = wire.response_id_in(event)
                         if stored is not None:
@@ -230,26 +313,40 @@ class Upstream:
                         usage = wire.usage_in(event, usage)
                         seen_usage = seen_usage or usage is not before
                         if self.strip_usage and wire.is_usage_only(event):
-                            skip_blank = True
                             continue
-                    if skip_blank and not line.strip():
-                        skip_blank = False
-                        continue
-                    out.append(line + b"\n")
+                    out.append(raw if editor is None else await editor.feed(raw, event))
                 if out:
-                    body = b"".join(out)
-                    await self._deliver({"type": "http.response.body", "body": body,
-                                         "more_body": True})  # fmt: skip
+                    await self._emit(b"".join(out))
         except self.proxy.httpx.TransportError as error:
             code = MODEL_FAILED if self.started else MODEL_UNAVAILABLE
             raise ModelError(
                 f"the upstream's stream broke ({type(error).__name__})", code
             ) from error
-        if pending:
-            await self._deliver({"type": "http.response.body", "body": pending, "more_body": True})
+        rest = (await editor.finish() if editor is not None else b"") + pending
+        await self._emit(rest)
         if not seen_usage:  # a stream that never said what it cost: charged its reservation
             usage = None
         return ModelReply("", usage=usage, model=self.model)
+
+
+def _next_event(buffer: bytes) -> tuple[bytes | None, bytes]:
+    """The first whole SSE event of ``buffer`` (up to and with its blank line), and the
+    rest; ``None`` while no event is whole yet."""
+    ends = [end for end in (buffer.find(b"\n\n"), buffer.find(b"\r\n\r\n")) if end >= 0]
+    if not ends:
+        return None, buffer
+    end = min(ends)
+    width = 4 if buffer.startswith(b"\r\n\r\n", end) else 2
+    return buffer[: end + width], buffer[end + width :]
+
+
+def _event_in(raw: bytes) -> Any:
+    """The JSON of an event's ``data:`` line, or ``None``."""
+    for line in raw.splitlines():
+        found = _event_of(line)
+        if found is not None:
+            return found
+    return None
 
 
 def _event_of(line: bytes) -> Any:

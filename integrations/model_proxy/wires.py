@@ -176,6 +176,27 @@ class Wire:
         """The id under which the provider stored a JSON reply (Responses), if any."""
         return None
 
+    def system_text(self, data: Mapping[str, Any], messages: list[Any]) -> str:
+        """The system prompt or instructions, as text (a conversation's identity)."""
+        return "".join(
+            text_of(message.get("content"))
+            for message in messages
+            if isinstance(message, Mapping) and message.get("role") in ("system", "developer")
+        )
+
+    def first_prompt(self, messages: list[Any]) -> str:
+        """The text of the first person's message (a conversation's identity)."""
+        for message in messages:
+            if isinstance(message, Mapping) and self.is_prompt(message):
+                return text_of(message.get("content"))
+        return ""
+
+    def cut_events(self, message: str) -> bytes:
+        """What ends a stream the upstream broke off after its first byte: the API's own
+        error event, so the client reports an error instead of a clean end."""
+        error = {"error": {"message": message, "type": "server_error", "code": "stream_cut"}}
+        return f"data: {json.dumps(error)}\n\n".encode()
+
     def response_id_in(self, event: Mapping[str, Any]) -> str | None:
         """The id under which the provider stores a streamed reply, from its event."""
         return None
@@ -471,6 +492,13 @@ class AnthropicMessages(Wire):
         }
         default = "invalid_request_error" if status < 500 else "api_error"
         return {"type": "error", "error": {"type": types.get(kind, default), "message": message}}
+
+    def system_text(self, data: Mapping[str, Any], messages: list[Any]) -> str:
+        return text_of(data.get("system")) + super().system_text(data, messages)
+
+    def cut_events(self, message: str) -> bytes:
+        error = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return f"event: error\ndata: {json.dumps(error)}\n\n".encode()
 
 
 def _from_a_person(message: Mapping[str, Any]) -> bool:

@@ -1,0 +1,415 @@
+"""A fake upstream that plays a runaway model, for the real coding agents' tests.
+
+One loopback server speaks every wire the model proxy fronts — Anthropic's Messages
+(``POST /v1/messages``, ``/v1/messages/count_tokens``), OpenAI's Responses
+(``POST /v1/responses``) and chat completions (``POST /v1/chat/completions``), and the
+Gemini API (``POST /v1beta/models/{model}:generateContent`` and
+``:streamGenerateContent?alt=sse``) — JSON and SSE, as each provider's SDK parses it.
+
+Whenever a request offers a shell tool (Claude Code's ``Bash``, Codex's ``shell`` /
+``exec_command``, Gemini CLI's ``run_shell_command``, or any tool when ``tool`` is
+set), it answers with the same call again (``command``: ``ls``), up to ``bound``
+calls per conversation; then, or without such a tool, a short text. Every request's
+path, headers and body are logged (``requests``): that log is how a test sees whether
+a reminder reached the model. ``fail`` makes it answer every model request with that
+status (an overloaded or broken provider).
+
+Run it in a thread (``with Runaway() as upstream``): the clients under test are other
+processes, so the server has its own event loop and real time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+SHELL_TOOLS = ("Bash", "shell", "exec_command", "local_shell", "run_shell_command", "shell_command")
+
+
+@attrs.define
+class Seen:
+    """One request the upstream received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+    def text(self) -> str:
+        """Everything the request said, as text (to look for a reminder in)."""
+        return json.dumps(self.body, ensure_ascii=False)
+
+
+class Runaway:
+    """The fake upstream (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        bound: int = 50,
+        command: str = "ls",
+        usage: tuple[int, int] = (1_000, 50),
+        tool: str | None = None,
+    ) -> None:
+        self.bound = bound
+        self.command = command
+        self.usage = usage
+        self.tool = tool
+        self.requests: list[Seen] = []
+        self.fail: int | None = None
+        self.calls_made = 0
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    # -- running -------------------------------------------------------------------------
+
+    def __enter__(self) -> Runaway:
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = int(probe.getsockname()[1])
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the fake upstream did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def model_requests(self) -> list[Seen]:
+        """The requests that asked the model (not token counts, not probes)."""
+        return [
+            seen
+            for seen in self.requests
+            if seen.method == "POST"
+            and not seen.path.endswith("/count_tokens")
+            and not seen.path.endswith(":countTokens")
+        ]
+
+    # -- the app -------------------------------------------------------------------------
+
+    @property
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response, StreamingResponse
+        from starlette.routing import Route
+
+        async def handle(request: Request) -> Response:
+            raw = await request.body()
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+            path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            seen = Seen(request.method, path, dict(request.headers), body)
+            with self._lock:
+                self.requests.append(seen)
+            if request.method != "POST":
+                return JSONResponse({"data": [], "object": "list"})
+            if request.url.path.endswith("/count_tokens"):
+                return JSONResponse({"input_tokens": 42})
+            if request.url.path.endswith(":countTokens"):
+                return JSONResponse({"totalTokens": 42})
+            if self.fail is not None:
+                return self._failure(request.url.path)
+            if not isinstance(body, dict):
+                return JSONResponse({"error": {"message": "not JSON"}}, 400)
+            wire = _wire_of(request.url.path)
+            tool = self._tool_offered(wire, body)
+            stream = bool(body.get("stream")) or request.url.query.find("alt=sse") >= 0
+            stream = stream or ":streamGenerateContent" in request.url.path
+            with self._lock:
+                call = tool is not None and self.calls_made < self.bound
+                if call:
+                    self.calls_made += 1
+                number = self.calls_made
+            model = str(body.get("model") or _gemini_model(request.url.path))
+            answer = _Answer(wire, model, tool if call else None, self.command, number, self.usage)
+            asked = (body.get("generationConfig") or {}) if wire == "gemini" else {}
+            if asked.get("responseMimeType") == "application/json":  # a side call's JSON
+                schema = asked.get("responseJsonSchema") or asked.get("responseSchema") or {}
+                answer.text = json.dumps(_example(schema))
+            if stream:
+                return StreamingResponse(answer.events(), media_type="text/event-stream")
+            return JSONResponse(answer.json())
+
+        return Starlette(routes=[Route("/{path:path}", handle, methods=["GET", "POST", "HEAD"])])
+
+    def _failure(self, path: str) -> Any:
+        from starlette.responses import JSONResponse
+
+        status = self.fail or 500
+        wire = _wire_of(path)
+        if wire == "anthropic":
+            kind = "overloaded_error" if status == 529 else "api_error"
+            return JSONResponse(
+                {"type": "error", "error": {"type": kind, "message": "down"}}, status
+            )
+        if wire == "gemini":
+            return JSONResponse(
+                {"error": {"code": status, "message": "down", "status": "UNAVAILABLE"}}, status
+            )
+        return JSONResponse({"error": {"message": "down", "type": "server_error"}}, status)
+
+    def _tool_offered(self, wire: str, body: dict[str, Any]) -> str | None:
+        names: list[str] = []
+        for tool in body.get("tools") or ():
+            if not isinstance(tool, dict):
+                continue
+            if wire == "gemini":
+                for declaration in tool.get("functionDeclarations") or ():
+                    names.append(str(declaration.get("name")))
+            elif wire == "openai":
+                names.append(str((tool.get("function") or {}).get("name")))
+            else:
+                names.append(str(tool.get("name") or tool.get("type")))
+        if self.tool is not None:
+            return self.tool if self.tool in names else None
+        return next((name for name in names if name in SHELL_TOOLS), None)
+
+
+def _wire_of(path: str) -> str:
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/v1/responses"):
+        return "responses"
+    if path.startswith("/v1beta/") or path.startswith("/v1/models/"):
+        return "gemini"
+    return "openai"
+
+
+def _gemini_model(path: str) -> str:
+    tail = path.rsplit("/models/", 1)[-1]
+    return tail.split(":", 1)[0]
+
+
+def _example(schema: Any) -> Any:
+    """A value that fits a (Gemini-style) JSON schema: what a side call asks for."""
+    if not isinstance(schema, dict):
+        return {}
+    kind = str(schema.get("type", "object")).lower()
+    if kind == "object":
+        return {name: _example(inner) for name, inner in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return []
+    if kind in ("integer", "number"):
+        return 10
+    if kind == "boolean":
+        return False
+    if schema.get("enum"):
+        return schema["enum"][0]
+    return "simple"
+
+
+def _sse(event: str | None, data: Any) -> str:
+    named = f"event: {event}\n" if event else ""
+    return f"{named}data: {json.dumps(data)}\n\n"
+
+
+@attrs.define
+class _Answer:
+    """One answer in one wire: a shell call (``tool``) or a short text."""
+
+    wire: str
+    model: str
+    tool: str | None
+    command: str
+    number: int
+    usage: tuple[int, int]
+
+    @property
+    def call_id(self) -> str:
+        return f"call_{self.number:04d}"
+
+    def arguments(self) -> dict[str, Any]:
+        if self.tool in ("shell", "local_shell"):
+            return {"command": ["bash", "-lc", self.command]}
+        if self.tool in ("exec_command", "shell_command"):
+            return (
+                {"cmd": self.command} if self.tool == "exec_command" else {"command": self.command}
+            )
+        if self.tool == "Bash":
+            return {"command": self.command, "description": "List files"}
+        return {"command": self.command}
+
+    text: str = "Done."
+
+    def json(self) -> dict[str, Any]:
+        given, made = self.usage
+        if self.wire == "anthropic":
+            content: list[dict[str, Any]] = (
+                [{"type": "tool_use", "id": self.call_id, "name": self.tool,
+                  "input": self.arguments()}]
+                if self.tool
+                else [{"type": "text", "text": self.text}]
+            )  # fmt: skip
+            return {
+                "id": f"msg_{self.number}", "type": "message", "role": "assistant",
+                "model": self.model, "content": content,
+                "stop_reason": "tool_use" if self.tool else "end_turn", "stop_sequence": None,
+                "usage": {"input_tokens": given, "output_tokens": made},
+            }  # fmt: skip
+        if self.wire == "responses":
+            return self._response("completed")
+        if self.wire == "gemini":
+            return self._gemini(done=True)
+        message: dict[str, Any] = {"role": "assistant", "content": None if self.tool else self.text}
+        if self.tool:
+            message["tool_calls"] = [
+                {"id": self.call_id, "type": "function",
+                 "function": {"name": self.tool, "arguments": json.dumps(self.arguments())}}
+            ]  # fmt: skip
+        return {
+            "id": f"chatcmpl-{self.number}", "object": "chat.completion", "created": 1,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if self.tool else "stop"}],
+            "usage": {"prompt_tokens": given, "completion_tokens": made,
+                      "total_tokens": given + made},
+        }  # fmt: skip
+
+    def _output(self) -> list[dict[str, Any]]:
+        if self.tool:
+            return [{
+                "id": f"fc_{self.number}", "type": "function_call", "status": "completed",
+                "call_id": self.call_id, "name": self.tool,
+                "arguments": json.dumps(self.arguments()),
+            }]  # fmt: skip
+        return [{
+            "id": f"msg_{self.number}", "type": "message", "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": self.text, "annotations": []}],
+        }]  # fmt: skip
+
+    def _response(self, status: str, *, output: bool = True) -> dict[str, Any]:
+        given, made = self.usage
+        return {
+            "id": f"resp_{self.number}", "object": "response", "created_at": 1,
+            "status": status, "model": self.model,
+            "output": self._output() if output else [],
+            "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
+            "usage": {"input_tokens": given, "output_tokens": made,
+                      "total_tokens": given + made,
+                      "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": 0}},
+        }  # fmt: skip
+
+    def _gemini(self, *, done: bool) -> dict[str, Any]:
+        given, made = self.usage
+        part: dict[str, Any] = (
+            {"functionCall": {"name": self.tool, "args": self.arguments()}}
+            if self.tool
+            else {"text": self.text}
+        )
+        return {
+            "candidates": [{"content": {"role": "model", "parts": [part]},
+                            "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": given, "candidatesTokenCount": made,
+                              "totalTokenCount": given + made},
+            "modelVersion": self.model,
+        }  # fmt: skip
+
+    def events(self) -> Iterator[str]:
+        given, made = self.usage
+        if self.wire == "anthropic":
+            start = {"id": f"msg_{self.number}", "type": "message", "role": "assistant",
+                     "model": self.model, "content": [], "stop_reason": None,
+                     "stop_sequence": None, "usage": {"input_tokens": given, "output_tokens": 1}}  # fmt: skip
+            yield _sse("message_start", {"type": "message_start", "message": start})
+            if self.tool:
+                block = {"type": "tool_use", "id": self.call_id, "name": self.tool, "input": {}}
+                yield _sse("content_block_start",
+                           {"type": "content_block_start", "index": 0, "content_block": block})  # fmt: skip
+                text = json.dumps(self.arguments())
+                for piece in (text[: len(text) // 2], text[len(text) // 2 :]):
+                    yield _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                               "delta": {"type": "input_json_delta", "partial_json": piece}})  # fmt: skip
+            else:
+                yield _sse("content_block_start", {"type": "content_block_start", "index": 0,
+                           "content_block": {"type": "text", "text": ""}})  # fmt: skip
+                yield _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                           "delta": {"type": "text_delta", "text": self.text}})  # fmt: skip
+            yield _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            yield _sse("message_delta", {"type": "message_delta",
+                       "delta": {"stop_reason": "tool_use" if self.tool else "end_turn",
+                                 "stop_sequence": None},
+                       "usage": {"output_tokens": made}})  # fmt: skip
+            yield _sse("message_stop", {"type": "message_stop"})
+            return
+        if self.wire == "responses":
+            sequence = iter(range(1000))
+
+            def event(kind: str, **payload: Any) -> str:
+                return _sse(kind, {"type": kind, "sequence_number": next(sequence), **payload})
+
+            yield event("response.created", response=self._response("in_progress", output=False))
+            yield event(
+                "response.in_progress", response=self._response("in_progress", output=False)
+            )
+            [item] = self._output()
+            yield event("response.output_item.added", output_index=0,
+                        item={**item, "status": "in_progress"} if self.tool else
+                        {**item, "status": "in_progress", "content": []})  # fmt: skip
+            if self.tool:
+                yield event("response.function_call_arguments.delta", item_id=item["id"],
+                            output_index=0, delta=item["arguments"])  # fmt: skip
+                yield event("response.function_call_arguments.done", item_id=item["id"],
+                            output_index=0, arguments=item["arguments"])  # fmt: skip
+            else:
+                part = {"type": "output_text", "text": "", "annotations": []}
+                ids = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+                yield event("response.content_part.added", **ids, part=part)
+                yield event("response.output_text.delta", **ids, delta=self.text, logprobs=[])
+                yield event("response.output_text.done", **ids, text=self.text, logprobs=[])
+                yield event("response.content_part.done", **ids,
+                            part={**part, "text": self.text})  # fmt: skip
+            yield event("response.output_item.done", output_index=0, item=item)
+            yield event("response.completed", response=self._response("completed"))
+            return
+        if self.wire == "gemini":
+            yield _sse(None, self._gemini(done=True))
+            return
+        chunk = {"id": f"chatcmpl-{self.number}", "object": "chat.completion.chunk",
+                 "created": 1, "model": self.model}  # fmt: skip
+        if self.tool:
+            call = {"index": 0, "id": self.call_id, "type": "function",
+                    "function": {"name": self.tool, "arguments": ""}}  # fmt: skip
+            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant",
+                       "tool_calls": [call]}, "finish_reason": None}]})  # fmt: skip
+            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": json.dumps(self.arguments())}}]},
+                "finish_reason": None}]})  # fmt: skip
+            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {},
+                       "finish_reason": "tool_calls"}]})  # fmt: skip
+        else:
+            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant",
+                       "content": self.text}, "finish_reason": None}]})  # fmt: skip
+            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {},
+                       "finish_reason": "stop"}]})  # fmt: skip
+        yield _sse(None, {**chunk, "choices": [], "usage": {"prompt_tokens": given,
+                   "completion_tokens": made, "total_tokens": given + made}})  # fmt: skip
+        yield "data: [DONE]\n\n"
