@@ -16,8 +16,12 @@ values look and behave, never by what a key is called:
   there (a short token under ``request_id`` or ``nonce`` is taken for volatile once
   it behaves so), never the rule. Paths and every other value are compared exactly;
 * **results**, by value: ISO dates and times, times of day, epoch timestamps, UUIDs,
-  long hex ids and durations (``0.53s``, ``120 ms``) are replaced by markers, and the
-  detector masks counters stepping by one from the same call's previous result.
+  long hex ids, ids a label names ("Chunk ID: f928e9", ``PGID: 31940``), durations
+  (``0.53s``, ``120 ms``, "Wall time: 0.0000 seconds") and temporary files' names
+  (``/tmp/tmpk3j2h1``, ``/tmp/pytest-17``) are replaced by markers — what a shell
+  tool reports differently on every run of one command (Codex's results begin with a
+  fresh chunk id and wall time) — and the detector masks counters stepping by one from
+  the same call's previous result.
 
 It also names three kinds of result the rules read: *empty* (``[]``, "no results"…),
 an *acknowledgement* (``ok``, "noted"…) and a *pending status* (``running``,
@@ -108,6 +112,25 @@ _RESULT_PARTS = (
         "<id>",
     ),
     (re.compile(r"\b[0-9a-fA-F]{16,}\b"), "<id>"),
+    # an id its label names, whatever its length: "Chunk ID: f928e9" (Codex's shell),
+    # "request_id=ab12", "PGID: 31940" (Gemini CLI's), "pid 4242"
+    (
+        re.compile(
+            r"\b((?:chunk|request|req|trace|span|session|job|task|correlation|operation|"
+            r"process|process group)[ _-]?id|pid|pgid)(\s*[:=#]?\s*)[0-9A-Za-z][\w-]*",
+            re.IGNORECASE,
+        ),
+        r"\1\2<id>",
+    ),
+    # a temporary file or folder, named anew each run: /tmp/tmpk3j2h1, /tmp/pytest-17/,
+    # /var/folders/xy/…/T/abc123 (a segment with digits, or tmp + random letters)
+    (
+        re.compile(
+            r"(/(?:private/)?(?:tmp|var/tmp|var/folders/[^/\s]+/[^/\s]+/T)/)"
+            r"(?:tmp[A-Za-z0-9_]{3,}|[A-Za-z_.-]*\d[\w.-]*)(?=/|\s|$)"
+        ),
+        r"\1<tmp>",
+    ),
     (re.compile(r"\b1[5-9]\d{8}(?:\d{3})?(?:\.\d+)?\b"), "<time>"),
     (
         re.compile(

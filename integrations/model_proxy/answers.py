@@ -291,7 +291,8 @@ class _Chat(Editor):
         if not self.holding:
             if not (isinstance(delta, Mapping) and delta.get("tool_calls")):
                 role_only = isinstance(delta, Mapping) and not delta.get("content")
-                if not self.opened and role_only and not choice.get("finish_reason"):
+                finished = isinstance(choice, Mapping) and choice.get("finish_reason")
+                if not self.opened and role_only and not finished:
                     self.preamble.append(raw)  # the role alone: no content yet
                     return b""
                 self.opened = True

@@ -267,7 +267,8 @@ class ModelProxy:
         stream = route.stream if route.stream is not None else bool(data.get("stream"))
         name = identity(headers, CONVERSATION_HEADER, wire.system_text(data, messages),
                         wire.first_prompt(messages), data)  # fmt: skip
-        conversation, fresh = self.conversations.get(tenant, name, digests(messages))
+        history = digests(messages)
+        conversation, fresh = self.conversations.get(tenant, name, history)
         agent = conversation.agent
         agent.tenant = tenant
         model = route.model or str(data.get("model") or "guardstack")
@@ -303,7 +304,7 @@ class ModelProxy:
         upstream.strip_usage = asked is not None
         upstream.tenant = tenant
         upstream.decide = guard.deciding(conversation)
-        upstream.attempts = guard.attempts(conversation, body)
+        upstream.attempts = guard.attempts(conversation, [model, *history])
         upstream.allowed = self.attempts_allowed()
         if wire is GEMINI and GEMINI_UPSTREAM in self.upstreams:
             upstream.default = GEMINI_UPSTREAM

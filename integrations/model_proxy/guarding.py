@@ -12,11 +12,11 @@ What is decided where (``docs/model-proxy.md`` has the table):
   conversation met afresh, an answer that did not pass through this process) goes
   through the whole tool stage here instead, as before.
 
-A **resend** is the same body again in the same conversation (official clients retry
-by themselves and ignore ``x-should-retry: false``): its upstream calls are attempts of
-one operation, so a model-stage ``retry {attempts: N}`` makes at most N upstream calls
-for it however often the client sends it, and the resends past those are answered with
-the upstream's last error without going upstream.
+A **resend** is the same model and history again in the same conversation (official
+clients retry by themselves and ignore ``x-should-retry: false``): its upstream calls
+are attempts of one operation, so a model-stage ``retry {attempts: N}`` makes at most
+N upstream calls for it however often the client sends it, and the resends past those
+are answered with the upstream's last error without going upstream.
 """
 
 from __future__ import annotations
@@ -160,10 +160,12 @@ class Guard:
     # -- resends ----------------------------------------------------------------------
 
     @staticmethod
-    def attempts(conversation: Conversation, body: bytes) -> Attempts:
-        """The operation ``body`` is in ``conversation`` (the same body again: a resend)."""
+    def attempts(conversation: Conversation, history: list[str]) -> Attempts:
+        """The operation a request is in ``conversation``: the same model and history
+        again is a resend (a client's retry may change its metadata — Codex's turn
+        ids — never the conversation it asks about)."""
         resends: OrderedDict[str, Attempts] = conversation.resends
-        digest = hashlib.sha256(body).hexdigest()[:32]
+        digest = hashlib.sha256("\n".join(history).encode()).hexdigest()[:32]
         found = resends.get(digest)
         if found is None:
             found = resends[digest] = Attempts()

@@ -80,7 +80,7 @@ class Runaway:
             self.port = int(probe.getsockname()[1])
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._server.install_signal_handlers = lambda: None
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 20
@@ -135,7 +135,8 @@ class Runaway:
             if request.url.path.endswith(":countTokens"):
                 return JSONResponse({"totalTokens": 42})
             if self.fail is not None:
-                return self._failure(request.url.path)
+                failure: Response = self._failure(request.url.path)
+                return failure
             if not isinstance(body, dict):
                 return JSONResponse({"error": {"message": "not JSON"}}, 400)
             wire = _wire_of(request.url.path)
@@ -197,7 +198,7 @@ def _wire_of(path: str) -> str:
         return "anthropic"
     if path.startswith("/v1/responses"):
         return "responses"
-    if path.startswith("/v1beta/") or path.startswith("/v1/models/"):
+    if path.startswith(("/v1beta/", "/v1/models/")):
         return "gemini"
     return "openai"
 
@@ -262,17 +263,27 @@ class _Answer:
         given, made = self.usage
         if self.wire == "anthropic":
             content: list[dict[str, Any]] = (
-                [{"type": "tool_use", "id": self.call_id, "name": self.tool,
-                  "input": self.arguments()}]
+                [
+                    {
+                        "type": "tool_use",
+                        "id": self.call_id,
+                        "name": self.tool,
+                        "input": self.arguments(),
+                    }
+                ]
                 if self.tool
                 else [{"type": "text", "text": self.text}]
-            )  # fmt: skip
+            )
             return {
-                "id": f"msg_{self.number}", "type": "message", "role": "assistant",
-                "model": self.model, "content": content,
-                "stop_reason": "tool_use" if self.tool else "end_turn", "stop_sequence": None,
+                "id": f"msg_{self.number}",
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": content,
+                "stop_reason": "tool_use" if self.tool else "end_turn",
+                "stop_sequence": None,
                 "usage": {"input_tokens": given, "output_tokens": made},
-            }  # fmt: skip
+            }
         if self.wire == "responses":
             return self._response("completed")
         if self.wire == "gemini":
@@ -280,43 +291,73 @@ class _Answer:
         message: dict[str, Any] = {"role": "assistant", "content": None if self.tool else self.text}
         if self.tool:
             message["tool_calls"] = [
-                {"id": self.call_id, "type": "function",
-                 "function": {"name": self.tool, "arguments": json.dumps(self.arguments())}}
-            ]  # fmt: skip
+                {
+                    "id": self.call_id,
+                    "type": "function",
+                    "function": {"name": self.tool, "arguments": json.dumps(self.arguments())},
+                }
+            ]
         return {
-            "id": f"chatcmpl-{self.number}", "object": "chat.completion", "created": 1,
+            "id": f"chatcmpl-{self.number}",
+            "object": "chat.completion",
+            "created": 1,
             "model": self.model,
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if self.tool else "stop"}],
-            "usage": {"prompt_tokens": given, "completion_tokens": made,
-                      "total_tokens": given + made},
-        }  # fmt: skip
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if self.tool else "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": given,
+                "completion_tokens": made,
+                "total_tokens": given + made,
+            },
+        }
 
     def _output(self) -> list[dict[str, Any]]:
         if self.tool:
-            return [{
-                "id": f"fc_{self.number}", "type": "function_call", "status": "completed",
-                "call_id": self.call_id, "name": self.tool,
-                "arguments": json.dumps(self.arguments()),
-            }]  # fmt: skip
-        return [{
-            "id": f"msg_{self.number}", "type": "message", "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": self.text, "annotations": []}],
-        }]  # fmt: skip
+            return [
+                {
+                    "id": f"fc_{self.number}",
+                    "type": "function_call",
+                    "status": "completed",
+                    "call_id": self.call_id,
+                    "name": self.tool,
+                    "arguments": json.dumps(self.arguments()),
+                }
+            ]
+        return [
+            {
+                "id": f"msg_{self.number}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": self.text, "annotations": []}],
+            }
+        ]
 
     def _response(self, status: str, *, output: bool = True) -> dict[str, Any]:
         given, made = self.usage
         return {
-            "id": f"resp_{self.number}", "object": "response", "created_at": 1,
-            "status": status, "model": self.model,
+            "id": f"resp_{self.number}",
+            "object": "response",
+            "created_at": 1,
+            "status": status,
+            "model": self.model,
             "output": self._output() if output else [],
-            "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
-            "usage": {"input_tokens": given, "output_tokens": made,
-                      "total_tokens": given + made,
-                      "input_tokens_details": {"cached_tokens": 0},
-                      "output_tokens_details": {"reasoning_tokens": 0}},
-        }  # fmt: skip
+            "parallel_tool_calls": False,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": given,
+                "output_tokens": made,
+                "total_tokens": given + made,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        }
 
     def _gemini(self, *, done: bool) -> dict[str, Any]:
         given, made = self.usage
@@ -326,38 +367,76 @@ class _Answer:
             else {"text": self.text}
         )
         return {
-            "candidates": [{"content": {"role": "model", "parts": [part]},
-                            "finishReason": "STOP", "index": 0}],
-            "usageMetadata": {"promptTokenCount": given, "candidatesTokenCount": made,
-                              "totalTokenCount": given + made},
+            "candidates": [
+                {"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}
+            ],
+            "usageMetadata": {
+                "promptTokenCount": given,
+                "candidatesTokenCount": made,
+                "totalTokenCount": given + made,
+            },
             "modelVersion": self.model,
-        }  # fmt: skip
+        }
 
     def events(self) -> Iterator[str]:
         given, made = self.usage
         if self.wire == "anthropic":
-            start = {"id": f"msg_{self.number}", "type": "message", "role": "assistant",
-                     "model": self.model, "content": [], "stop_reason": None,
-                     "stop_sequence": None, "usage": {"input_tokens": given, "output_tokens": 1}}  # fmt: skip
+            start: dict[str, Any] = {
+                "id": f"msg_{self.number}",
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": given, "output_tokens": 1},
+            }
             yield _sse("message_start", {"type": "message_start", "message": start})
             if self.tool:
                 block = {"type": "tool_use", "id": self.call_id, "name": self.tool, "input": {}}
-                yield _sse("content_block_start",
-                           {"type": "content_block_start", "index": 0, "content_block": block})  # fmt: skip
+                yield _sse(
+                    "content_block_start",
+                    {"type": "content_block_start", "index": 0, "content_block": block},
+                )
                 text = json.dumps(self.arguments())
                 for piece in (text[: len(text) // 2], text[len(text) // 2 :]):
-                    yield _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                               "delta": {"type": "input_json_delta", "partial_json": piece}})  # fmt: skip
+                    yield _sse(
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "input_json_delta", "partial_json": piece},
+                        },
+                    )
             else:
-                yield _sse("content_block_start", {"type": "content_block_start", "index": 0,
-                           "content_block": {"type": "text", "text": ""}})  # fmt: skip
-                yield _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                           "delta": {"type": "text_delta", "text": self.text}})  # fmt: skip
+                yield _sse(
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                )
+                yield _sse(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": self.text},
+                    },
+                )
             yield _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-            yield _sse("message_delta", {"type": "message_delta",
-                       "delta": {"stop_reason": "tool_use" if self.tool else "end_turn",
-                                 "stop_sequence": None},
-                       "usage": {"output_tokens": made}})  # fmt: skip
+            yield _sse(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {
+                        "stop_reason": "tool_use" if self.tool else "end_turn",
+                        "stop_sequence": None,
+                    },
+                    "usage": {"output_tokens": made},
+                },
+            )
             yield _sse("message_stop", {"type": "message_stop"})
             return
         if self.wire == "responses":
@@ -371,45 +450,116 @@ class _Answer:
                 "response.in_progress", response=self._response("in_progress", output=False)
             )
             [item] = self._output()
-            yield event("response.output_item.added", output_index=0,
-                        item={**item, "status": "in_progress"} if self.tool else
-                        {**item, "status": "in_progress", "content": []})  # fmt: skip
+            yield event(
+                "response.output_item.added",
+                output_index=0,
+                item={**item, "status": "in_progress"}
+                if self.tool
+                else {**item, "status": "in_progress", "content": []},
+            )
             if self.tool:
-                yield event("response.function_call_arguments.delta", item_id=item["id"],
-                            output_index=0, delta=item["arguments"])  # fmt: skip
-                yield event("response.function_call_arguments.done", item_id=item["id"],
-                            output_index=0, arguments=item["arguments"])  # fmt: skip
+                yield event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=0,
+                    delta=item["arguments"],
+                )
+                yield event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=0,
+                    arguments=item["arguments"],
+                )
             else:
                 part = {"type": "output_text", "text": "", "annotations": []}
                 ids = {"item_id": item["id"], "output_index": 0, "content_index": 0}
                 yield event("response.content_part.added", **ids, part=part)
                 yield event("response.output_text.delta", **ids, delta=self.text, logprobs=[])
                 yield event("response.output_text.done", **ids, text=self.text, logprobs=[])
-                yield event("response.content_part.done", **ids,
-                            part={**part, "text": self.text})  # fmt: skip
+                yield event("response.content_part.done", **ids, part={**part, "text": self.text})
             yield event("response.output_item.done", output_index=0, item=item)
             yield event("response.completed", response=self._response("completed"))
             return
         if self.wire == "gemini":
             yield _sse(None, self._gemini(done=True))
             return
-        chunk = {"id": f"chatcmpl-{self.number}", "object": "chat.completion.chunk",
-                 "created": 1, "model": self.model}  # fmt: skip
+        chunk = {
+            "id": f"chatcmpl-{self.number}",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": self.model,
+        }
         if self.tool:
-            call = {"index": 0, "id": self.call_id, "type": "function",
-                    "function": {"name": self.tool, "arguments": ""}}  # fmt: skip
-            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant",
-                       "tool_calls": [call]}, "finish_reason": None}]})  # fmt: skip
-            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {"tool_calls": [
-                {"index": 0, "function": {"arguments": json.dumps(self.arguments())}}]},
-                "finish_reason": None}]})  # fmt: skip
-            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {},
-                       "finish_reason": "tool_calls"}]})  # fmt: skip
+            call = {
+                "index": 0,
+                "id": self.call_id,
+                "type": "function",
+                "function": {"name": self.tool, "arguments": ""},
+            }
+            yield _sse(
+                None,
+                {
+                    **chunk,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "tool_calls": [call]},
+                            "finish_reason": None,
+                        }
+                    ],
+                },
+            )
+            yield _sse(
+                None,
+                {
+                    **chunk,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "function": {"arguments": json.dumps(self.arguments())},
+                                    }
+                                ]
+                            },
+                            "finish_reason": None,
+                        }
+                    ],
+                },
+            )
+            yield _sse(
+                None,
+                {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+            )
         else:
-            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant",
-                       "content": self.text}, "finish_reason": None}]})  # fmt: skip
-            yield _sse(None, {**chunk, "choices": [{"index": 0, "delta": {},
-                       "finish_reason": "stop"}]})  # fmt: skip
-        yield _sse(None, {**chunk, "choices": [], "usage": {"prompt_tokens": given,
-                   "completion_tokens": made, "total_tokens": given + made}})  # fmt: skip
+            yield _sse(
+                None,
+                {
+                    **chunk,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": self.text},
+                            "finish_reason": None,
+                        }
+                    ],
+                },
+            )
+            yield _sse(
+                None, {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            )
+        yield _sse(
+            None,
+            {
+                **chunk,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": given,
+                    "completion_tokens": made,
+                    "total_tokens": given + made,
+                },
+            },
+        )
         yield "data: [DONE]\n\n"

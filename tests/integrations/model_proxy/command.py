@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -74,3 +74,49 @@ async def running(
             process.terminate()
         with anyio.fail_after(15):
             await process.wait()
+
+
+@contextlib.contextmanager
+def started(
+    arguments: Sequence[str],
+    tmp_path: Path,
+    *,
+    environment: Mapping[str, str] | None = None,
+    name: str = "model-proxy",
+) -> Iterator[Running]:
+    """``running`` for tests that are not async (a real client is a blocking process)."""
+    import socket
+    import subprocess
+    import time
+
+    port = free_port()
+    stderr = tmp_path / f"{name}-{port}.stderr"
+    env = {**os.environ, **(environment or {})}
+    with stderr.open("wb") as sink:
+        process = subprocess.Popen(
+            command(name, *arguments, "--listen", f"127.0.0.1:{port}"),
+            cwd=str(ROOT),
+            env=env,
+            stderr=sink,
+            stdout=sink,
+        )
+    proxy = Running(port, process, stderr)  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the proxy did not start:\n{proxy.said()}") from None
+                time.sleep(0.05)
+        yield proxy
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)

@@ -6,6 +6,7 @@ restart, writing its decision log."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -15,7 +16,7 @@ from tests.integrations.chat_server import Answer, ChatServer
 from tests.integrations.model_proxy.command import running
 from tests.integrations.test_mcp_tracing import Receiver
 
-ASK = [{"role": "user", "content": "What is in the repo?"}]
+ASK: Any = [{"role": "user", "content": "What is in the repo?"}]
 
 
 @pytest.fixture

@@ -56,6 +56,7 @@ async def test_a_tenant_cannot_continue_another_tenants_stored_response(
     keys = {KEY_A: "team-a", KEY_B: "team-b"}
     async for served in serve(Harness(), responses_server, client_keys=keys):
         async with client(served.port, KEY_A) as team_a, client(served.port, KEY_B) as team_b:
+            first: Any
             if stream:
                 async with team_a.responses.stream(model="m", input="Plan it.") as events:
                     first = await events.get_final_response()
@@ -106,7 +107,7 @@ async def test_state_the_proxy_cannot_attribute_is_refused_while_tenants_are_set
 
 #: Tenant names as an operator writes them: any text, with ``/`` and ``:`` often.
 tenant_names = st.text(
-    st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8
+    st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=8
 ) | st.sampled_from(["acme", "acme/prod", "a:b", "a", "a/b/c"])
 #: What a client may put in a header: printable ASCII, ``/`` and ``:`` often.
 header_text = st.text(st.sampled_from("ab/:-_.%0"), min_size=1, max_size=8)
