@@ -32,10 +32,12 @@ and one turn.
 from guardstack.integrations.mcp.gate import checked_by_gate, gated
 from guardstack.integrations.mcp.relay import NotificationRelay
 from guardstack.integrations.mcp.serve import (
+    NOTE_FIELD,
     proxy_server,
     serve_call,
     serve_proxy,
     serve_proxy_http,
+    with_note_field,
 )
 from guardstack.integrations.mcp.tools import (
     EXTRA,
@@ -53,6 +55,7 @@ from guardstack.integrations.mcp.tools import (
 __all__ = [
     "EXTRA",
     "MAX_PAGES",
+    "NOTE_FIELD",
     "OWNER",
     "SERVER_GONE",
     "McpServerError",
@@ -68,4 +71,5 @@ __all__ = [
     "serve_proxy_http",
     "sync_tools",
     "tracing_provider",
+    "with_note_field",
 ]

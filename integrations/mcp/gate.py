@@ -37,7 +37,9 @@ def calls_of(ctx: Any) -> list[anyio.CancelScope] | None:
 
 def gated(inner: Any, gate: Gate) -> Any:
     """The ASGI app ``inner`` behind ``gate``'s checks: a refusal is a JSON-RPC error
-    with the gate's status, never a 500. Lifespan events pass straight through. A
+    with the gate's status, never a 500 — a 401 with ``WWW-Authenticate: Bearer
+    error="invalid_token"`` (RFC 6750), so a client (the MCP Inspector) reports the
+    gateway's message instead of starting an OAuth flow. Lifespan events pass straight through. A
     client whose connection drops before its answer was sent has the calls that
     request carries cancelled (downstream too: the SDK tells the server)."""
 
@@ -60,16 +62,15 @@ def gated(inner: Any, gate: Gate) -> Any:
                     "error": {"code": -32600, "message": refused.message},
                 }
             ).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": refused.status,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
+            answer = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ]
+            if refused.status == 401:  # RFC 6750: a bearer token, refused; not OAuth
+                said = refused.message.replace("\\", "\\\\").replace('"', '\\"')
+                challenge = f'Bearer error="invalid_token", error_description="{said}"'
+                answer.append((b"www-authenticate", challenge.encode("latin-1", "replace")))
+            await send({"type": "http.response.start", "status": refused.status, "headers": answer})
             await send({"type": "http.response.body", "body": body})
             return
         calls: list[anyio.CancelScope] = []

@@ -8,7 +8,7 @@ import json
 import logging
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from opentelemetry import context as otel_context
@@ -150,7 +150,8 @@ def proxy_server(
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         conversation_of(ctx)  # a client that lists tools hears of their changes
-        return await downstream.list_tools(params=params)
+        listed = await downstream.list_tools(params=params)
+        return listed.model_copy(update={"tools": [with_note_field(t) for t in listed.tools]})
 
     async def call_tool(ctx: Any, params: Any) -> CallToolResult:
         call = ToolCall(
@@ -194,6 +195,30 @@ def proxy_server(
 
     server.create_initialization_options = create_initialization_options  # type: ignore[method-assign]
     return server
+
+
+#: Where a guard's note to the model goes in a structured result (``with_note_field``).
+NOTE_FIELD: Final = "guardstack_note"
+
+
+def with_note_field(tool: Any) -> Any:
+    """A tool as served: an object output schema gains an optional ``guardstack_note``
+    string, so a result with the guards' note in its structured content stays valid
+    against the schema the client was given (a schema that forbids other properties
+    included)."""
+    schema = getattr(tool, "output_schema", None)
+    if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+        return tool
+    properties = dict(schema.get("properties") or {})
+    properties.setdefault(
+        NOTE_FIELD,
+        {
+            "type": "string",
+            "description": "A note from the gateway's guards to the model (a loop noticed, "
+            "a budget nearly spent), when there is one.",
+        },
+    )
+    return tool.model_copy(update={"output_schema": {**schema, "properties": properties}})
 
 
 async def serve_call(
@@ -269,7 +294,12 @@ async def serve_call(
         structured = original.structured_content
     else:
         content, structured = [TextContent(type="text", text=result.content)], None
-    content.extend(TextContent(type="text", text=context.text) for context in outcome.contexts)
+    notes = [context.text for context in outcome.contexts]
+    content.extend(TextContent(type="text", text=note) for note in notes)
+    if notes and isinstance(structured, dict):
+        # clients that show the model the structured result (Claude Code, Codex) read it
+        # there: under NOTE_FIELD, which the served output schema declares
+        structured = {**structured, NOTE_FIELD: "\n\n".join(notes)}
     answer = CallToolResult(
         content=content, structured_content=structured, is_error=result.is_error
     )

@@ -33,6 +33,7 @@ from guardstack.integrations.mcp import (
     gated,
     serve_call,
     tracing_provider,
+    with_note_field,
 )
 from guardstack.integrations.mcp_gateway.config import SEPARATOR, GatewayConfig, Keys, Tenant
 from guardstack.integrations.mcp_gateway.downstream import RESTARTING, Downstream
@@ -218,7 +219,7 @@ class Gateway:
             tenant = gateway.tenant(ctx)
             gateway._conversation(ctx, tenant)  # it hears of tool-list changes from now
             tools = [
-                tool.model_copy(update={"name": downstream.served(name)})
+                with_note_field(tool).model_copy(update={"name": downstream.served(name)})
                 for downstream in gateway.downstreams.values()
                 for name, tool in downstream.tools.items()
                 if gateway.sees(tenant, downstream.name, name)

@@ -202,8 +202,10 @@ def codex(
     headers: Mapping[str, str] | None = None,
     environment: Mapping[str, str] | None = None,
     timeout_s: float = 120,
+    mcp: tuple[str, str, str] | None = None,
 ) -> Ran:
-    """``codex exec --json PROMPT`` against ``base_url`` (a ``CODEX_HOME`` of its own)."""
+    """``codex exec --json PROMPT`` against ``base_url`` (a ``CODEX_HOME`` of its own);
+    ``mcp``: an MCP server over streamable HTTP, ``(name, url, bearer key)``."""
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     header_lines = ""
@@ -222,9 +224,17 @@ def codex(
         f'base_url = "{base_url}/v1"\n'
         'env_key = "GUARDSTACK_CLIENT_KEY"\n'
         'wire_api = "responses"\n'
-        + (f"env_http_headers = {{ {header_lines.rstrip(', ')} }}\n" if header_lines else ""),
+        + (f"env_http_headers = {{ {header_lines.rstrip(', ')} }}\n" if header_lines else "")
+        + (
+            f'[mcp_servers.{mcp[0]}]\nurl = "{mcp[1]}"\n'
+            'bearer_token_env_var = "GUARDSTACK_MCP_KEY"\n'
+            if mcp is not None
+            else ""
+        ),
         "utf-8",
     )
+    if mcp is not None:
+        env_headers["GUARDSTACK_MCP_KEY"] = mcp[2]
     env = {"CODEX_HOME": str(codex_home), "GUARDSTACK_CLIENT_KEY": key, **env_headers,
            **(environment or {})}  # fmt: skip
     arguments = [command("codex"), "exec", "--skip-git-repo-check", "--json", prompt]

@@ -55,8 +55,11 @@ class Runaway:
         command: str = "ls",
         usage: tuple[int, int] = (1_000, 50),
         tool: str | None = None,
+        arguments: dict[str, Any] | None = None,
     ) -> None:
         self.bound = bound
+        #: The arguments of every call (default: a shell command, as the tool wants it).
+        self.arguments = arguments
         self.command = command
         self.usage = usage
         self.tool = tool
@@ -150,6 +153,7 @@ class Runaway:
                 number = self.calls_made
             model = str(body.get("model") or _gemini_model(request.url.path))
             answer = _Answer(wire, model, tool if call else None, self.command, number, self.usage)
+            answer.given = self.arguments
             asked = (body.get("generationConfig") or {}) if wire == "gemini" else {}
             if asked.get("responseMimeType") == "application/json":  # a side call's JSON
                 schema = asked.get("responseJsonSchema") or asked.get("responseSchema") or {}
@@ -186,6 +190,9 @@ class Runaway:
                     names.append(str(declaration.get("name")))
             elif wire == "openai":
                 names.append(str((tool.get("function") or {}).get("name")))
+            elif tool.get("type") == "namespace":  # Codex's MCP servers: mcp__NAME
+                for inner in tool.get("tools") or ():
+                    names.append(f"{tool.get('name')}/{inner.get('name')}")
             else:
                 names.append(str(tool.get("name") or tool.get("type")))
         if self.tool is not None:
@@ -247,6 +254,8 @@ class _Answer:
         return f"call_{self.number:04d}"
 
     def arguments(self) -> dict[str, Any]:
+        if self.given is not None:
+            return dict(self.given)
         if self.tool in ("shell", "local_shell"):
             return {"command": ["bash", "-lc", self.command]}
         if self.tool in ("exec_command", "shell_command"):
@@ -258,6 +267,7 @@ class _Answer:
         return {"command": self.command}
 
     text: str = "Done."
+    given: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
         given, made = self.usage
@@ -318,16 +328,18 @@ class _Answer:
 
     def _output(self) -> list[dict[str, Any]]:
         if self.tool:
-            return [
-                {
-                    "id": f"fc_{self.number}",
-                    "type": "function_call",
-                    "status": "completed",
-                    "call_id": self.call_id,
-                    "name": self.tool,
-                    "arguments": json.dumps(self.arguments()),
-                }
-            ]
+            namespace, _, name = self.tool.rpartition("/")  # Codex's MCP: mcp__gw/tool
+            call = {
+                "id": f"fc_{self.number}",
+                "type": "function_call",
+                "status": "completed",
+                "call_id": self.call_id,
+                "name": name,
+                "arguments": json.dumps(self.arguments()),
+            }
+            if namespace:
+                call["namespace"] = namespace
+            return [call]
         return [
             {
                 "id": f"msg_{self.number}",
