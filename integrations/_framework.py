@@ -145,6 +145,7 @@ class FrameworkCalls:
         self.owner = owner
         self._budgets = budgets(owner, timeouts_ms)
         self._runs: OrderedDict[tuple[Hashable, int], tuple[_Run, Hashable]] = OrderedDict()
+        self._named: OrderedDict[tuple[Hashable, str], Hashable] = OrderedDict()
 
     def definition(
         self,
@@ -172,13 +173,33 @@ class FrameworkCalls:
         budget = next((ms for pattern, ms in self._budgets if pattern.fullmatch(name)), timeout_ms)
         return ToolDefinition(name, run, description, dict(parameters or {}), budget)
 
+    def named_run(self, conversation: Hashable, run: str) -> Hashable:
+        """The key of the turn of the run *named* ``run`` in ``conversation`` — by the
+        name's value, for frameworks that name a run by an id in each message (the
+        Claude Agent SDK's ``prompt_id``: every hook input carries a fresh copy of the
+        text, so its identity says nothing). A name seen for the first time starts a
+        fresh turn."""
+        slot = (conversation, run)
+        turn = self._named.get(slot)
+        if turn is not None:
+            self._named.move_to_end(slot)
+            return turn
+        turn = self._named[slot] = (conversation, next(_TURNS))
+        while len(self._named) > MAX_TRACKED_RUNS:
+            self._named.popitem(last=False)
+        return turn
+
     def start_run(self, conversation: Hashable, run: object) -> Hashable:
         """The key of ``run``'s turn in ``conversation``, for its calls' ``conversation``.
 
         Every call of one run shares it and two runs never do — not even two runs of
         one conversation at once, which would otherwise reset (or share) each other's
-        per-turn counts. A run seen for the first time starts a fresh turn.
+        per-turn counts. A run seen for the first time starts a fresh turn. A run named
+        by text (an id a framework puts in each message) is keyed by its value
+        (``named_run``): two equal ids are one run, whatever their identity.
         """
+        if isinstance(run, str):
+            return self.named_run(conversation, run)
         slot = (conversation, id(run))
         entry = self._runs.get(slot)
         if entry is not None and entry[0].same(run):

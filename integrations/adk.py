@@ -23,6 +23,8 @@ guarded::
   handed back): a model-stage ``Retry``, ``Timeout``, breaker and limits,
   ``ModelCallLimit`` and ``UsageLimit`` (from the reply's usage metadata), ``Tracing``'s
   ``chat`` span. A cap that stops the turn answers as the model, with the reason.
+* **A cap that ends the turn ends the runner's invocation** (ADK's ``end_invocation``),
+  on a tool call as on a model call: the runner asks the model nothing more.
 * **One budget, one deadline**: an ADK session is one guardstack conversation and
   each runner invocation one turn, so every agent of the tree spends from the same
   caps; a ``TurnDeadline`` in the harness bounds the whole invocation — a call past it
@@ -241,6 +243,8 @@ class GuardstackPlugin(_adk()):  # type: ignore[misc]
             )
         if outcome is None or scope.cancelled_caught:
             return {"error": "ABORTED: the turn's deadline passed before the tool finished"}
+        if outcome.ends_turn:  # the runner's invocation ends here, not the next call only
+            _end_invocation(tool_context)
         result = outcome.result
         if result.is_error:
             response: dict[str, Any] = {"error": result.content}
@@ -269,12 +273,21 @@ class GuardstackPlugin(_adk()):  # type: ignore[misc]
             with self._scope(agent) as scope:
                 reply = await loop.call_model(request)
         except TurnBlocked as blocked:
+            _end_invocation(callback_context)
             return _stop_response(f"Stopped by guardstack: {blocked}")
         if reply is None or scope.cancelled_caught:
             return _stop_response("Stopped by guardstack: the turn's deadline passed")
         if reply.usage is not None:
             loop.charge(agent, reply.usage)
         return call.response
+
+
+def _end_invocation(context: Any) -> None:
+    """Tell the runner this invocation is over (ADK's ``end_invocation``): it asks the
+    model nothing more, where a refusal alone would be answered by another request."""
+    invocation = getattr(context, "_invocation_context", None)
+    if invocation is not None:
+        invocation.end_invocation = True
 
 
 def _stop_response(text: str) -> Any:

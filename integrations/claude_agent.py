@@ -95,7 +95,7 @@ class _Hooks:
         session = str(data.get("session_id") or "claude-agent")
         prompt = str(data.get("prompt_id") or self.prompts.get(session) or "")
         _SESSIONS[self.harness] = [session, prompt]
-        return _turns(self.harness).start_run(session, prompt)
+        return _turns(self.harness).named_run(session, prompt)
 
     def _guarded(self, tool_name: str) -> bool:
         served = _served_name(tool_name)
@@ -274,7 +274,7 @@ def _guarded_handler(tool: Any, calls: FrameworkCalls, harness: Harness) -> Any:
     async def handler(arguments: dict[str, Any]) -> dict[str, Any]:
         # the turn the hooks saw last: a guarded tool's handler is told no session
         session, prompt = _SESSIONS.get(harness) or ["claude-agent", ""]
-        conversation = _turns(harness).start_run(session, prompt)
+        conversation = _turns(harness).named_run(session, prompt)
         outcome = await calls.execute(
             tool.name,
             arguments,

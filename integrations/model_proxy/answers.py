@@ -54,7 +54,7 @@ def sse(event: str | None, data: Any) -> bytes:
 # -- JSON answers ----------------------------------------------------------------------
 
 
-def asked_in_json(wire: str, data: Mapping[str, Any]) -> list[Asked]:
+def asked_in_json(wire: str, data: Mapping[str, Any], turn: int = 0) -> list[Asked]:
     """The tool calls a whole answer asks for."""
     found: list[Asked] = []
     if wire == "anthropic":
@@ -75,7 +75,7 @@ def asked_in_json(wire: str, data: Mapping[str, Any]) -> list[Asked]:
     elif wire == "gemini":
         from guardstack.integrations.model_proxy.gemini import GEMINI
 
-        found.extend(GEMINI.asked(data))
+        found.extend(GEMINI.asked(data, turn))
     return found
 
 
@@ -142,7 +142,9 @@ def stopped_json(wire: str, data: dict[str, Any], text: str) -> dict[str, Any]:
     return data
 
 
-async def edit_json(wire: str, content: bytes, decide: Decide) -> tuple[bytes, str | None]:
+async def edit_json(
+    wire: str, content: bytes, decide: Decide, turn: int = 0
+) -> tuple[bytes, str | None]:
     """A JSON answer as the client gets it — as it came, or without its calls and with
     the stop's text when the decision is a stop — and the stop's text, if any."""
     try:
@@ -151,7 +153,7 @@ async def edit_json(wire: str, content: bytes, decide: Decide) -> tuple[bytes, s
         return content, None
     if not isinstance(data, dict):
         return content, None
-    asked = asked_in_json(wire, data)
+    asked = asked_in_json(wire, data, turn)
     if not asked:
         return content, None
     stop = await decide(asked)
@@ -170,8 +172,10 @@ class Editor:
     when it has none) — and answers the bytes to send now; ``finish()`` what is still
     held when the stream ends."""
 
-    def __init__(self, decide: Decide) -> None:
+    def __init__(self, decide: Decide, turn: int = 0) -> None:
         self.decide = decide
+        #: Which of the model's answers this is (Gemini's id-less calls are named by it).
+        self.turn = turn
         self.held: list[tuple[bytes, Any]] = []
         self.holding = False
         self.stopped = False
@@ -327,8 +331,8 @@ class _Chat(Editor):
 class _Responses(Editor):
     """Holds from the first call item to ``response.completed``."""
 
-    def __init__(self, decide: Decide) -> None:
-        super().__init__(decide)
+    def __init__(self, decide: Decide, turn: int = 0) -> None:
+        super().__init__(decide, turn)
         self.number = 0
         self.opened = False
 
@@ -383,7 +387,7 @@ class _Gemini(Editor):
             return raw
         from guardstack.integrations.model_proxy.gemini import GEMINI
 
-        asked = GEMINI.asked(event)
+        asked = GEMINI.asked(event, self.turn)
         if not asked:
             return raw
         stop = "" if self.stopped else await self.decide(asked)
@@ -403,11 +407,11 @@ def _has_text(event: Mapping[str, Any]) -> bool:
     return False
 
 
-def editor_for(wire: str, decide: Decide) -> Editor:
+def editor_for(wire: str, decide: Decide, turn: int = 0) -> Editor:
     editors: dict[str, type[Editor]] = {
         "anthropic": _Anthropic,
         "openai": _Chat,
         "responses": _Responses,
         "gemini": _Gemini,
     }
-    return editors.get(wire, Editor)(decide)
+    return editors.get(wire, Editor)(decide, turn)

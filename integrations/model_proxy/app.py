@@ -268,7 +268,11 @@ class ModelProxy:
         name = identity(headers, CONVERSATION_HEADER, wire.system_text(data, messages),
                         wire.first_prompt(messages), data)  # fmt: skip
         history = digests(messages)
-        conversation, fresh = self.conversations.get(tenant, name, history)
+        retried = headers.get("x-stainless-retry-count", "0") not in ("", "0")
+        call_ids = [call_id for call_id, *_ in wire.calls(messages)]
+        conversation, fresh = self.conversations.get(
+            tenant, name, history, resend=retried, call_ids=call_ids
+        )
         agent = conversation.agent
         agent.tenant = tenant
         model = route.model or str(data.get("model") or "guardstack")
@@ -306,8 +310,10 @@ class ModelProxy:
         upstream.decide = guard.deciding(conversation)
         upstream.attempts = guard.attempts(conversation, [model, *history])
         upstream.allowed = self.attempts_allowed()
-        if wire is GEMINI and GEMINI_UPSTREAM in self.upstreams:
-            upstream.default = GEMINI_UPSTREAM
+        if wire is GEMINI:
+            upstream.turn = GEMINI.model_turns(messages) + 1
+            if GEMINI_UPSTREAM in self.upstreams:
+                upstream.default = GEMINI_UPSTREAM
         call = ModelRequest(agent, upstream.messages, _tools(forwarded), model=upstream)
         exchange = Exchange(self, conversation, call, upstream, model, started)
         if stream:

@@ -16,9 +16,13 @@ thread whose history (as the client sent it last, cache markers ignored) is a pr
 its own, and otherwise starts a new thread with counts of its own: two runs of one
 prompt, one after the other or at once, never share per-turn or per-conversation
 counts or loop evidence, and a client's side requests (a title, a summary) do not
-mix with its main loop. The first thread of an identity is named by the identity
-alone, so every process of a shared store counts it alike; later ones carry a token of
-their own (set ``x-guardstack-conversation`` for one name across processes).
+mix with its main loop. A request whose history is the thread's exactly is a resend of
+it only while that one failed (or when the client says it retries:
+``x-stainless-retry-count``); sent while the first is still in flight or after it was
+answered, it is another run that begins alike. The first thread of an identity is
+named by the identity alone, so every process of a shared store counts it alike; later
+ones carry a token of their own (set ``x-guardstack-conversation`` for one name across
+processes).
 
 A conversation unused for ``idle_s`` is freed, and beyond ``most`` the least recently
 used go first; what its caps counted lives in the ledger, so freeing a conversation
@@ -31,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
 import anyio
@@ -52,7 +56,7 @@ class Conversation:
 
     __slots__ = (
         "agent", "calls", "decided", "failed", "history", "key", "prompts", "resends",
-        "succeeded", "used",
+        "state", "succeeded", "used",
     )  # fmt: skip
 
     def __init__(self, agent: Agent, key: tuple[str, str]) -> None:
@@ -67,11 +71,17 @@ class Conversation:
         self.used = 0.0
         #: Digests of the history the client sent last.
         self.history: list[str] = []
+        #: The last request's state: ``asking`` (in flight), ``answered`` or ``failed``.
+        self.state = "asking"
         #: This turn: whether an upstream call worked, and the last failure if none did.
         self.succeeded = False
         self.failed: Any = None
         #: Operations that failed, by body digest: a resend's attempts count on.
         self.resends: OrderedDict[str, Any] = OrderedDict()
+
+    def asked(self, ids: set[str]) -> bool:
+        """Whether one of these tool calls was asked for in this conversation."""
+        return bool(ids) and not (self.decided.isdisjoint(ids) and self.calls.isdisjoint(ids))
 
 
 def _without_markers(value: Any) -> Any:
@@ -128,9 +138,19 @@ class Conversations:
     def __len__(self) -> int:
         return self._count
 
-    def get(self, tenant: str | None, name: str, history: list[str]) -> tuple[Conversation, bool]:
+    def get(
+        self,
+        tenant: str | None,
+        name: str,
+        history: list[str],
+        *,
+        resend: bool = False,
+        call_ids: Collection[str] = (),
+    ) -> tuple[Conversation, bool]:
         """The thread of ``(tenant, name)`` that ``history`` continues, or a new one;
-        and whether it is new here (made now)."""
+        and whether it is new here (made now). ``resend``: the client says it retries;
+        ``call_ids``: the tool calls in its history — of two threads that began alike,
+        the one whose answer asked for them is the one it continues."""
         now = anyio.current_time()
         self._free_idle(now)
         key = (tenant or "", name)
@@ -140,10 +160,17 @@ class Conversations:
         else:
             self._open.move_to_end(key)
         found = None
+        ids = set(call_ids)
         for thread in threads:  # the longest history this one continues
             size = len(thread.history)
             continues = size <= len(history) and history[:size] == thread.history
-            if continues and (found is None or size > len(found.history)):
+            if continues and size == len(history) and not resend and thread.state != "failed":
+                continues = False  # the same history again, not a retry: another run
+            if continues and (
+                found is None
+                or size > len(found.history)
+                or (size == len(found.history) and not found.asked(ids) and thread.asked(ids))
+            ):
                 found = thread
         fresh = found is None
         if found is None:
@@ -166,6 +193,7 @@ class Conversations:
             threads.insert(0, found)
         found.history = history
         found.used = now
+        found.state = "asking"
         return found, fresh
 
     def _free_idle(self, now: float) -> None:

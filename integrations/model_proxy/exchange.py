@@ -120,7 +120,12 @@ class Exchange:
 
     async def run(self) -> ModelReply:
         loop = self.proxy.harness.loop
-        reply = await loop.call_model(self.call)  # every layer and hook of the stage
+        try:
+            reply = await loop.call_model(self.call)  # every layer and hook of the stage
+        except BaseException:
+            self.conversation.state = "failed"
+            raise
+        self.conversation.state = "answered"
         self.conversation.succeeded = True
         if self.upstream.attempts is not None:
             self.upstream.attempts.answered()
@@ -223,9 +228,10 @@ class Exchange:
     async def _decided(self, content: bytes) -> tuple[bytes, str | None]:
         from guardstack.integrations.model_proxy.answers import edit_json
 
-        assert self.upstream.decide is not None
+        upstream = self.upstream
+        assert upstream.decide is not None
         try:
-            return await edit_json(self.upstream.wire.name, content, self.upstream.decide)
+            return await edit_json(upstream.wire.name, content, upstream.decide, upstream.turn)
         except Exception:  # an answer paid for is delivered
             logger.exception("model-proxy: deciding an answer's tool calls failed")
             return content, None
@@ -261,6 +267,8 @@ class Exchange:
         ending = b""
         if instead is not None:  # the upstream's stream broke after its first bytes went out
             self.proxy.count_cut(upstream.wire)
-            ending = upstream.wire.cut_events("the upstream's stream broke off mid-answer")
+            ending = upstream.wire.cut_events(
+                "the upstream's stream broke off mid-answer", upstream.response_id
+            )
         with anyio.CancelScope(shield=True), contextlib.suppress(OSError):  # a client gone
             await send({"type": "http.response.body", "body": ending, "more_body": False})

@@ -103,17 +103,22 @@ class Gemini(Wire):
                         answered[str(response["id"])] = text
                     else:
                         by_name.setdefault(name, []).append(text)
-        for index, message in enumerate(messages):
+        turn = 0
+        for message in messages:
             if not isinstance(message, Mapping) or message.get("role") != "model":
                 continue
+            turn += 1
             for number, part in enumerate(_parts(message)):
                 call = part.get("functionCall")
                 if not isinstance(call, Mapping):
                     continue
                 name = str(call.get("name", ""))
-                call_id = str(call.get("id") or f"gemini-{index}-{number}-{name}")
-                if call.get("id") and call_id in answered:
-                    result = answered[call_id]
+                # named by its place, whatever id the client gave it: the answer that
+                # asked for it had none yet (Gemini CLI adds its own)
+                call_id = _call_id(turn, number, name)
+                given = call.get("id")
+                if given and str(given) in answered:
+                    result = answered[str(given)]
                 elif by_name.get(name):
                     result = by_name[name].pop(0)
                 else:
@@ -173,8 +178,14 @@ class Gemini(Wire):
         reported = event.get("usageMetadata")
         return gemini_usage(reported) if isinstance(reported, Mapping) else so_far
 
-    def asked(self, data: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
-        """The function calls an answer (or one streamed chunk) asks for."""
+    def model_turns(self, messages: list[Any]) -> int:
+        """How many of the model's answers a history holds (an id-less call's id
+        counts them: the answer to this request is the next one)."""
+        return sum(1 for m in messages if isinstance(m, Mapping) and m.get("role") == "model")
+
+    def asked(self, data: Mapping[str, Any], turn: int = 0) -> list[tuple[str, str, Any]]:
+        """The function calls an answer (or one streamed chunk) asks for; ``turn``: the
+        answer's place among the model's (for the id of a call that has none)."""
         found = []
         for candidate in data.get("candidates") or ():
             if not isinstance(candidate, Mapping):
@@ -184,9 +195,7 @@ class Gemini(Wire):
                 if isinstance(call, Mapping):
                     name = str(call.get("name", ""))
                     args = call.get("args") if isinstance(call.get("args"), Mapping) else {}
-                    found.append(
-                        (str(call.get("id") or f"gemini-answer-{number}-{name}"), name, args)
-                    )
+                    found.append((_call_id(turn, number, name), name, args))
         return found
 
     def stop_body(self, model: str, text: str) -> dict[str, Any]:
@@ -215,7 +224,7 @@ class Gemini(Wire):
                 return "".join(str(part.get("text", "")) for part in _parts(message))
         return ""
 
-    def cut_events(self, message: str) -> bytes:
+    def cut_events(self, message: str, response_id: str | None = None) -> bytes:
         error = self.error_body(500, "upstream", message)
         return f"data: {json.dumps(error)}\n\n".encode()
 
@@ -227,6 +236,13 @@ class Gemini(Wire):
                 "status": _STATUS.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT"),
             }
         }
+
+
+def _call_id(turn: int, number: int, name: str) -> str:
+    """The id the proxy knows a call by: which of the model's answers it is in, its
+    place there, its name — alike when asked and when its result comes back, whether or
+    not the client gave it an id of its own meanwhile."""
+    return f"gemini-{turn}-{number}-{name}"
 
 
 GEMINI: Final = Gemini()

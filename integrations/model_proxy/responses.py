@@ -136,8 +136,10 @@ class Responses(Wire):
             data, messages
         )
 
-    def cut_events(self, message: str) -> bytes:
+    def cut_events(self, message: str, response_id: str | None = None) -> bytes:
         failed = self._response("", "", "failed")
+        if response_id is not None:
+            failed["id"] = response_id
         failed["error"] = {"code": "server_error", "message": message}
         event = {"type": "response.failed", "sequence_number": 1_000_000, "response": failed}
         return f"event: response.failed\ndata: {json.dumps(event)}\n\n".encode()

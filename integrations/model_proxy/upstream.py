@@ -104,6 +104,10 @@ class Upstream:
         self.allowed = 1
         #: The upstream it goes to unless a layer sends it elsewhere.
         self.default = DEFAULT
+        #: Which of the model's answers this request's is (its history's count, plus one).
+        self.turn = 0
+        #: The id the stream's events name it by (Responses), once seen.
+        self.response_id: str | None = None
         #: A stream's status, content type and editor, for the response's start.
         self.status = 200
         self.media = "text/event-stream"
@@ -284,7 +288,7 @@ class Upstream:
         if self.decide is not None:
             from guardstack.integrations.model_proxy.answers import editor_for
 
-            editor = editor_for(wire.name, self.decide)
+            editor = editor_for(wire.name, self.decide, self.turn)
         asked_at: float | None = time.perf_counter()
         self.media = response.headers.get("content-type", "text/event-stream")
         self.status = response.status_code
@@ -308,6 +312,7 @@ class Upstream:
                     if event is not None:
                         stored = wire.response_id_in(event)
                         if stored is not None:
+                            self.response_id = stored
                             await self._owned(stored)
                         before = usage
                         usage = wire.usage_in(event, usage)

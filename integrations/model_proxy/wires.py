@@ -191,9 +191,10 @@ class Wire:
                 return text_of(message.get("content"))
         return ""
 
-    def cut_events(self, message: str) -> bytes:
+    def cut_events(self, message: str, response_id: str | None = None) -> bytes:
         """What ends a stream the upstream broke off after its first byte: the API's own
-        error event, so the client reports an error instead of a clean end."""
+        error event, so the client reports an error instead of a clean end
+        (``response_id``: the stream's own, where its events name it)."""
         error = {"error": {"message": message, "type": "server_error", "code": "stream_cut"}}
         return f"data: {json.dumps(error)}\n\n".encode()
 
@@ -496,7 +497,7 @@ class AnthropicMessages(Wire):
     def system_text(self, data: Mapping[str, Any], messages: list[Any]) -> str:
         return text_of(data.get("system")) + super().system_text(data, messages)
 
-    def cut_events(self, message: str) -> bytes:
+    def cut_events(self, message: str, response_id: str | None = None) -> bytes:
         error = {"type": "error", "error": {"type": "api_error", "message": message}}
         return f"event: error\ndata: {json.dumps(error)}\n\n".encode()
 

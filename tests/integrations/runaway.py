@@ -65,6 +65,8 @@ class Runaway:
         self.tool = tool
         self.requests: list[Seen] = []
         self.fail: int | None = None
+        #: Streams break off after this many events (an upstream that dies mid-answer).
+        self.cut_after: int | None = None
         self.calls_made = 0
         self._lock = threading.Lock()
         self._server: Any = None
@@ -159,7 +161,10 @@ class Runaway:
                 schema = asked.get("responseJsonSchema") or asked.get("responseSchema") or {}
                 answer.text = json.dumps(_example(schema))
             if stream:
-                return StreamingResponse(answer.events(), media_type="text/event-stream")
+                events = answer.events()
+                if self.cut_after is not None:
+                    events = _cut(events, self.cut_after)
+                return StreamingResponse(events, media_type="text/event-stream")
             return JSONResponse(answer.json())
 
         return Starlette(routes=[Route("/{path:path}", handle, methods=["GET", "POST", "HEAD"])])
@@ -213,6 +218,14 @@ def _wire_of(path: str) -> str:
 def _gemini_model(path: str) -> str:
     tail = path.rsplit("/models/", 1)[-1]
     return tail.split(":", 1)[0]
+
+
+def _cut(events: Iterator[str], after: int) -> Iterator[str]:
+    """The first ``after`` events, then the connection dropped mid-answer."""
+    for number, event in enumerate(events):
+        if number == after:
+            raise ConnectionAbortedError("the upstream died mid-answer (a test's cut)")
+        yield event
 
 
 def _example(schema: Any) -> Any:
@@ -493,7 +506,14 @@ class _Answer:
             yield event("response.completed", response=self._response("completed"))
             return
         if self.wire == "gemini":
-            yield _sse(None, self._gemini(done=True))
+            whole = self._gemini(done=True)
+            if not self.tool and len(self.text) > 1:  # text in two chunks, usage on the last
+                first = json.loads(json.dumps(whole))
+                first["candidates"][0]["content"]["parts"] = [{"text": self.text[:2]}]
+                del first["candidates"][0]["finishReason"], first["usageMetadata"]
+                yield _sse(None, first)
+                whole["candidates"][0]["content"]["parts"] = [{"text": self.text[2:]}]
+            yield _sse(None, whole)
             return
         chunk = {
             "id": f"chatcmpl-{self.number}",
