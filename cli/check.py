@@ -24,6 +24,8 @@ prints it and, with ``--strict``, exits 1 on a warning.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import attrs
 
 from guardstack.guards import (
@@ -138,7 +140,35 @@ def check(harness: Harness) -> Report:
         warnings.append("no loop guard: neither repeat-tool-reminder nor loop-detector is applied")
     warnings.extend(_tree_warnings(harness, plugins))
     warnings.extend(_approval_warnings(plugins))
+    warnings.extend(_price_warnings(plugins))
     return Report(tuple(lines), tuple(warnings))
+
+
+def _price_warnings(plugins: list[object]) -> list[str]:
+    """Models the stack names (a downgrade's, a fallback's) that a dollar limit has no
+    price for: they would be charged at its highest price."""
+    from guardstack.wrappers import Fallback
+
+    named: set[str] = set()
+    for plugin in plugins:
+        if isinstance(plugin, UsageLimit) and plugin.downgrade is not None:
+            to = plugin.downgrade["to"]
+            if isinstance(to, str):
+                named.add(to)
+        if isinstance(plugin, Fallback):
+            for target in plugin.targets:
+                model = target.get("model") if isinstance(target, Mapping) else None
+                if isinstance(model, str):
+                    named.add(model)
+    found = []
+    for plugin in plugins:
+        if isinstance(plugin, UsageLimit) and plugin.prices_needed and plugin.prices:
+            for model in sorted(named - set(plugin.prices)):
+                found.append(
+                    f"{plugin.name}: no price for model {model!r}, which this stack names: "
+                    "its calls would be charged at the highest price in `prices`; add it there"
+                )
+    return found
 
 
 def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:

@@ -25,9 +25,11 @@ the error of their estimates: nothing, when each estimate is at least its call's
 cost. A reply without usage, a timeout or a cancelled call is charged its reservation;
 a call the provider refused outright (429, 400) or another layer refused is given back.
 
-A cost limit never guesses a price: a reply naming a model that is not in ``prices``
-raises ``ConfigError`` naming the model and the prices it knows (the turn ends
-``error``; the call stays charged its reservation).
+A cost limit never guesses a price low: a reply naming a model that is not in
+``prices`` is charged at the highest price the table holds — the price its reservation
+was made at — and a warning names the model once (``guardstack check`` says so before
+it happens, for a model the stack names). The answer is delivered either way: it was
+paid for.
 
 Where it belongs: a ``model_call`` layer. Outside a model-stage ``Retry`` it reserves
 for the whole operation at once (the estimate of one attempt: give the model a
@@ -44,11 +46,13 @@ ends the turn (a spend cap fails closed, unless the store's ``on_error`` says
 from __future__ import annotations
 
 import logging
+import math
 import time
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, cast
 
 import attrs
 from opentelemetry import trace
@@ -103,6 +107,11 @@ def _check_tenant(_: Any, __: Any, value: Any) -> None:
 def _check_warn_at(_: Any, __: Any, value: Any) -> None:
     if value is not None and not (0 < number(PLUGIN, "warn_at", value) < 1):
         raise invalid(PLUGIN, "warn_at", value, "a fraction between 0 and 1")
+
+
+def _check_estimate(_: Any, __: Any, value: Any) -> None:
+    if value not in ("auto", "max", "observed"):
+        raise invalid(PLUGIN, "estimate", value, "'auto', 'max' or 'observed'")
 
 
 def _prices(value: object) -> dict[str, Price] | None:
@@ -170,6 +179,15 @@ class UsageLimit:
     estimate_output_tokens: int = attrs.field(
         default=1_000, kw_only=True, validator=optional_integer(PLUGIN, "estimate_output_tokens")
     )
+    #: How a call's output is reserved: ``max`` (its ``max_tokens``: a limit never
+    #: passed by what calls at once reserved), ``observed`` (the 95th percentile of
+    #: the last answers of that model and tenant, never above ``max_tokens``, and
+    #: ``max_tokens`` until 20 were seen — see ``ObservedOutputs``) or ``auto``:
+    #: ``observed`` for an agent whose ``max_tokens`` says nothing of its answers (the
+    #: model proxy's: Claude Code asks 32,000 every time), ``max`` otherwise.
+    estimate: Literal["auto", "max", "observed"] = attrs.field(
+        default="auto", kw_only=True, validator=_check_estimate
+    )
     #: Where the spend is kept (``None``: the harness's store).
     store: StateStore | None = attrs.field(
         default=None, kw_only=True, repr=False, validator=check_ledger_store(PLUGIN)
@@ -216,24 +234,30 @@ class UsageLimit:
             for limit in (self.usd_per_session, self.usd_per_day, self.usd_per_month)
         )
 
-    def price(self, model: str | None, fallback: str | None) -> Price:
+    def price(
+        self, model: str | None, fallback: str | None, warned: set[str] | None = None
+    ) -> Price:
         """The prices for a reply's model (else the requested one): input, output, cache
-        reads, cache writes per million tokens. Neither named: the highest price known
-        (a bound, not a guess); a model named but not priced: ``ConfigError``."""
+        reads, cache writes per million tokens. None of those priced: the highest price
+        known — a bound, not a guess, and what the call was reserved at — with a
+        warning, once per model in ``warned`` (an application's)."""
         prices = self.prices or {}
         for name in (model, fallback):
             if name is not None and name in prices:
                 return prices[name]
-        if model is None and fallback is None and prices:
-            return self.highest_price()
-        known = ", ".join(sorted(prices)) or "none"
-        raise ConfigError(
-            f"{PLUGIN}: no price for model {model or fallback!r} (known: {known}); a cost "
-            "limit never guesses, so add it to `prices`",
-            plugin=PLUGIN,
-            key="prices",
-            value=model or fallback,
-        )
+        unpriced = model or fallback
+        warned = warned if warned is not None else set()
+        if unpriced is not None and unpriced not in warned:
+            warned.add(unpriced)
+            known = ", ".join(sorted(prices)) or "none"
+            logger.warning(
+                "%s: no price for model %r (known: %s): charged at the highest price in "
+                "`prices`; add it there",
+                PLUGIN,
+                unpriced,
+                known,
+            )
+        return self.highest_price()
 
     def highest_price(self) -> Price:
         """Each of the four prices at its highest across ``prices``: what a call whose
@@ -241,17 +265,33 @@ class UsageLimit:
         table = list((self.prices or {}).values()) or [(0.0, 0.0, 0.0, 0.0)]
         return tuple(max(price[i] for price in table) for i in range(4))  # type: ignore[return-value]
 
-    def cost_usd(self, usage: Usage, model: str | None, fallback: str | None) -> float:
+    def cost_usd(
+        self,
+        usage: Usage,
+        model: str | None,
+        fallback: str | None,
+        warned: set[str] | None = None,
+    ) -> float:
         """What ``usage`` cost at the model's price."""
-        return _cost(usage, self.price(model, fallback))
+        return _cost(usage, self.price(model, fallback, warned))
 
-    def estimate(self, request: ModelRequest, asked_for: str | None) -> dict[str, float]:
+    def reserve_for(
+        self, request: ModelRequest, asked_for: str | None, observed: int | None = None
+    ) -> dict[str, float]:
         """What a call reserves before it is made: its input (a token per four characters
         of the request, the stated rule) and its output (the answering model's
-        ``max_tokens``, else ``estimate_output_tokens``), in tokens and, at the model's
-        price (the highest known when it names none that is priced), in dollars."""
+        ``max_tokens``, else ``estimate_output_tokens``; with ``estimate: observed``
+        what that model's answers used, ``observed``, when it is smaller), in tokens
+        and, at the model's price (the highest known when it names none that is
+        priced), in dollars."""
         input_tokens = input_estimate(request.messages)
-        output = stated_output_limit(_answering(request)) or self.estimate_output_tokens
+        answering = _answering(request)
+        output = stated_output_limit(answering) or self.estimate_output_tokens
+        observing = self.estimate == "observed" or (
+            self.estimate == "auto" and getattr(answering, "observed_estimates", False) is True
+        )
+        if observed is not None and observing:
+            output = min(output, observed)
         usd = 0.0
         if self.prices is not None and self.prices_needed:
             prices = self.prices
@@ -266,6 +306,51 @@ class UsageLimit:
     def apply(self, scope: Scope) -> None:
         """Register the reserving model-call layer; its turn windows close as turns end."""
         _Limits(self, scope).register(scope)
+
+
+class ObservedOutputs:
+    """What recent answers of each model and tenant used: ``estimate: observed``.
+
+    A real agent asks for a far larger ``max_tokens`` than its answers use (Claude Code
+    asks 32,000 on every request; its answers use a few hundred), and a reservation of
+    the maximum uses a budget up thirty times faster than the spend. So a call
+    reserves, for its output: ``max_tokens`` until ``SEEN_FIRST`` answers of the same
+    model and tenant were seen; then twice the largest of them, until ``SEEN_ENOUGH``
+    were (a percentile of a handful is a guess); then the ``PERCENTILE`` of the last
+    ``KEPT`` — never above ``max_tokens``.
+
+    The price of it, the overshoot bound: a call whose answer uses more than its
+    estimate settles above it, so calls that ran at once may pass a limit by at most
+    the sum of their (``max_tokens`` - estimate) tokens of output, at the output
+    price; one call alone passes it by at most its own. With ``estimate: max``, by
+    nothing."""
+
+    KEPT: Final = 200
+    SEEN_FIRST: Final = 3
+    SEEN_ENOUGH: Final = 20
+    PERCENTILE: Final = 0.95
+
+    def __init__(self) -> None:
+        self._sizes: dict[tuple[str, str], deque[int]] = {}
+
+    def seen(self, key: tuple[str, str], output_tokens: int) -> None:
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            if len(self._sizes) > 10_000:  # many models and tenants: start again
+                self._sizes.clear()
+            sizes = self._sizes[key] = deque(maxlen=self.KEPT)
+        sizes.append(max(0, int(output_tokens)))
+
+    def estimate(self, key: tuple[str, str]) -> int | None:
+        """What to reserve for the next answer, or ``None`` while too few were seen."""
+        sizes = self._sizes.get(key)
+        if sizes is None or len(sizes) < self.SEEN_FIRST:
+            return None
+        if len(sizes) < self.SEEN_ENOUGH:
+            return max(1, 2 * max(sizes))
+        ordered = sorted(sizes)
+        rank = min(len(ordered) - 1, math.ceil(self.PERCENTILE * len(ordered)) - 1)
+        return max(1, ordered[rank])
 
 
 def _cheaper_model(to: object, answering: object) -> object:
@@ -311,6 +396,10 @@ class _Limits:
 
     def __init__(self, config: UsageLimit, scope: Scope) -> None:
         self.config = config
+        #: The models charged without a price of their own (each warned of once).
+        self.unpriced: set[str] = set()
+        #: Recent output sizes by (model, tenant), for ``estimate: observed``.
+        self.outputs = ObservedOutputs()
         self.accounts = Accounts(scope, config.store)
         self.signals = scope.signals
         self.shadow = Shadow(scope.namespace, scope.signals) if config.shadow else None
@@ -367,7 +456,9 @@ class _Limits:
                 usage = getattr(event, "usage", None)
                 if event.type == "assistant/message" and usage is not None:
                     model = getattr(event, "model", None)
-                    cost += self.config.cost_usd(usage, model, _model_name(agent.model))
+                    cost += self.config.cost_usd(
+                        usage, model, _model_name(agent.model), self.unpriced
+                    )
             self.costs[agent] = cost
         return cost
 
@@ -446,7 +537,8 @@ class _Limits:
         if config.downgrade is not None:
             request = await self.maybe_downgraded(request, windows)
         asked_for = _model_name(_answering(request))
-        estimate = config.estimate(request, asked_for)
+        observed_key = (asked_for or "", self.tenant_of(request, agent, "default"))
+        estimate = config.reserve_for(request, asked_for, self.outputs.estimate(observed_key))
         op_id = accounts.operation()
         try:
             reservation = await accounts.reserve(op_id, estimate, windows)
@@ -525,9 +617,11 @@ class _Limits:
             await accounts.settle(op_id, {})
             return
         actual = {"tokens": float(usage.total_tokens)}
+        self.outputs.seen((asked_for or "", self.tenant_of(request, agent, "default")),
+                          usage.output_tokens)  # fmt: skip
         try:
             if config.prices is not None:
-                cost = config.cost_usd(usage, reply.model, asked_for)
+                cost = config.cost_usd(usage, reply.model, asked_for, self.unpriced)
                 actual["usd"] = cost
                 tenant = self.tenant_of(request, agent, "default")
                 self.signals.add(USAGE_USD, cost, {"tenant": tenant})

@@ -125,6 +125,10 @@ class Upstream:
     #: A stream's pieces are reported as they arrive (a ``Timeout``'s ``first_byte_ms``
     #: and ``idle_ms`` bound them); a reply that does not stream is one piece.
     reports_chunks = True
+    #: An agent's ``max_tokens`` says little of its answers (Claude Code asks 32,000 on
+    #: every request): a ``UsageLimit`` with ``estimate: auto`` reserves what that
+    #: model's answers used instead (``ObservedOutputs``).
+    observed_estimates = True
 
     async def complete(
         self, messages: Any, tools: Any, *, on_chunk: ChunkListener | None = None
@@ -376,6 +380,7 @@ class Via:
         self.max_tokens = upstream.max_tokens
 
     reports_chunks = True
+    observed_estimates = True
 
     async def complete(
         self, messages: Any, tools: Any, *, on_chunk: ChunkListener | None = None

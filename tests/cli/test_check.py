@@ -289,3 +289,24 @@ def test_a_downgrade_is_explained() -> None:
     harness.plugin(UsageLimit(tokens_per_day=1_000, downgrade={"at": 0.8, "to": "gpt-mini"}))
     assert any("past 80% of a window the cheaper model gpt-mini answers" in line
                for line in check(harness).lines)  # fmt: skip
+
+
+def test_check_warns_of_a_model_the_stack_names_that_a_dollar_limit_cannot_price() -> None:
+    from guardstack.cli.check import check
+    from guardstack.pipeline import Harness
+
+    harness = Harness()
+    harness.load(
+        [
+            {
+                "name": "usage-limit",
+                "config": {
+                    "usd_per_day": 5,
+                    "prices": {"gpt-4o": [2.5, 10]},
+                    "downgrade": {"at": 0.8, "to": "gpt-4o-mini"},
+                },
+            }
+        ]
+    )
+    warnings = check(harness).warnings
+    assert any("no price for model 'gpt-4o-mini'" in warning for warning in warnings)

@@ -171,15 +171,16 @@ async def test_cache_reads_and_writes_are_priced_as_the_provider_charges(
         UsageLimit(usd_per_session=1.0, prices={"claude": [3, -15]})
 
 
-async def test_a_cost_limit_never_guesses_a_price() -> None:
-    model = ScriptedModel(looping(2, Usage(10, 10), "mystery-model"))
-    harness = harness_with(model, UsageLimit(usd_per_session=1.0, prices={"known": (1, 2)}))
+async def test_a_cost_limit_never_guesses_a_price_low() -> None:
+    """An unpriced model's calls are charged at the highest price the table holds, so
+    a session limit stops no later than it would at any known price."""
+    model = ScriptedModel(looping(3, Usage(100_000, 100_000), "mystery-model"))
+    limit = UsageLimit(usd_per_session=0.5, prices={"cheap": (0.1, 0.2), "dear": (1, 2)})
+    harness = harness_with(model, limit)
     result = await harness.loop.create("s").prompt("go")
-    assert result.reason == "error"
-    assert result.error == (
-        "ConfigError: usage-limit: no price for model 'mystery-model' (known: known); a cost "
-        "limit never guesses, so add it to `prices`"
-    )
+    # $0.30 a call at the dear price: the second call's reservation would pass $0.50
+    assert result.reason == "blocked"
+    assert "usage-limit" in (result.error or "")
 
 
 def test_caps_load_from_config_and_refuse_bad_values() -> None:

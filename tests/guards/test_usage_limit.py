@@ -8,6 +8,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from guardstack.guards import UsageLimit
 from guardstack.pipeline import (
@@ -139,16 +141,30 @@ def test_bad_window_config_names_the_key() -> None:
         UsageLimit(tokens_per_day=5, tenant="")
 
 
-async def test_a_reply_naming_an_unpriced_model_is_refused_not_guessed() -> None:
+async def test_a_reply_naming_an_unpriced_model_is_charged_at_the_highest_price_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Reported: a model missing from ``prices`` raised after the upstream had answered
+    (behind the proxy: a 500 or a cut stream for an answer already paid for). Now the
+    answer is delivered, charged at the highest price (what it was reserved at), and
+    the missing price is named once."""
     clock = Clock("2026-12-01T10:00:00+00:00")
+    replies = [ModelReply("x", usage=Usage(1_000, 1_000), model="mystery")] * 2
     built = harness(
-        UsageLimit(usd_per_day=1.0, prices={"other": (1, 1)}),
-        ScriptedModel([ModelReply("x", usage=Usage(1, 1), model="mystery")]),
+        UsageLimit(usd_per_day=1.0, prices={"cheap": (1, 1), "dear": (10, 100)}, tenant="t"),
+        ScriptedModel(replies),
         clock,
     )
-    result = await built.loop.create("s").prompt("hi")
-    assert result.reason == "error"
-    assert "no price for model 'mystery'" in (result.error or "")
+    with caplog.at_level("WARNING", logger="guardstack"):
+        results = [await built.loop.create(f"s{n}").prompt("hi") for n in range(2)]
+    assert [result.reason for result in results] == ["completed", "completed"]
+    said = [
+        r.getMessage() for r in caplog.records if "no price for model 'mystery'" in r.getMessage()
+    ]
+    assert len(said) == 1
+    day = Window(store_key("usage-limit", "tenant", "t", "usd", "day:2026-12-01"), "usd")
+    spent = await built.store.balance(day)  # type: ignore[attr-defined]
+    assert spent == pytest.approx(2 * (1_000 * 10 + 1_000 * 100) / 1_000_000)
 
 
 async def test_a_model_that_names_none_reserves_at_the_highest_price_and_settles_at_the_reply() -> (
@@ -178,3 +194,75 @@ async def test_a_scripted_model_names_the_model_its_replies_report() -> None:
     assert (await agent.prompt("hi")).reason == "completed"
     [reply] = [e for e in agent.session.events if isinstance(e, AssistantMessage)]
     assert reply.model == "cheap"
+
+
+# -- estimate: observed --------------------------------------------------------------------
+
+
+class Varying:
+    """A model stating a large ``max_tokens`` whose answers use the sizes given."""
+
+    model = "m"
+    max_tokens = 32_000
+
+    def __init__(self, sizes: list[int], delay_s: float = 1.0) -> None:
+        self.sizes = list(sizes)
+        self.delay_s = delay_s
+
+    async def complete(self, messages: Any, tools: Any) -> ModelReply:
+        size = self.sizes.pop(0) if self.sizes else 10
+        await anyio.sleep(self.delay_s)
+        return ModelReply("ok", usage=Usage(0, size), model="m")
+
+
+def test_observed_outputs_reserve_the_maximum_then_twice_the_largest_then_the_percentile() -> None:
+    from guardstack.guards.usage_limit import ObservedOutputs
+
+    seen = ObservedOutputs()
+    key = ("m", "t")
+    assert seen.estimate(key) is None
+    for size in (100, 300):
+        seen.seen(key, size)
+    assert seen.estimate(key) is None  # two answers: max_tokens still
+    seen.seen(key, 200)
+    assert seen.estimate(key) == 600  # twice the largest of a handful
+    for size in range(1, 101):
+        seen.seen(key, size)
+    assert seen.estimate(key) == 98  # the 95th percentile of the 103 kept
+    assert seen.estimate(("m", "other tenant")) is None
+
+
+@given(
+    warm=st.lists(st.integers(1, 500), min_size=3, max_size=25),
+    burst=st.lists(st.integers(1, 32_000), min_size=1, max_size=12),
+)
+async def test_calls_at_once_pass_a_limit_by_at_most_the_stated_bound(
+    warm: list[int], burst: list[int]
+) -> None:
+    """``estimate: observed``: answers that used ``warm`` tokens, then ``burst`` calls
+    at once whose answers use up to ``max_tokens``. What the tenant's day holds never
+    passes its limit by more than the sum of (``max_tokens`` - each call's estimate)
+    tokens at the output price — the bound ``ObservedOutputs`` states."""
+    clock = Clock("2026-12-01T10:00:00+00:00")
+    limit_usd = 0.05
+    model = Varying(warm + burst)
+    built = harness(
+        UsageLimit(usd_per_day=limit_usd, prices=PRICES, tenant="t", estimate="observed"),
+        model,
+        clock,
+    )
+    for number in range(len(warm)):
+        await built.loop.create(f"warm{number}").prompt("hi")
+    day = Window(store_key("usage-limit", "tenant", "t", "usd", "day:2026-12-01"), "usd")
+    from guardstack.guards.usage_limit import ObservedOutputs
+
+    estimator = ObservedOutputs()
+    for size in warm:
+        estimator.seen(("m", "t"), size)
+    estimate = min(32_000, estimator.estimate(("m", "t")) or 32_000)
+    async with anyio.create_task_group() as group:
+        for number in range(len(burst)):
+            group.start_soon(built.loop.create(f"burst{number}").prompt, "hi")
+    spent = await memory(built).balance(day)
+    bound = len(burst) * (32_000 - estimate) * PRICES["m"][1] / 1_000_000
+    assert spent <= limit_usd + bound + 1e-9

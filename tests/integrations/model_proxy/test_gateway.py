@@ -583,3 +583,40 @@ def test_a_short_admin_key_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="16 characters"):
         ModelProxy(Harness(), "http://127.0.0.1:9", admin_key="short")
+
+
+# -- reservations that fit real agents ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("estimate", "served_most"), [("auto", 100), ("max", 6)])
+async def test_a_32000_token_max_tokens_does_not_use_a_day_up_in_reservations(
+    estimate: str, served_most: int
+) -> None:
+    """Reported: Claude Code asks ``max_tokens: 32000`` on every request; each reserved
+    $0.48 at $15/M, so a $0.50 day stopped it after 4 requests having spent $0.016.
+    Behind the proxy a reservation is what that model's answers used (``estimate:
+    auto``); ``estimate: max`` keeps reserving the maximum."""
+    from tests.integrations.runaway import Runaway
+
+    harness = Harness()
+    harness.load(
+        [{"name": "usage-limit", "config": {"usd_per_day": 0.5, "estimate": estimate,
+                                            "prices": {"claude-x": [3, 15]}}}]
+    )  # fmt: skip
+    served = 0
+    with Runaway(bound=0, usage=(1_000, 50)) as runaway:
+
+        class Upstream:
+            base_url = runaway.url
+
+        async for proxy in serve(harness, Upstream()):
+            for number in range(120):
+                answer = await one(
+                    proxy, "/v1/messages",
+                    {"model": "claude-x", "max_tokens": 32_000,
+                     "messages": [{"role": "user", "content": f"Task {number}."}]},
+                )  # fmt: skip
+                if "x-guardstack-stopped" in answer.headers:
+                    break
+                served += 1
+    assert served >= served_most if estimate == "auto" else served <= served_most
