@@ -46,11 +46,9 @@ ends the turn (a spend cap fails closed, unless the store's ``on_error`` says
 from __future__ import annotations
 
 import logging
-import math
 import time
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, cast
 
@@ -58,6 +56,7 @@ import attrs
 from opentelemetry import trace
 
 from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
+from guardstack.guards.usage_costs import PRICE_FORM, ObservedOutputs, Price, cost_of, read_prices
 from guardstack.pipeline.contract import (
     Model,
     ModelNext,
@@ -95,10 +94,6 @@ def _check_usd(_: Any, __: Any, value: Any) -> None:
         raise invalid(PLUGIN, "usd_per_session", value, "a positive number of dollars")
 
 
-Price = tuple[float, float, float, float]
-PRICE_FORM = "[usd per million input, output] (then cache reads, cache writes)"
-
-
 def _check_tenant(_: Any, __: Any, value: Any) -> None:
     if value is not None and not callable(value) and not (isinstance(value, str) and value):
         raise invalid(PLUGIN, "tenant", value, "a name, a function of the model request, or None")
@@ -112,25 +107,6 @@ def _check_warn_at(_: Any, __: Any, value: Any) -> None:
 def _check_estimate(_: Any, __: Any, value: Any) -> None:
     if value not in ("auto", "max", "observed"):
         raise invalid(PLUGIN, "estimate", value, "'auto', 'max' or 'observed'")
-
-
-def _prices(value: object) -> dict[str, Price] | None:
-    if value is None:
-        return None
-    if not isinstance(value, Mapping) or not value:
-        raise invalid(PLUGIN, "prices", value, f"a mapping of model name to {PRICE_FORM}")
-    prices: dict[str, Price] = {}
-    for model, pair in value.items():
-        if not isinstance(model, str) or not model:
-            raise invalid(PLUGIN, "prices", value, "keyed by model names")
-        if isinstance(pair, str) or not isinstance(pair, list | tuple) or not 2 <= len(pair) <= 4:
-            raise invalid(PLUGIN, f"prices.{model}", pair, PRICE_FORM)
-        given = [number(PLUGIN, f"prices.{model}", price) for price in pair]
-        per_input, per_output = given[0], given[1]
-        cache_read = given[2] if len(given) > 2 else per_input
-        cache_write = given[3] if len(given) > 3 else 2 * per_input
-        prices[model] = (per_input, per_output, cache_read, cache_write)
-    return prices
 
 
 def _downgrade(value: object) -> Mapping[str, Any] | None:
@@ -160,7 +136,7 @@ class UsageLimit:
         default=None, validator=optional_integer(PLUGIN, "tokens_per_session")
     )
     usd_per_session: float | None = attrs.field(default=None, validator=_check_usd)
-    prices: Mapping[str, Price] | None = attrs.field(default=None, converter=_prices)
+    prices: Mapping[str, Price] | None = attrs.field(default=None, converter=read_prices)
     #: Calendar (UTC) windows, one counter per tenant shared by every agent and process.
     usd_per_day: float | None = attrs.field(default=None, kw_only=True, validator=_check_usd)
     usd_per_month: float | None = attrs.field(default=None, kw_only=True, validator=_check_usd)
@@ -273,7 +249,7 @@ class UsageLimit:
         warned: set[str] | None = None,
     ) -> float:
         """What ``usage`` cost at the model's price."""
-        return _cost(usage, self.price(model, fallback, warned))
+        return cost_of(usage, self.price(model, fallback, warned))
 
     def reserve_for(
         self, request: ModelRequest, asked_for: str | None, observed: int | None = None
@@ -300,57 +276,12 @@ class UsageLimit:
                 if asked_for is not None and asked_for in prices
                 else self.highest_price()
             )
-            usd = _cost(Usage(input_tokens, output), price)
+            usd = cost_of(Usage(input_tokens, output), price)
         return {"usd": usd, "tokens": float(input_tokens + output)}
 
     def apply(self, scope: Scope) -> None:
         """Register the reserving model-call layer; its turn windows close as turns end."""
         _Limits(self, scope).register(scope)
-
-
-class ObservedOutputs:
-    """What recent answers of each model and tenant used: ``estimate: observed``.
-
-    A real agent asks for a far larger ``max_tokens`` than its answers use (Claude Code
-    asks 32,000 on every request; its answers use a few hundred), and a reservation of
-    the maximum uses a budget up thirty times faster than the spend. So a call
-    reserves, for its output: ``max_tokens`` until ``SEEN_FIRST`` answers of the same
-    model and tenant were seen; then twice the largest of them, until ``SEEN_ENOUGH``
-    were (a percentile of a handful is a guess); then the ``PERCENTILE`` of the last
-    ``KEPT`` — never above ``max_tokens``.
-
-    The price of it, the overshoot bound: a call whose answer uses more than its
-    estimate settles above it, so calls that ran at once may pass a limit by at most
-    the sum of their (``max_tokens`` - estimate) tokens of output, at the output
-    price; one call alone passes it by at most its own. With ``estimate: max``, by
-    nothing."""
-
-    KEPT: Final = 200
-    SEEN_FIRST: Final = 3
-    SEEN_ENOUGH: Final = 20
-    PERCENTILE: Final = 0.95
-
-    def __init__(self) -> None:
-        self._sizes: dict[tuple[str, str], deque[int]] = {}
-
-    def seen(self, key: tuple[str, str], output_tokens: int) -> None:
-        sizes = self._sizes.get(key)
-        if sizes is None:
-            if len(self._sizes) > 10_000:  # many models and tenants: start again
-                self._sizes.clear()
-            sizes = self._sizes[key] = deque(maxlen=self.KEPT)
-        sizes.append(max(0, int(output_tokens)))
-
-    def estimate(self, key: tuple[str, str]) -> int | None:
-        """What to reserve for the next answer, or ``None`` while too few were seen."""
-        sizes = self._sizes.get(key)
-        if sizes is None or len(sizes) < self.SEEN_FIRST:
-            return None
-        if len(sizes) < self.SEEN_ENOUGH:
-            return max(1, 2 * max(sizes))
-        ordered = sorted(sizes)
-        rank = min(len(ordered) - 1, math.ceil(self.PERCENTILE * len(ordered)) - 1)
-        return max(1, ordered[rank])
 
 
 def _cheaper_model(to: object, answering: object) -> object:
@@ -368,17 +299,6 @@ def _cheaper_model(to: object, answering: object) -> object:
             value=to,
         )
     return switch(to)
-
-
-def _cost(usage: Usage, price: Price) -> float:
-    per_input, per_output, per_read, per_write = price
-    plain = max(0, usage.input_tokens - usage.cached_input_tokens - usage.cache_write_tokens)
-    return (
-        plain * per_input
-        + usage.cached_input_tokens * per_read
-        + usage.cache_write_tokens * per_write
-        + usage.output_tokens * per_output
-    ) / 1_000_000
 
 
 def _answering(request: ModelRequest) -> object:

@@ -77,7 +77,6 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "integrations/redis/scripts.py": ("tests/integrations/test_redis_ledger.py",),
     "integrations/redis/store.py": ("tests/integrations/test_redis.py",),
     "integrations/mcp_gateway/downstream.py": ("tests/integrations/mcp_gateway/test_server.py",),
-    "integrations/model_proxy/conversations.py": ("tests/integrations/model_proxy/test_app.py",),
     "integrations/model_proxy/responses.py": ("tests/integrations/model_proxy/test_wires.py",),
     "integrations/model_proxy/upstream.py": ("tests/integrations/model_proxy/test_wires.py",),
     "integrations/otel.py": ("tests/test_otlp_export.py", "tests/integrations/test_phoenix.py"),

@@ -215,23 +215,6 @@ class Varying:
         return ModelReply("ok", usage=Usage(0, size), model="m")
 
 
-def test_observed_outputs_reserve_the_maximum_then_twice_the_largest_then_the_percentile() -> None:
-    from guardstack.guards.usage_limit import ObservedOutputs
-
-    seen = ObservedOutputs()
-    key = ("m", "t")
-    assert seen.estimate(key) is None
-    for size in (100, 300):
-        seen.seen(key, size)
-    assert seen.estimate(key) is None  # two answers: max_tokens still
-    seen.seen(key, 200)
-    assert seen.estimate(key) == 600  # twice the largest of a handful
-    for size in range(1, 101):
-        seen.seen(key, size)
-    assert seen.estimate(key) == 98  # the 95th percentile of the 103 kept
-    assert seen.estimate(("m", "other tenant")) is None
-
-
 @given(
     warm=st.lists(st.integers(1, 500), min_size=3, max_size=25),
     burst=st.lists(st.integers(1, 32_000), min_size=1, max_size=12),
@@ -254,7 +237,7 @@ async def test_calls_at_once_pass_a_limit_by_at_most_the_stated_bound(
     for number in range(len(warm)):
         await built.loop.create(f"warm{number}").prompt("hi")
     day = Window(store_key("usage-limit", "tenant", "t", "usd", "day:2026-12-01"), "usd")
-    from guardstack.guards.usage_limit import ObservedOutputs
+    from guardstack.guards.usage_costs import ObservedOutputs
 
     estimator = ObservedOutputs()
     for size in warm:
