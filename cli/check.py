@@ -25,6 +25,7 @@ prints it and, with ``--strict``, exits 1 on a warning.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import attrs
 
@@ -498,3 +499,42 @@ def _retry_warnings(plugins: list[object], budgets: dict[str, int]) -> list[str]
             "retry to count each call once"
         )
     return warnings
+
+
+@attrs.frozen
+class TenantsReport:
+    """A tenants file's tree and the warnings about it."""
+
+    tree: str
+    warnings: tuple[str, ...]
+
+    def render(self) -> str:
+        text = [self.tree, *(f"warning: {warning}" for warning in self.warnings)]
+        return "\n".join(text)
+
+
+def check_tenants(path: Path) -> TenantsReport:
+    """A tenants file read (a mistake raises, one line) and shown as a tree; warnings for
+    a dollar budget with no prices, and allowed models without one."""
+    from guardstack.integrations.tenants import read_tenants
+
+    tenants = read_tenants(path)
+    warnings: list[str] = []
+    budgets = [tenant.budget for tenant in tenants.tenants.values()]
+    budgets += [team.budget for t in tenants.tenants.values() for team in t.teams.values()]
+    budgets += [entry.budget for entry in tenants.keys.values() if entry.budget is not None]
+    budgets += [tenants.key_default, tenants.conversation_default]
+    dollars = any(name.startswith("usd") for budget in budgets for name in budget.limits)
+    if dollars and not tenants.prices:
+        warnings.append(
+            "a budget counts dollars but the file gives no prices: every request would be "
+            "priced at $0; add prices"
+        )
+    for tenant in tenants.tenants.values():
+        for model in sorted((tenant.models or frozenset()) - set(tenants.prices or {})):
+            if tenants.prices:
+                warnings.append(
+                    f"tenant {tenant.name!r} may use {model!r}, which has no price: charged "
+                    "at the highest price in the file"
+                )
+    return TenantsReport(tenants.describe(), tuple(warnings))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import anyio
 
-from guardstack.pipeline.errors import GuardstackError
+from guardstack.pipeline.errors import ConfigError, GuardstackError
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.session import Session
 from guardstack.pipeline.values import message_of
@@ -48,11 +48,19 @@ def _parser() -> argparse.ArgumentParser:
         "check", help="what a plugin config means layer by layer, and likely mistakes"
     )
     check.add_argument(
-        "config", type=Path, help="a YAML, TOML or JSON plugin list, or an MCP gateway's file"
+        "config",
+        type=Path,
+        nargs="?",
+        help="a YAML, TOML or JSON plugin list, or an MCP gateway's file",
     )
     check.add_argument("--strict", action="store_true", help="exit 1 when there is a warning")
     check.add_argument(
-        "--keys", type=Path, metavar="FILE", help="an MCP gateway's keys file, checked too"
+        "--tenants",
+        "--keys",
+        dest="keys",
+        type=Path,
+        metavar="FILE",
+        help="a tenants file (or an MCP gateway's keys file), checked and shown as a tree",
     )
     _allow_imports(check)
     compare = commands.add_parser(
@@ -120,11 +128,25 @@ def _parser() -> argparse.ArgumentParser:
         help="the downstream MCP server over streamable HTTP, instead of a command",
     )
     proxy.add_argument(
+        "--tenants",
         "--keys",
+        dest="keys",
         type=Path,
         metavar="FILE",
-        help="a gateway's client keys and tenants: {keys: {KEY: TENANT}, tenants: {...}} "
-        "(needs --transport http)",
+        help="a gateway's tenants file: client keys and what each tenant sees "
+        "(docs/team-budgets.md; needs --transport http)",
+    )
+    proxy.add_argument(
+        "--store",
+        metavar="SPEC",
+        help="a gateway's store for quotas: memory, sqlite:PATH or redis://... "
+        "(default: sqlite at $XDG_STATE_HOME/guardstack/ledger.sqlite3)",
+    )
+    proxy.add_argument(
+        "--decision-log",
+        default="-",
+        metavar="FILE|-|off",
+        help="where a gateway writes each denial, refusal and admin action (default -)",
     )
     proxy.add_argument(
         "--allow-origin",
@@ -184,10 +206,33 @@ def _parser() -> argparse.ArgumentParser:
         "NAME=VAR for a named upstream",
     )
     model_proxy.add_argument(
+        "--tenants",
         "--keys",
+        dest="tenants",
         type=Path,
         metavar="FILE",
-        help="client keys: a YAML, TOML or JSON mapping of key to tenant (else any client)",
+        help="the tenants file: client keys, tenants, teams, budgets, prices "
+        "(docs/team-budgets.md; a {key: tenant} mapping too); else any client",
+    )
+    model_proxy.add_argument(
+        "--store",
+        metavar="SPEC",
+        help="where counts and spend are kept: memory, sqlite:PATH or redis://... "
+        "(default: sqlite at $XDG_STATE_HOME/guardstack/ledger.sqlite3, kept across restarts)",
+    )
+    model_proxy.add_argument(
+        "--decision-log",
+        default="-",
+        metavar="FILE|-|off",
+        help="where each stop, denial, refusal and admin action is written as a JSON line "
+        "(default -: standard error)",
+    )
+    model_proxy.add_argument(
+        "--stop-as",
+        choices=("answer", "error"),
+        default="answer",
+        help="a guard's stop as the assistant's answer (default) or as the API's error "
+        "(429 for a budget or a limit, 400 otherwise)",
     )
     model_proxy.add_argument(
         "--watch",
@@ -331,6 +376,8 @@ def _run(arguments: argparse.Namespace) -> int:
                 allow_hosts=arguments.allow_host,
                 session_idle_s=arguments.session_idle_s,
                 max_sessions=arguments.max_sessions,
+                store=arguments.store,
+                decision_log=arguments.decision_log,
             )
         )
     elif arguments.command == "model-proxy":
@@ -341,7 +388,10 @@ def _run(arguments: argparse.Namespace) -> int:
                 arguments.config,
                 arguments.upstream,
                 key_env=arguments.upstream_key_env,
-                keys=arguments.keys,
+                keys=arguments.tenants,
+                store=arguments.store,
+                decision_log=arguments.decision_log,
+                stop_as=arguments.stop_as,
                 listen=arguments.listen,
                 allow_imports=arguments.allow_imports,
                 allow_origins=arguments.allow_origin,
@@ -355,9 +405,15 @@ def _run(arguments: argparse.Namespace) -> int:
             )
         )
     elif arguments.command == "check":
-        from guardstack.cli.check import check
+        from guardstack.cli.check import check, check_tenants
         from guardstack.integrations.mcp_gateway.config import is_gateway_config
 
+        if arguments.config is None:
+            if arguments.keys is None:
+                raise ConfigError("check: give a configuration, --tenants FILE, or both")
+            report = check_tenants(arguments.keys)
+            _print(report.render())
+            return 1 if arguments.strict and report.warnings else 0
         if is_gateway_config(arguments.config):  # an MCP gateway: its servers, then its stack
             from guardstack.cli.mcp_gateway import load_gateway
 
@@ -368,6 +424,8 @@ def _run(arguments: argparse.Namespace) -> int:
         else:
             harness = Harness()
             harness.load(arguments.config, allow_imports=arguments.allow_imports)
+            if arguments.keys is not None:
+                _print(check_tenants(arguments.keys).render())
         checked = check(harness)
         _print(checked.render())
         if arguments.strict and checked.warnings:

@@ -27,13 +27,27 @@ __all__ = ["load_gateway", "run_gateway"]
 
 
 def load_gateway(
-    config: Path, keys: Path | None = None, *, allow_imports: bool = False
+    config: Path,
+    keys: Path | None = None,
+    *,
+    allow_imports: bool = False,
+    store: str | None = "memory",
 ) -> tuple[Any, Harness]:
-    """The gateway ``config`` (and ``keys``) describe, and its harness; nothing started."""
+    """The gateway ``config`` (and ``keys``, a tenants file) describe, and its harness
+    — on the store ``--store`` names (``None``: the default, SQLite) unless its plugins
+    name one; nothing started."""
+    from guardstack.cli.stores import store_from
     from guardstack.integrations.mcp_gateway import Gateway, read_gateway, read_keys
+    from guardstack.pipeline.plugin_config import STORE_ENTRIES
 
     described = read_gateway(config)
-    harness = Harness()
+    named = any(entry.get("name") in STORE_ENTRIES for entry in described.plugins)
+    if named and store not in (None, "memory"):
+        raise ConfigError(
+            f"mcp-proxy: --store {store!r} and a store entry in {config}: give one",
+            key="store",
+        )
+    harness = Harness(store=None if named else store_from(store))
     try:
         harness.load(list(described.plugins), allow_imports=allow_imports)
     except ConfigError as error:
@@ -60,15 +74,43 @@ async def run_gateway(
     allow_hosts: list[str] | None = None,
     session_idle_s: float = 600.0,
     max_sessions: int = 500,
+    store: str | None = None,
+    decision_log: str = "-",
 ) -> None:
     """Serve the gateway over stdio until the client leaves, or over HTTP until stopped."""
+    from guardstack.cli.stores import describe_store, forgets, say
+    from guardstack.integrations.decision_log import DecisionLog
+
     if keys is not None and transport != "http":
         raise ConfigError(
             "mcp-proxy: --keys needs --transport http (over stdio the client is the one "
             "process that started the gateway)",
             key="keys",
         )
-    gateway, _ = load_gateway(config, keys, allow_imports=allow_imports)
+    gateway, harness = load_gateway(config, keys, allow_imports=allow_imports, store=store)
+    say(f"guardstack mcp-proxy: counts kept in {describe_store(harness.store)}")
+    lost = await forgets(harness.store)
+    if lost is not None:
+        say(f"guardstack mcp-proxy: warning: {lost}")
+    log = DecisionLog(decision_log).attach()
+    try:
+        await _run(gateway, keys, transport, host, port, allow_origins, allow_hosts,
+                   session_idle_s, max_sessions)  # fmt: skip
+    finally:
+        log.close()
+
+
+async def _run(
+    gateway: Any,
+    keys: Path | None,
+    transport: str,
+    host: str,
+    port: int,
+    allow_origins: list[str] | None,
+    allow_hosts: list[str] | None,
+    session_idle_s: float,
+    max_sessions: int,
+) -> None:
     async with anyio.create_task_group() as group:
         await group.start(lambda task_status: gateway.run(task_status=task_status))
         if transport == "http":

@@ -104,6 +104,8 @@ async def run_proxy(
     allow_hosts: list[str] | None = None,
     session_idle_s: float = 600.0,
     max_sessions: int = 500,
+    store: str | None = None,
+    decision_log: str = "-",
 ) -> None:
     """Proxy ``command``'s MCP server (or the one at ``connect``) over stdio until the
     client disconnects, or over streamable HTTP until stopped; with a gateway's
@@ -138,6 +140,8 @@ async def run_proxy(
                 allow_hosts=allow_hosts,
                 session_idle_s=session_idle_s,
                 max_sessions=max_sessions,
+                store=store,
+                decision_log=decision_log,
             )
         )
         return

@@ -16,31 +16,16 @@ from pathlib import Path
 import anyio
 
 from guardstack.cli.mcp_proxy import _listen, export_from_environment
+from guardstack.cli.stores import describe_store, forgets, say, store_from
 from guardstack.cli.watch import watch_config
 from guardstack.integrations._gate import serve
+from guardstack.integrations.decision_log import DecisionLog
 from guardstack.integrations.model_proxy import DEFAULT, ModelProxy
+from guardstack.integrations.tenants import read_tenants
 from guardstack.pipeline.errors import ConfigError
-from guardstack.pipeline.harness import Harness, read_config_file
-from guardstack.pipeline.plugin_config import in_file
-
-
-def _keys(path: Path) -> dict[str, str]:
-    """``--keys FILE``: client key -> tenant, every one text."""
-    data = read_config_file(str(path), "keys")
-    if (
-        not isinstance(data, dict)
-        or not data
-        or not all(
-            isinstance(key, str) and key and isinstance(tenant, str) and tenant
-            for key, tenant in data.items()
-        )
-    ):
-        raise ConfigError(
-            f"model-proxy: {path}: --keys must map each client key to a tenant name (text)",
-            key="keys",
-            value=str(path),
-        )
-    return dict(data)
+from guardstack.pipeline.harness import Harness
+from guardstack.pipeline.plugin_config import STORE_ENTRIES, in_file, read_entries
+from guardstack.pipeline.store import StateStore
 
 
 def _named(values: list[str], option: str, *, default_required: bool) -> dict[str, str]:
@@ -69,6 +54,24 @@ def _named(values: list[str], option: str, *, default_required: bool) -> dict[st
     return named
 
 
+def _store_for(spec: str | None, config: Path | None) -> StateStore | None:
+    """The store the proxy keeps its counts in: ``--store``'s, else the configuration's
+    own store entry's (``None`` here: the file sets it as it loads), else SQLite — a
+    month's spend kept across restarts."""
+    named = config is not None and any(
+        entry.get("name") in STORE_ENTRIES for entry in read_entries(config)
+    )
+    if named:
+        if spec is not None:
+            raise ConfigError(
+                f"model-proxy: --store {spec!r} and a store entry in {config}: give one",
+                key="store",
+                value=spec,
+            )
+        return None
+    return store_from(spec)
+
+
 def _admin_key(variable: str | None) -> str | None:
     """The admin key from the environment variable ``--admin-key-env`` names, if any."""
     if variable is None:
@@ -89,6 +92,9 @@ async def run_model_proxy(
     *,
     key_env: str | list[str] | None = None,
     keys: Path | None = None,
+    store: str | None = None,
+    decision_log: str = "-",
+    stop_as: str = "answer",
     listen: str = "127.0.0.1:8809",
     allow_imports: bool = False,
     allow_origins: list[str] | None = None,
@@ -129,15 +135,20 @@ async def run_model_proxy(
                 value=variable,
             )
         upstream_keys[name] = key
-    client_keys = _keys(keys) if keys is not None else None
+    tenants = read_tenants(keys) if keys is not None else None
     admin_key = _admin_key(admin_key_env)
     # OTEL_EXPORTER_OTLP_ENDPOINT: a `tracing` layer's spans (and the metrics) go there;
     # set up before the stack is built, whose layers take the providers as they load
     telemetry = export_from_environment("guardstack-model-proxy")
+    log = DecisionLog(decision_log).attach()
     try:
-        harness = Harness()
+        harness = Harness(store=_store_for(store, config))
         if config is not None:
             harness.load(config, allow_imports=allow_imports)
+        say(f"guardstack model-proxy: counts kept in {describe_store(harness.store)}")
+        lost = await forgets(harness.store)
+        if lost is not None:
+            say(f"guardstack model-proxy: warning: {lost}")
         try:
             proxy = ModelProxy(
                 harness,
@@ -145,7 +156,9 @@ async def run_model_proxy(
                 upstream_key=upstream_keys.pop(DEFAULT, None),
                 upstreams=urls,
                 upstream_keys=upstream_keys,
-                client_keys=client_keys,
+                tenants=tenants,
+                decision_log=log,
+                stop_as=stop_as,
                 listen_host=host,
                 allow_origins=allow_origins or (),
                 allow_hosts=allow_hosts or (),
@@ -174,5 +187,6 @@ async def run_model_proxy(
         finally:
             await proxy.aclose()
     finally:
+        log.close()
         if telemetry is not None:
             telemetry.shutdown()  # flush what the proxy traced

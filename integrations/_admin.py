@@ -1,4 +1,4 @@
-"""The admin route both proxies serve: an operator's manual control over the network.
+"""The admin routes both gateways serve: an operator's control over the network.
 
 ``GET /admin/control`` lists the overrides in force; ``POST /admin/control`` makes one
 — ``{"action": ACTION, "tool": …, "layer": …, "reason": …, "values": {…}, "by": …}``,
@@ -12,6 +12,18 @@ compared in constant time) — without it, 401 and nothing changes. A mistake (a
 unknown action, breaker, tool or value) is 400 naming what exists, in this route's own
 error shape ``{"error": {"type": …, "message": …}}``, never a 500. With no admin key
 configured there is no admin route (404).
+
+With budgets (a tenants file), more routes, each behind the same key and in the same
+shape (``docs/team-budgets.md``):
+
+* ``POST /admin/keys`` ``{tenant, team?, name?, expires?, budget?}`` -> ``{"id", "key"}``
+  (the key shown once, stored as a digest); ``GET /admin/keys?tenant=T`` (never the
+  keys); ``DELETE /admin/keys/{id}``;
+* ``PUT /admin/budgets/{scope}`` with the budget mapping itself as the body (scope
+  ``tenant:acme``, ``team:acme/ci``, ``key:ID``, ``defaults:key``,
+  ``defaults:conversation``);
+* ``GET /admin/spend?scope=S&window=day|month&by=team|key|model|conversation``;
+* ``GET /admin/decisions?since=TS``: the decision log's last lines.
 """
 
 from __future__ import annotations
@@ -52,13 +64,25 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 class Admin:
     """``control`` at ``PATH``, behind ``key`` and the checks of ``gate``."""
 
-    def __init__(self, control: Control, key: str, gate: Gate) -> None:
+    def __init__(
+        self,
+        control: Control,
+        key: str,
+        gate: Gate,
+        *,
+        budgets: Any = None,
+        decisions: Any = None,
+    ) -> None:
         if not isinstance(key, str) or len(key) < 16:
             raise ConfigError(
                 "the admin key must be text of 16 characters or more (it guards every override)",
                 key="admin_key",
             )
         self.control = control
+        #: The scopes' budgets and keys (``integrations.budgets.Budgets``), if any.
+        self.budgets = budgets
+        #: The decision log's recent lines (``integrations.decisions.DecisionLog``).
+        self.decisions = decisions
         self.key = key.encode()
         self.gate = Gate(
             listen_host=gate.listen_host,
@@ -72,7 +96,8 @@ class Admin:
         """An ASGI app serving ``PATH`` and passing everything else to ``inner``."""
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope.get("type") == "http" and scope.get("path") == PATH:
+            path = str(scope.get("path", ""))
+            if scope.get("type") == "http" and (path == PATH or path.startswith("/admin/")):
                 await self(scope, receive, send)
                 return
             await inner(scope, receive, send)
@@ -85,15 +110,17 @@ class Admin:
             for name, value in scope.get("headers", ())
         }
         method = str(scope.get("method", "GET")).upper()
+        path = str(scope.get("path", ""))
+        query = _query(scope)
         try:
-            status, answer = await self._answer(method, headers, receive)
+            status, answer = await self._answer(method, path, query, headers, receive)
         except Refused as refused:
             status, answer = refused.status, _error(refused.kind, refused.message)
         except ConfigError as mistake:
             status, answer = 400, _error("invalid_request", str(mistake))
         except Exception:  # a store that failed: the operator's error, never a traceback
-            logger.warning("admin: a control request failed", exc_info=True)
-            status, answer = 503, _error("unavailable", "the control store did not answer")
+            logger.warning("admin: a request failed", exc_info=True)
+            status, answer = 503, _error("unavailable", "the store did not answer")
         body = json.dumps(answer).encode()
         await send(
             {
@@ -105,14 +132,23 @@ class Admin:
         await send({"type": "http.response.body", "body": body})
 
     async def _answer(
-        self, method: str, headers: dict[str, str], receive: Receive
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        headers: dict[str, str],
+        receive: Receive,
     ) -> tuple[int, dict[str, Any]]:
-        if method not in ("GET", "POST"):
-            return 405, _error("invalid_request", "GET or POST")
-        self.gate.check(headers, method)
+        if method not in ("GET", "POST", "PUT", "DELETE"):
+            return 405, _error("invalid_request", "GET, POST, PUT or DELETE")
+        self.gate.check(headers, "POST" if method in ("POST", "PUT") else "GET")
         offered = client_key(headers)
         if not offered or not hmac.compare_digest(offered.encode(), self.key):
             raise Refused(401, "the admin key is needed", "authentication")
+        if path != PATH:
+            return await self._other(method, path, query, receive)
+        if method not in ("GET", "POST"):
+            return 405, _error("invalid_request", "GET or POST")
         if method == "POST":
             request = await _read_json(receive)
             await self._act(request)
@@ -120,6 +156,42 @@ class Admin:
         return 200, {
             "overrides": [json.loads(override.to_json()) for override in overrides],
         }
+
+    async def _other(
+        self, method: str, path: str, query: dict[str, str], receive: Receive
+    ) -> tuple[int, dict[str, Any]]:
+        """The budget, key, spend and decision routes."""
+        if path == "/admin/decisions" and method == "GET" and self.decisions is not None:
+            since = _number(query.get("since"), "since")
+            return 200, {"decisions": self.decisions.since(since)}
+        budgets = self.budgets
+        if budgets is None:
+            return 404, _error("not_found", f"no admin route {path} here (no tenants file)")
+        if path == "/admin/keys" and method == "POST":
+            request = await _read_json(receive)
+            if not isinstance(request, dict):
+                raise ConfigError("the body must be a JSON object", key="body")
+            return 201, await budgets.issue(request)
+        if path == "/admin/keys" and method == "GET":
+            return 200, {"keys": budgets.listed(query.get("tenant"))}
+        if path.startswith("/admin/keys/") and method == "DELETE":
+            key_id = path.removeprefix("/admin/keys/")
+            if not await budgets.revoke(key_id):
+                return 404, _error("not_found", f"no key {key_id!r}")
+            return 200, {"id": key_id, "revoked": True}
+        if path.startswith("/admin/budgets/") and method == "PUT":
+            from urllib.parse import unquote
+
+            request = await _read_json(receive)
+            return 200, await budgets.set_budget(
+                unquote(path.removeprefix("/admin/budgets/")), request
+            )
+        if path == "/admin/spend" and method == "GET":
+            report = await budgets.spend(
+                query.get("scope"), query.get("window", "day"), query.get("by")
+            )
+            return 200, report
+        return 404, _error("not_found", f"no admin route {method} {path}")
 
     async def _act(self, request: object) -> None:
         if not isinstance(request, dict):
@@ -170,6 +242,23 @@ async def _read_json(receive: Receive) -> object:
         return json.loads(body)
     except (ValueError, RecursionError):
         raise Refused(400, "the body is not JSON", "invalid_request") from None
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    from urllib.parse import parse_qsl
+
+    raw = scope.get("query_string", b"")
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)
+    return dict(parse_qsl(text))
+
+
+def _number(value: str | None, name: str) -> float:
+    if value is None:
+        return 0.0
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number (seconds since the epoch)", key=name) from None
 
 
 def _error(kind: str, message: str) -> dict[str, Any]:

@@ -503,6 +503,16 @@ class MemoryLedger:
         counter = self._window(window.key, self.wall_clock())
         return max(counter.value if counter is not None else 0.0, window.floor)
 
+    async def windows(self, prefix: str) -> dict[str, float]:
+        """Every plain window whose key begins with ``prefix``, and what it holds (spend
+        reports read them)."""
+        now = self.wall_clock()
+        return {
+            key: counter.value
+            for key, counter in self._windows.items()
+            if key.startswith(prefix) and counter.expires > now
+        }
+
     async def close(self, keys: Sequence[str]) -> None:
         windows = self._windows
         for key in keys:

@@ -48,3 +48,12 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     if request.param == "asyncio":
         return ("asyncio", {"loop_factory": VirtualTimeEventLoop})
     return ("trio", {"clock": MockClock(autojump_threshold=0)})
+
+
+@pytest.fixture(autouse=True)
+def _own_state_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test's gateways keep their default SQLite ledger in a folder of their own
+    (``$XDG_STATE_HOME/guardstack``): no count outlives its test or reaches another."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))

@@ -271,7 +271,7 @@ def read_keys(path: Path, servers: list[str]) -> Keys:
     """The keys file in ``path``, checked against the gateway's ``servers``."""
     source = str(path)
     data = read_config_file(source, "keys file")
-    if not isinstance(data, Mapping) or set(data) - {"keys", "tenants"}:
+    if not isinstance(data, Mapping) or set(data) - {"keys", "tenants", "defaults", "prices"}:
         raise _fail(source, "keys", cut(data), "a mapping with `keys` and `tenants`")
     keys, tenants = data.get("keys"), data.get("tenants")
     if not isinstance(tenants, Mapping) or not tenants:
@@ -279,9 +279,13 @@ def read_keys(path: Path, servers: list[str]) -> Keys:
     found = {str(name): _tenant(source, name, entry, servers) for name, entry in tenants.items()}
     if not isinstance(keys, Mapping) or not keys:
         raise _fail(source, "keys", "…", "a mapping of client keys to tenant names")
+    named: dict[str, str] = {}
     for key, tenant in keys.items():
         if not isinstance(key, str) or len(key) < 16:
             raise _fail(source, "keys", "…", "each client key is text of 16 characters or more")
+        if isinstance(tenant, Mapping):  # the tenants file's {tenant, team, name, …}
+            tenant = tenant.get("tenant")
+        named[key] = tenant
         if tenant not in found:
             raise _fail(
                 source,
@@ -290,17 +294,25 @@ def read_keys(path: Path, servers: list[str]) -> Keys:
                 f"a key names the tenant {tenant!r}, which "
                 f"`tenants` does not list{did_you_mean(str(tenant), list(found))}",
             )
-    return Keys(dict(keys), found)
+    return Keys(named, found)
 
 
 def _tenant(source: str, name: object, entry: object, servers: list[str]) -> Tenant:
     where = f"tenants.{name}"
     if not isinstance(name, str) or not name:
         raise _fail(source, where, name, "a tenant's name is text")
-    if not isinstance(entry, Mapping) or set(entry) - {"servers", "quotas"}:
+    # the tenants file's budget, teams and models are the model proxy's; the gateway
+    # reads servers and quotas
+    if not isinstance(entry, Mapping) or set(entry) - {
+        "servers",
+        "quotas",
+        "budget",
+        "teams",
+        "models",
+    }:
         raise _fail(source, where, entry, "{servers: {...}, quotas: [...]}")
     seen = entry.get("servers")
-    if not isinstance(seen, Mapping) or not seen:
+    if not isinstance(seen, Mapping):
         raise _fail(source, f"{where}.servers", seen, "the servers this tenant sees")
     visible: dict[str, frozenset[str] | None] = {}
     for server, narrowing in seen.items():

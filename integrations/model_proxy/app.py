@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from typing import Any
 
+from guardstack.guards.usage_costs import ObservedOutputs
 from guardstack.integrations._admin import Admin
 from guardstack.integrations._extras import require
-from guardstack.integrations._gate import Gate, Refused
+from guardstack.integrations._gate import Gate, Refused, client_key
+from guardstack.integrations.budgets import Budgets, Refusal
+from guardstack.integrations.decision_log import DecisionLog
 from guardstack.integrations.model_proxy.conversations import (
     Conversation,
     Conversations,
@@ -29,7 +33,10 @@ from guardstack.integrations.model_proxy.owners import ResponseOwners, unattribu
 from guardstack.integrations.model_proxy.responses import RESPONSES
 from guardstack.integrations.model_proxy.upstream import DEFAULT, Target, Upstream
 from guardstack.integrations.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
+from guardstack.integrations.tenants import KeyEntry, Tenants, tenants_of
 from guardstack.pipeline import MODEL_FAILED, Harness, ModelError, ModelReply, ModelRequest
+from guardstack.pipeline.contract import input_estimate
+from guardstack.pipeline.decisions import about, decided
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import Ledger
 from guardstack.pipeline.validate import in_ms, integer, number
@@ -74,6 +81,9 @@ class ModelProxy:
         max_conversations: int = 10_000,
         admin_key: str | None = None,
         conversation_idle_s: float | None = None,
+        tenants: Tenants | None = None,
+        decision_log: DecisionLog | None = None,
+        stop_as: str = "answer",
     ) -> None:
         self.httpx = require("httpx", EXTRA)
         require("starlette", EXTRA)
@@ -99,8 +109,22 @@ class ModelProxy:
         self.upstream = self.upstreams[DEFAULT].url
         self.client = self.upstreams[DEFAULT].client
         self.max_body_bytes = max_body_bytes
+        if stop_as not in ("answer", "error"):
+            raise ConfigError(
+                f"model-proxy: --stop-as {stop_as!r}: answer or error", key="stop-as", value=stop_as
+            )
+        #: How a guard's stop is answered: the assistant's reply, or the API's error.
+        self.stop_as = stop_as
+        if tenants is None and client_keys is not None:
+            tenants = tenants_of(dict(client_keys), "--keys")
+        #: The tenants file's keys, scopes and budgets (``None``: any client, one tenant).
+        self.budgets = Budgets(tenants, harness.store) if tenants is not None else None
         #: Client key -> tenant; ``None``: any client, one tenant.
-        self.client_keys = dict(client_keys) if client_keys is not None else None
+        self.client_keys = _KeyRing(self.budgets) if self.budgets is not None else None
+        #: What recent answers used, by model and tenant: budgets reserve that, not a
+        #: 32,000-token ``max_tokens`` (``ObservedOutputs``).
+        self.outputs = ObservedOutputs()
+        self.decision_log = decision_log
         self.gate = Gate(
             listen_host=listen_host,
             keys=self.client_keys,
@@ -120,7 +144,10 @@ class ModelProxy:
         self.cuts: dict[str, int] = {}
         self.app = self._build()
         if admin_key is not None:  # harness.control at /admin/control, behind its key
-            self.app = Admin(harness.control, admin_key, self.gate).around(self.app)
+            admin = Admin(
+                harness.control, admin_key, self.gate, budgets=self.budgets, decisions=decision_log
+            )
+            self.app = admin.around(self.app)
 
     async def aclose(self) -> None:
         for target in self.upstreams.values():
@@ -255,7 +282,10 @@ class ModelProxy:
             key = request.query_params.get("key")
             if key:
                 headers["x-goog-api-key"] = key
+        if self.budgets is not None:
+            await self.budgets.refresh()  # keys issued or budgets changed meanwhile
         tenant = self.gate.check(headers, "POST")
+        entry = self.budgets.key(client_key(headers)) if self.budgets is not None else None
         body = await self.gate.read(request.stream())
         data = parse(body)
         wire.check(data)
@@ -276,6 +306,48 @@ class ModelProxy:
         agent = conversation.agent
         agent.tenant = tenant
         model = route.model or str(data.get("model") or "guardstack")
+        if (
+            entry is not None
+            and self.budgets is not None
+            and not self.budgets.allowed(entry, model)
+        ):
+            return self._error(
+                wire,
+                403,
+                "permission",
+                f"model {model!r} is not one tenant {entry.tenant!r} may use",
+            )
+        with about(
+            tenant=tenant,
+            team=entry.team if entry is not None else None,
+            key_name=entry.shown if entry is not None else None,
+            conversation=conversation.agent.session_id,
+            model=model,
+        ):
+            return await self._guarded(
+                request, wire, route, data, body, headers, messages, history,
+                conversation, fresh, entry, model, stream, started,
+            )  # fmt: skip
+
+    async def _guarded(
+        self,
+        request: Any,
+        wire: Wire,
+        route: _Route,
+        data: dict[str, Any],
+        body: bytes,
+        headers: dict[str, str],
+        messages: list[Any],
+        history: list[str],
+        conversation: Conversation,
+        fresh: bool,
+        entry: KeyEntry | None,
+        model: str,
+        stream: bool,
+        started: float,
+    ) -> Any:
+        agent = conversation.agent
+        tenant = entry.tenant if entry is not None else agent.tenant
         if fresh:  # met again after it was freed: only its current turn is new here
             before = wire.turn_start(messages)
             conversation.calls.update(call_id for call_id, *_ in wire.calls(messages[:before]))
@@ -288,6 +360,14 @@ class ModelProxy:
         forwarded, changed = data, False
         if reminders:
             forwarded, changed = wire.remind(forwarded, reminders), True
+        held = wrapped = None
+        if entry is not None and self.budgets is not None:
+            spent = await self._reserve(entry, conversation, wire, forwarded, messages, model)
+            if not isinstance(spent, tuple):
+                return spent  # refused: the API's 429
+            held, wrapped = spent
+            if wrapped is not None:
+                forwarded, changed = wrapped, True
         asked = wire.ask_for_usage(forwarded) if stream else None
         if asked is not None:
             forwarded, changed = asked, True
@@ -316,9 +396,59 @@ class ModelProxy:
                 upstream.default = GEMINI_UPSTREAM
         call = ModelRequest(agent, upstream.messages, _tools(forwarded), model=upstream)
         exchange = Exchange(self, conversation, call, upstream, model, started)
+        exchange.held = held
+        if wrapped is not None:
+            exchange.stopped_by = "budgets"
         if stream:
             return exchange  # an ASGI response: the stream goes out from inside the call
         return await exchange.answered(request.receive)
+
+    async def _reserve(
+        self,
+        entry: KeyEntry,
+        conversation: Conversation,
+        wire: Wire,
+        data: dict[str, Any],
+        messages: list[Any],
+        model: str,
+    ) -> Any:
+        """The request's estimate reserved in every scope's windows: ``(held, None)``; or
+        past a budget that wraps up, ``(held, the request as its last call)``; or the
+        API's 429 saying which scope and window, and when it ends."""
+        assert self.budgets is not None
+        budgets = self.budgets
+        observed_key = (model, entry.tenant)
+        limit = wire.max_tokens(data) or 1_000
+        seen = self.outputs.estimate(observed_key)
+        output = min(limit, seen) if seen is not None else limit
+        input_tokens = input_estimate(messages)
+        held = await budgets.reserve(
+            entry, conversation.agent.session_id, model, input_tokens, output
+        )
+        if not isinstance(held, Refusal):
+            return held, None
+        refusal = held
+        budget = refusal.scope.budget
+        if budget.on_limit == "wrap_up" and not conversation.wrapped:
+            tokens = budget.wrap_up_tokens
+            last = await budgets.reserve(
+                entry, conversation.agent.session_id, model, input_tokens, tokens, wrap_up=True
+            )
+            if not isinstance(last, Refusal):
+                conversation.wrapped = True
+                decided("stop", layer="budgets", decision="wrap_up", reason=refusal.message)
+                note = (
+                    f"The budget for this work is used up ({refusal.message}). Do not call "
+                    "tools. In a few sentences, say what you did, what is left to do, "
+                    "and what the person should do next."
+                )
+                return last, wire.wrap_up(data, note, tokens)
+            refusal = last
+        decided("budget_refused", layer="budgets", decision="refuse", reason=refusal.message)
+        headers = {STOPPED_HEADER: "budgets"}
+        if refusal.retry_after_s is not None:
+            headers["retry-after"] = str(max(1, math.ceil(refusal.retry_after_s)))
+        return error_response(wire, 429, "rate_limit", refusal.message, headers)
 
     def _stopped(
         self,
@@ -377,6 +507,26 @@ class ModelProxy:
             }
         }
         return JSONResponse(missing, 404)
+
+
+class _KeyRing(Mapping[str, str]):
+    """Client key -> tenant, as the gate asks it: the tenants file's keys and the keys
+    issued at ``/admin/keys``, live and not revoked."""
+
+    def __init__(self, budgets: Budgets) -> None:
+        self.budgets = budgets
+
+    def __getitem__(self, key: str) -> str:
+        entry = self.budgets.key(key)
+        if entry is None:
+            raise KeyError(key)
+        return entry.tenant
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.budgets.tenants.keys)
+
+    def __len__(self) -> int:
+        return len(self.budgets.tenants.keys) + len(self.budgets.issued)
 
 
 class _Route:

@@ -56,7 +56,7 @@ class Conversation:
 
     __slots__ = (
         "agent", "calls", "decided", "failed", "history", "key", "prompts", "resends",
-        "state", "succeeded", "used",
+        "state", "succeeded", "used", "wrapped",
     )  # fmt: skip
 
     def __init__(self, agent: Agent, key: tuple[str, str]) -> None:
@@ -76,6 +76,8 @@ class Conversation:
         #: This turn: whether an upstream call worked, and the last failure if none did.
         self.succeeded = False
         self.failed: Any = None
+        #: Whether a budget's wrap-up answer was its last: past it, a budget refuses.
+        self.wrapped = False
         #: Operations that failed, by body digest: a resend's attempts count on.
         self.resends: OrderedDict[str, Any] = OrderedDict()
 

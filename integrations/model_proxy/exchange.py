@@ -43,6 +43,7 @@ from guardstack.pipeline import (
 )
 
 if TYPE_CHECKING:
+    from guardstack.integrations.budgets import Held
     from guardstack.integrations.model_proxy.app import ModelProxy
 
 __all__ = ["STOPPED_HEADER", "Exchange", "stop_response"]
@@ -110,13 +111,20 @@ class Exchange:
         #: When the proxy began this request (``time.perf_counter``): its overhead is
         #: the time since, less the upstream's.
         self.started = started
+        #: What the request holds in its scopes' budgets (settled after the call).
+        self.held: Held | None = None
+        #: The plugin whose stop this answer is, when it is one (a budget's wrap-up).
+        self.stopped_by: str | None = None
 
     def overhead_ms(self) -> float:
         spent = time.perf_counter() - self.started - self.upstream.waited_s
         return max(0.0, spent * 1000)
 
     def headers(self) -> dict[str, str]:
-        return {OVERHEAD_HEADER: f"{self.overhead_ms():.2f}"}
+        headers = {OVERHEAD_HEADER: f"{self.overhead_ms():.2f}"}
+        if self.stopped_by is not None:
+            headers[STOPPED_HEADER] = self.stopped_by
+        return headers
 
     async def run(self) -> ModelReply:
         loop = self.proxy.harness.loop
@@ -124,8 +132,10 @@ class Exchange:
             reply = await loop.call_model(self.call)  # every layer and hook of the stage
         except BaseException:
             self.conversation.state = "failed"
+            await self._settle(None)
             raise
         self.conversation.state = "answered"
+        await self._settle(reply)
         self.conversation.succeeded = True
         if self.upstream.attempts is not None:
             self.upstream.attempts.answered()
@@ -135,6 +145,27 @@ class Exchange:
             except Exception:  # the answer was paid for: it is delivered whatever happens
                 logger.exception("model-proxy: counting a reply's usage failed")
         return reply
+
+    async def _settle(self, reply: ModelReply | None) -> None:
+        """The budgets' reservation settled at what the upstream reported; given back
+        when nothing reached it. A store that fails then is logged: the answer goes out."""
+        held, budgets = self.held, self.proxy.budgets
+        if held is None or budgets is None:
+            return
+        self.held = None
+        try:
+            with anyio.CancelScope(shield=True):
+                if reply is None and self.upstream.answer is None and not self.upstream.started:
+                    await budgets.release(held)
+                    return
+                usage = reply.usage if reply is not None else None
+                model = reply.model if reply is not None else None
+                await budgets.settle(held, usage, model)
+                if usage is not None:
+                    key = (held.model, held.scopes[0].label)
+                    self.proxy.outputs.seen(key, usage.output_tokens)
+        except Exception:
+            logger.exception("model-proxy: settling a request's budgets failed")
 
     async def until_done(self, receive: Any) -> ModelReply | None:
         """``run()``; a client that disconnects stops getting bytes, and the call is let

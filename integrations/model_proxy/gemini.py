@@ -69,6 +69,14 @@ class Gemini(Wire):
 
     name, path = "gemini", "/v1beta/models"
     history = "contents"
+    tool_fields = ("tools", "toolConfig")
+
+    def wrap_up(self, data: dict[str, Any], note: str, tokens: int) -> dict[str, Any]:
+        kept = {k: v for k, v in data.items() if k not in self.tool_fields}
+        config = dict(kept.get("generationConfig") or {})
+        config["maxOutputTokens"] = tokens
+        kept["generationConfig"] = config
+        return self.remind(kept, [note])
 
     def check(self, data: dict[str, Any]) -> None:
         conformed(data, shapes.GEMINI)

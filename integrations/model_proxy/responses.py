@@ -59,6 +59,7 @@ class Responses(Wire):
 
     name, path = "responses", "/v1/responses"
     history = "input"
+    output_field = "max_output_tokens"
 
     def check(self, data: dict[str, Any]) -> None:
         conformed(data, shapes.RESPONSES)

@@ -95,6 +95,18 @@ class Wire:
     path = ""
     #: Where a request's history is (``messages``, or the Responses API's ``input``).
     history = "messages"
+    #: The fields that offer the model tools (left out of a wrap-up request).
+    tool_fields: tuple[str, ...] = ("tools", "tool_choice", "parallel_tool_calls")
+    #: Where a request states its output limit.
+    output_field = "max_tokens"
+
+    def wrap_up(self, data: dict[str, Any], note: str, tokens: int) -> dict[str, Any]:
+        """The request once more as a budget's last call: no tools, the output bounded,
+        a note asking the model to say what it did and what is left."""
+        kept = {k: v for k, v in data.items() if k not in self.tool_fields}
+        kept.pop("max_completion_tokens", None)
+        kept[self.output_field] = tokens
+        return self.remind(kept, [note])
 
     def check(self, data: dict[str, Any]) -> None:
         """Raise ``Malformed`` naming what is wrong with a request body."""

@@ -425,6 +425,41 @@ class RedisStore:
             for k, v in (found or {}).items()
         }
 
+    async def persistence(self) -> str | None:
+        """Why the server would lose what this store counted when it restarts — it keeps
+        no append-only file and takes no snapshots — or ``None`` when it keeps them."""
+        answer = await self._answer(lambda: self.client.config_get("appendonly"), idempotent=True)
+        saves = await self._answer(lambda: self.client.config_get("save"), idempotent=True)
+        appendonly = str((answer or {}).get("appendonly", "no"))
+        save = str((saves or {}).get("save", ""))
+        if appendonly == "yes" or save.strip():
+            return None
+        return (
+            "this Redis keeps nothing across a restart (appendonly no, no save points): a "
+            "restart forgets every window's spend; run it with --appendonly yes"
+        )
+
+    async def windows(self, prefix: str) -> dict[str, float]:
+        """Every plain window whose key begins with ``prefix``, and what it holds."""
+        owned = self._owned(prefix)
+        found: dict[str, float] = {}
+
+        async def scan() -> None:
+            async for name in self.client.scan_iter(match=_glob(owned) + "*", count=500):
+                raw = name.decode() if isinstance(name, bytes) else str(name)
+                value = await self.client.get(raw)
+                try:
+                    number = float(value) if isinstance(value, bytes | str) else math.nan
+                except (TypeError, ValueError):
+                    continue
+                if math.isnan(number):
+                    continue  # a sliding window, an operation record: not a plain window
+                owner, _, rest = raw.removeprefix(self.prefix).partition(":")
+                found[owner.strip("{}") + ":" + rest] = number
+
+        await self._answer(scan, idempotent=True)
+        return found
+
     async def aclose(self) -> None:
         """Close the client's connections (and stop renewing leases)."""
         if self._renewer is not None:
@@ -445,6 +480,11 @@ async def _delete_each(client: Any, keys: list[str]) -> None:
         for key in keys:
             pipe.delete(key)
         await pipe.execute()
+
+
+def _glob(text: str) -> str:
+    """``text`` with Redis's glob characters escaped."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def _settlement(answer: object) -> Settlement:

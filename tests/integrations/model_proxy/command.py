@@ -53,7 +53,8 @@ async def running(
     (then SIGTERM, as a service manager stops it, and a bounded wait)."""
     port = port or free_port()
     stderr = tmp_path / f"{name}-{port}.stderr"
-    env = {**os.environ, **(environment or {})}
+    # the default store is a file under XDG_STATE_HOME: each test its own
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), **(environment or {})}
     with stderr.open("wb") as sink:
         process = await anyio.open_process(
             command(name, *arguments, "--listen", f"127.0.0.1:{port}"),
@@ -91,7 +92,8 @@ def started(
 
     port = free_port()
     stderr = tmp_path / f"{name}-{port}.stderr"
-    env = {**os.environ, **(environment or {})}
+    # the default store is a file under XDG_STATE_HOME: each test its own
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), **(environment or {})}
     with stderr.open("wb") as sink:
         process = subprocess.Popen(
             command(name, *arguments, "--listen", f"127.0.0.1:{port}"),

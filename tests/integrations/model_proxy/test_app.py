@@ -181,7 +181,11 @@ async def test_the_command_serves_a_config_with_the_key_from_the_environment(
         chat_server.base_url.removesuffix("/v1"), "--upstream-key-env", "GUARDSTACK_TEST_KEY",
         "--listen", f"127.0.0.1:{port}",
     ]  # fmt: skip
-    environment = {**os.environ, "GUARDSTACK_TEST_KEY": "from-the-environment"}
+    environment = {
+        **os.environ,
+        "GUARDSTACK_TEST_KEY": "from-the-environment",
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+    }
     chat_server.script = [Answer("Through the command.")]
     process = await anyio.open_process(
         command, cwd=str(Path(__file__).parents[3]), env=environment, stderr=subprocess.DEVNULL
@@ -422,17 +426,22 @@ async def test_a_days_tokens_are_shared_by_the_clients_of_one_tenant(
     assert len(chat_server.bodies) == 2
 
 
-def test_a_keys_file_that_is_not_a_mapping_of_text_is_refused_naming_it(tmp_path: Any) -> None:
-    from guardstack.cli.model_proxy import _keys
+def test_a_keys_file_in_the_earlier_shape_is_read_and_a_bad_one_named(tmp_path: Any) -> None:
+    """``--keys`` is an alias of ``--tenants`` that reads the earlier ``{key: tenant}``."""
+    from guardstack.integrations.tenants import read_tenants
     from guardstack.pipeline import ConfigError
 
     good = tmp_path / "keys.yaml"
     good.write_text("sk-a: team-a\nsk-b: team-b\n", "utf-8")
-    assert _keys(good) == {"sk-a": "team-a", "sk-b": "team-b"}
+    read = read_tenants(good)
+    assert {key: entry.tenant for key, entry in read.keys.items()} == {
+        "sk-a": "team-a",
+        "sk-b": "team-b",
+    }
     bad = tmp_path / "bad.yaml"
     bad.write_text("- sk-a\n- sk-b\n", "utf-8")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: --keys must map each client key"):
-        _keys(bad)
+    with pytest.raises(ConfigError, match=r"bad\.yaml: tenants: a mapping"):
+        read_tenants(bad)
 
 
 # -- several upstreams, and streams through the whole model stage --------------------------

@@ -1,0 +1,580 @@
+"""Budgets a team runs on: every scope's windows, reserved at once, changed while running.
+
+A request belongs to scopes — its tenant, its key's team, its key, its conversation —
+and each scope may have a budget (``tenants.Budget``: windows and amounts). Before the
+request goes upstream its estimate (the input at a token per four characters, the
+output it may produce, in dollars at the model's price, and one request) is reserved
+in **every window of every scope in one ledger operation, all or none**; after, the
+reservation is settled at what the upstream reported. So requests at once pass a scope
+by at most their estimates' error — none when each estimate is at least its cost. A
+refusal names the scope and the window — ``team 'acme/ci' has used $20.00 of its
+$20.00 this day`` — and when it ends (``Retry-After``).
+
+**Changed while running.** A scope's budget set at ``PUT /admin/budgets/{scope}``, and
+keys issued at ``POST /admin/keys`` (stored hashed: a digest, never the key) or revoked,
+live in the store as controls: every process reads them again within ``refresh_s``
+(one second). A conversation stopped by a budget goes on once the budget is raised.
+
+**Reports.** Each request also counts, with no limit, in day and month report windows
+named by tenant, team, key, model and conversation (``spend:…`` keys in the ledger),
+which ``/admin/spend`` and ``guardstack spend`` sum ``by`` any of them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from guardstack.guards.usage_costs import Price, cost_of
+from guardstack.integrations.tenants import (
+    NO_BUDGET,
+    Budget,
+    KeyEntry,
+    Tenants,
+    read_budget,
+)
+from guardstack.pipeline.contract import Usage, Window, key_parts, new_token, store_key
+from guardstack.pipeline.errors import ConfigError
+
+__all__ = ["Budgets", "Held", "Refusal", "period"]
+
+logger = logging.getLogger("guardstack")
+decisions = logging.getLogger("guardstack.decisions")
+
+OWNER: Final = "budgets"
+SPEND: Final = "spend"
+#: How long an operator's change takes to reach every process, at most.
+REFRESH_S: Final = 1.0
+#: A calendar window's entry outlives its end by this much.
+GRACE_S: Final = 3_600.0
+#: Report windows: the periods spend is summed by.
+REPORTED: Final = ("day", "month")
+
+
+def period(now: float, kind: str) -> tuple[str, float, float]:
+    """The UTC calendar ``kind`` window ``now`` is in: its name, start and end."""
+    moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+    if kind == "minute":
+        start = moment.replace(second=0, microsecond=0)
+        end = start + datetime.timedelta(minutes=1)
+        name = start.strftime("%Y-%m-%dT%H:%M")
+    elif kind == "hour":
+        start = moment.replace(minute=0, second=0, microsecond=0)
+        end = start + datetime.timedelta(hours=1)
+        name = start.strftime("%Y-%m-%dT%H")
+    elif kind == "day":
+        start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+        end = start + datetime.timedelta(days=1)
+        name = start.strftime("%Y-%m-%d")
+    elif kind == "week":
+        day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+        start = day - datetime.timedelta(days=day.weekday())
+        end = start + datetime.timedelta(days=7)
+        year, week, _ = start.isocalendar()
+        name = f"{year}-W{week:02d}"
+    elif kind == "month":
+        start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        end = (start + datetime.timedelta(days=32)).replace(day=1)
+        name = start.strftime("%Y-%m")
+    else:
+        raise ValueError(f"no calendar window {kind!r}")
+    return name, start.timestamp(), end.timestamp()
+
+
+@attrs.frozen
+class Scope:
+    """One scope a request belongs to: its kind, its id parts and its label."""
+
+    kind: str  # tenant, team, key, conversation
+    parts: tuple[str, ...]
+    label: str
+    budget: Budget
+
+
+@attrs.frozen
+class Refusal:
+    """A budget that would be passed: who, which window, and when it ends."""
+
+    scope: Scope
+    window: str
+    used: float
+    limit: float
+    retry_after_s: float | None
+
+    @property
+    def message(self) -> str:
+        measure, _, per = self.window.partition("_per_")
+        when = f"this {per}" if per else "in all"
+        if measure == "usd":
+            amounts = f"${self.used:,.2f} of its ${self.limit:,.2f}"
+        else:
+            amounts = f"{self.used:,.0f} of its {self.limit:,.0f} {measure}"
+        return f"{self.scope.kind} {self.scope.label!r} has used {amounts} {when}"
+
+
+@attrs.frozen
+class Held:
+    """A request's reservation: its operation, the scopes it counted in, and what it
+    reserved (to settle, or to give back)."""
+
+    op_id: str
+    scopes: tuple[Scope, ...]
+    model: str
+    estimate: Mapping[str, float]
+
+
+class Budgets:
+    """The scopes' budgets over ``store`` (a ``Ledger`` with controls)."""
+
+    def __init__(
+        self,
+        tenants: Tenants,
+        store: Any,
+        *,
+        prices: Mapping[str, Price] | None = None,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.tenants = tenants
+        self.store = store
+        self.prices = dict(prices or tenants.prices or {})
+        self.wall_clock = wall_clock or time.time
+        #: Operators' budgets by scope (``tenant:acme``…) and issued keys by digest.
+        self.overrides: dict[str, Budget] = {}
+        self.issued: dict[str, KeyEntry] = {}
+        self.revoked: set[str] = set()
+        self._read_at = -math.inf
+        #: What this process's requests in flight hold, by (scope kind, parts).
+        self.in_flight: dict[str, float] = {}
+        #: Alerts given, by window key (once per window).
+        self._alerted: set[str] = set()
+
+    # -- what is configured --------------------------------------------------------------
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """Read the operators' changes again (at most every ``REFRESH_S``)."""
+        now = self.wall_clock()
+        if not force and now - self._read_at < REFRESH_S:
+            return
+        self._read_at = now
+        try:
+            stored = await self.store.read_controls()
+        except Exception:
+            logger.warning("budgets: the store did not answer; keeping what was read last")
+            return
+        overrides: dict[str, Budget] = {}
+        issued: dict[str, KeyEntry] = {}
+        revoked: set[str] = set()
+        for name, text in stored.items():
+            kind, _, rest = name.partition(":")
+            try:
+                value = json.loads(text)
+                if kind == "budget":
+                    overrides[rest] = read_budget(rest, value)
+                elif kind == "key" and isinstance(value, dict):
+                    if value.get("revoked"):
+                        revoked.add(rest)
+                        continue
+                    issued[rest] = KeyEntry(
+                        str(value["id"]),
+                        str(value["tenant"]),
+                        value.get("team"),
+                        value.get("name"),
+                        value.get("expires"),
+                        read_budget("budget", value["budget"]) if value.get("budget") else None,
+                    )
+            except (ValueError, KeyError, TypeError, ConfigError):
+                logger.warning("budgets: an unreadable record %r in the store was skipped", name)
+        self.overrides, self.issued, self.revoked = overrides, issued, revoked
+
+    def replace(self, tenants: Tenants) -> None:
+        """A tenants file read again (``--watch``)."""
+        self.tenants = tenants
+        if tenants.prices:
+            self.prices = dict(tenants.prices)
+
+    def key(self, offered: str) -> KeyEntry | None:
+        """The entry of a client key, if it is known, live and not revoked."""
+        digest = _digest(offered)
+        entry = self.issued.get(digest)
+        if entry is None:
+            entry = self.tenants.keys.get(offered)
+            if entry is not None and entry.id in self.revoked:
+                return None
+        if entry is None or entry.expired(self.wall_clock()):
+            return None
+        return entry
+
+    def budget_of(self, kind: str, label: str, configured: Budget) -> Budget:
+        return self.overrides.get(f"{kind}:{label}", configured)
+
+    def scopes(self, entry: KeyEntry, conversation: str) -> tuple[Scope, ...]:
+        tenant = self.tenants.tenants.get(entry.tenant)
+        configured = tenant.budget if tenant is not None else NO_BUDGET
+        tenant_budget = self.budget_of("tenant", entry.tenant, configured)
+        found = [Scope("tenant", (entry.tenant,), entry.tenant, tenant_budget)]
+        if entry.team is not None:
+            label = f"{entry.tenant}/{entry.team}"
+            team = tenant.teams.get(entry.team) if tenant else None
+            configured = team.budget if team is not None else NO_BUDGET
+            found.append(
+                Scope(
+                    "team",
+                    (entry.tenant, entry.team),
+                    label,
+                    self.budget_of("team", label, configured),
+                )
+            )
+        own = (
+            entry.budget
+            if entry.budget is not None
+            else self.budget_of("defaults", "key", self.tenants.key_default)
+        )
+        found.append(
+            Scope(
+                "key", (entry.tenant, entry.id), entry.shown, self.budget_of("key", entry.id, own)
+            )
+        )
+        conversation_budget = self.budget_of(
+            "defaults", "conversation", self.tenants.conversation_default
+        )
+        found.append(
+            Scope("conversation", (entry.tenant, conversation), conversation, conversation_budget)
+        )
+        return tuple(found)
+
+    def allowed(self, entry: KeyEntry, model: str | None) -> bool:
+        tenant = self.tenants.tenants.get(entry.tenant)
+        return tenant is None or tenant.models is None or (model in tenant.models)
+
+    # -- windows ---------------------------------------------------------------------------
+
+    def _windows(
+        self, scope: Scope, now: float, *, wrap_up: bool = False
+    ) -> list[tuple[str, Window, float]]:
+        """The scope's windows: (its budget's name, the window, when it ends)."""
+        found = []
+        budget = scope.budget
+        for name, amount in budget.limits.items():
+            measure, _, per = name.partition("_per_")
+            unit = measure
+            limit = amount
+            if measure == "usd" and budget.on_limit == "wrap_up" and not wrap_up:
+                limit = max(0.0, amount - self.wrap_up_usd(budget))  # kept aside for it
+            if per:
+                period_name, _, end = period(now, per)
+                key = store_key(OWNER, scope.kind, *scope.parts, name, period_name)
+                found.append((name, Window(key, unit, limit, end - now + GRACE_S), end))
+            else:
+                key = store_key(OWNER, scope.kind, *scope.parts, name)
+                found.append((name, Window(key, unit, limit), math.inf))
+        return found
+
+    def wrap_up_usd(self, budget: Budget) -> float:
+        """What a wrap-up answer may cost: its tokens at the highest output price."""
+        highest = max((price[1] for price in self.prices.values()), default=0.0)
+        return budget.wrap_up_tokens * highest / 1_000_000
+
+    def _reports(self, entry: KeyEntry, conversation: str, model: str, now: float) -> list[Window]:
+        found = []
+        for kind in REPORTED:
+            name, _, end = period(now, kind)
+            # a month's rows by conversation would be one a conversation: days only
+            who = conversation if kind == "day" else "-"
+            for unit in ("usd", "tokens", "requests"):
+                key = store_key(
+                    SPEND,
+                    kind,
+                    name,
+                    entry.tenant,
+                    entry.team or "-",
+                    entry.shown,
+                    model,
+                    who,
+                    unit,
+                )
+                found.append(Window(key, unit, None, end - now + GRACE_S))
+        return found
+
+    def price(self, model: str) -> Price:
+        found = self.prices.get(model)
+        if found is not None:
+            return found
+        table = list(self.prices.values()) or [(0.0, 0.0, 0.0, 0.0)]
+        return tuple(max(p[i] for p in table) for i in range(4))  # type: ignore[return-value]
+
+    # -- a request -------------------------------------------------------------------------
+
+    async def reserve(
+        self,
+        entry: KeyEntry,
+        conversation: str,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        wrap_up: bool = False,
+    ) -> Held | Refusal:
+        """Reserve a request's estimate in every window of every scope, all or none."""
+        now = self.wall_clock()
+        scopes = self.scopes(entry, conversation)
+        usage = Usage(input_tokens, output_tokens)
+        estimate = {
+            "usd": cost_of(usage, self.price(model)),
+            "tokens": float(input_tokens + output_tokens),
+            "requests": 1.0,
+        }
+        windows: list[Window] = []
+        ends: dict[str, tuple[Scope, str, float]] = {}
+        for scope in scopes:
+            for name, window, end in self._windows(scope, now, wrap_up=wrap_up):
+                windows.append(window)
+                ends[window.key] = (scope, name, end)
+        windows.extend(self._reports(entry, conversation, model, now))
+        op_id = store_key(OWNER, "op", new_token())
+        reservation = await self.store.reserve(op_id, estimate, windows)
+        if not reservation.granted and reservation.window is not None:
+            scope, name, end = ends[reservation.window.key]
+            limit = scope.budget.limits[name]
+            wait = end - now if math.isfinite(end) else None
+            return Refusal(scope, name, reservation.used, limit, wait)
+        self.in_flight[op_id] = estimate["usd"]
+        return Held(op_id, scopes, model, estimate)
+
+    async def settle(self, held: Held, usage: Usage | None, model: str | None = None) -> float:
+        """Settle ``held`` at what the upstream reported (``None``: its reservation);
+        what it cost."""
+        self.in_flight.pop(held.op_id, None)
+        if usage is None:
+            await self.store.settle(held.op_id, {})
+            return held.estimate["usd"]
+        cost = cost_of(usage, self.price(model or held.model))
+        actual = {"usd": cost, "tokens": float(usage.total_tokens), "requests": 1.0}
+        await self.store.settle(held.op_id, actual)
+        await self._alerts(held)
+        return cost
+
+    async def release(self, held: Held) -> None:
+        """The request never reached the upstream: its reservation is given back."""
+        self.in_flight.pop(held.op_id, None)
+        await self.store.release(held.op_id)
+
+    async def _alerts(self, held: Held) -> None:
+        now = self.wall_clock()
+        for scope in held.scopes:
+            alert_at = scope.budget.alert_at
+            if alert_at is None:
+                continue
+            for name, window, _ in self._windows(scope, now):
+                if window.limit is None or window.key in self._alerted:
+                    continue
+                used = await self.store.balance(window)
+                limit = scope.budget.limits[name]
+                if used >= alert_at * limit:
+                    self._alerted.add(window.key)
+                    decisions.warning(
+                        json.dumps(
+                            {
+                                "ts": now,
+                                "event": "budget_alert",
+                                "layer": "budgets",
+                                "decision": "alert",
+                                "reason": f"{scope.kind} {scope.label!r} has used "
+                                f"{used:g} of {limit:g} ({name}), past {alert_at:.0%}",
+                                "tenant": held.scopes[0].label,
+                            }
+                        )
+                    )
+
+    # -- the operators' routes ------------------------------------------------------------
+
+    async def issue(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        tenant = request.get("tenant")
+        if tenant not in self.tenants.tenants:
+            from guardstack.pipeline.validate import did_you_mean
+
+            known = list(self.tenants.tenants)
+            raise ConfigError(
+                f"no tenant {tenant!r}{did_you_mean(str(tenant), known)}",
+                key="tenant",
+                value=tenant,
+            )
+        team = request.get("team")
+        if team is not None and team not in self.tenants.tenants[str(tenant)].teams:
+            raise ConfigError(f"tenant {tenant!r} has no team {team!r}", key="team", value=team)
+        name = request.get("name")
+        if name is not None and (not isinstance(name, str) or not name or "/" in name):
+            raise ConfigError("a key's name is text without '/'", key="name", value=name)
+        budget = read_budget("budget", request.get("budget")) if request.get("budget") else None
+        expires = request.get("expires")
+        until = None
+        if expires is not None:
+            try:
+                day = datetime.date.fromisoformat(str(expires))
+            except ValueError:
+                raise ConfigError("expires is a date, YYYY-MM-DD", key="expires") from None
+            until = datetime.datetime.combine(
+                day + datetime.timedelta(days=1), datetime.time(), datetime.UTC
+            ).timestamp()
+        key = "gsk-" + secrets.token_urlsafe(24)
+        key_id = "k_" + secrets.token_hex(6)
+        record = {
+            "id": key_id,
+            "tenant": tenant,
+            "team": team,
+            "name": name,
+            "expires": until,
+            "budget": budget.to_json() if budget else None,
+        }
+        await self.store.write_control(f"key:{_digest(key)}", json.dumps(record))
+        await self.refresh(force=True)
+        return {"id": key_id, "key": key}
+
+    async def revoke(self, key_id: str) -> bool:
+        stored = await self.store.read_controls()
+        for name, text in stored.items():
+            if name.startswith("key:") and json.loads(text).get("id") == key_id:
+                await self.store.write_control(name, None)
+                await self.refresh(force=True)
+                return True
+        if any(entry.id == key_id for entry in self.tenants.keys.values()):
+            await self.store.write_control(f"key:{key_id}", json.dumps({"revoked": True}))
+            await self.refresh(force=True)
+            return True
+        return False
+
+    def listed(self, tenant: str | None) -> list[dict[str, Any]]:
+        keys = [*self.tenants.keys.values(), *self.issued.values()]
+        return [
+            {
+                "id": entry.id,
+                "tenant": entry.tenant,
+                "team": entry.team,
+                "name": entry.name,
+                "expires": entry.expires,
+                "revoked": entry.id in self.revoked,
+            }
+            for entry in keys
+            if tenant is None or entry.tenant == tenant
+        ]
+
+    async def set_budget(self, scope: str, value: object) -> dict[str, Any]:
+        kind, _, label = scope.partition(":")
+        if kind not in ("tenant", "team", "key", "defaults") or not label:
+            raise ConfigError(
+                f"no scope {scope!r}: tenant:NAME, team:TENANT/TEAM, key:ID, defaults:key or "
+                "defaults:conversation",
+                key="scope",
+                value=scope,
+            )
+        if kind == "defaults" and label not in ("key", "conversation"):
+            raise ConfigError("defaults:key or defaults:conversation", key="scope", value=scope)
+        budget = read_budget(scope, value)
+        await self.store.write_control(f"budget:{scope}", json.dumps(budget.to_json()))
+        await self.refresh(force=True)
+        return {"scope": scope, "budget": budget.to_json()}
+
+    async def spend(self, scope: str | None, window: str, by: str | None) -> dict[str, Any]:
+        """What a scope spent in this ``window`` (``day`` or ``month``), by a breakdown."""
+        return await spend_report(
+            self.store,
+            scope,
+            window,
+            by,
+            self.wall_clock(),
+            self._limit_of(scope, window),
+            sum(self.in_flight.values()),
+        )
+
+    def _limit_of(self, scope: str | None, window: str) -> float | None:
+        if scope is None:
+            return None
+        kind, _, label = scope.partition(":")
+        budget: Budget = NO_BUDGET
+        if kind == "tenant" and label in self.tenants.tenants:
+            budget = self.budget_of("tenant", label, self.tenants.tenants[label].budget)
+        elif kind == "team":
+            tenant, _, team = label.partition("/")
+            found = self.tenants.tenants.get(tenant)
+            configured = found.teams[team].budget if found and team in found.teams else NO_BUDGET
+            budget = self.budget_of("team", label, configured)
+        elif kind == "key":
+            budget = self.overrides.get(scope, self.tenants.key_default)
+        return budget.limits.get(f"usd_per_{window}")
+
+
+BREAKDOWNS: Final = {"tenant": 3, "team": 4, "key": 5, "model": 6, "conversation": 7}
+
+
+async def spend_report(
+    ledger: Any,
+    scope: str | None,
+    window: str,
+    by: str | None,
+    now: float,
+    limit_usd: float | None = None,
+    reserved_usd: float = 0.0,
+) -> dict[str, Any]:
+    """The spend report (``/admin/spend``, ``guardstack spend``), read from the ledger's
+    report windows: the scope's total in the window and its rows ``by`` a breakdown."""
+    if window not in REPORTED:
+        raise ConfigError(f"window {window!r}: day or month", key="window", value=window)
+    if by is not None and by not in BREAKDOWNS:
+        raise ConfigError(f"by {by!r}: one of {', '.join(BREAKDOWNS)}", key="by", value=by)
+    name, start, end = period(now, window)
+    prefix = store_key(SPEND, window, name) + ":"
+    found = await ledger.windows(prefix)
+    kind, _, label = (scope or "").partition(":")
+    rows: dict[str, dict[str, float]] = {}
+    total = 0.0
+    for key, value in found.items():
+        parts = key_parts(key)
+        if len(parts) != 9:
+            continue
+        tenant, team, key_name, model, _, unit = parts[3:]
+        if kind == "tenant" and tenant != label:
+            continue
+        if kind == "team" and f"{tenant}/{team}" != label:
+            continue
+        if kind == "key" and key_name != label:
+            continue
+        if kind == "model" and model != label:
+            continue
+        row_name = parts[BREAKDOWNS[by]] if by is not None else (label or "all")
+        if by == "team":
+            row_name = f"{tenant}/{team}"
+        row = rows.setdefault(row_name, {"spent_usd": 0.0, "tokens": 0.0, "requests": 0.0})
+        field = {"usd": "spent_usd", "tokens": "tokens", "requests": "requests"}[unit]
+        row[field] += value
+        if unit == "usd":
+            total += value
+    return {
+        "scope": scope or "all",
+        "window": window,
+        "start": datetime.datetime.fromtimestamp(start, tz=datetime.UTC).isoformat(),
+        "end": datetime.datetime.fromtimestamp(end, tz=datetime.UTC).isoformat(),
+        "limit_usd": limit_usd,
+        "spent_usd": round(total, 10),
+        "reserved_usd": round(reserved_usd, 10),
+        "rows": [
+            {
+                "name": row_name,
+                "spent_usd": round(row["spent_usd"], 10),
+                "tokens": int(row["tokens"]),
+                "requests": int(row["requests"]),
+            }
+            for row_name, row in sorted(rows.items(), key=lambda item: -item[1]["spent_usd"])
+        ],
+    }
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

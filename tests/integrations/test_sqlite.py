@@ -1,0 +1,298 @@
+"""``SqliteStore``: the store and ledger seams in one SQLite file, held to what
+``MemoryStore`` and ``RedisStore`` answer — operation by operation, the ledger's
+stateful model (restarts of the store's process included), several processes on one
+file, and a failing file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from guardstack.integrations.sqlite import SqliteStore, default_path
+from guardstack.pipeline import Harness, MemoryStore, ToolCall, ToolDefinition
+from guardstack.pipeline.contract import Window
+from guardstack.pipeline.store import StoreError
+from tests.ledger_model import LedgerMachine
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    made = SqliteStore(tmp_path / "ledger.sqlite3")
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+async def test_each_operation_answers_as_the_memory_store_does(store: SqliteStore) -> None:
+    assert [await store.take("bucket", 10, 2) for _ in range(2)] == [0.0, 0.0]
+    assert 0.05 < await store.take("bucket", 10, 2) <= 0.1  # empty: the wait for a token
+    assert await store.take("bucket", 10, 2, amount=-5) == 0.0  # a deposit, up to burst
+    assert await store.take("bucket", 10, 2, amount=2) == 0.0
+    assert (await store.admit("breaker", 60)).admitted
+    states = [
+        await store.record("breaker", True, False, window_s=10, minimum_calls=2, failure_ratio=1)
+        for _ in range(2)
+    ]
+    assert states == [None, "open"]
+    refused = await store.admit("breaker", 60)
+    assert not refused.admitted
+    assert 59 < refused.wait_s <= 60
+    first, second = await store.acquire("slots", 1), await store.acquire("slots", 1)
+    assert first is not None
+    assert second is None
+    await store.release_slot("slots", first)
+    assert await store.acquire("slots", 1) is not None
+    assert await store.add("counter", 3, limit=5) == (True, 3.0)
+    assert await store.add("counter", 3, limit=5) == (False, 3.0)
+    assert await store.add("counter", -1) == (True, 2.0)
+    assert await store.read("counter") == 2.0
+    assert await store.read("nothing") == 0.0
+    assert await store.read_limit("limit", 8) == (8.0, 0)
+    assert await store.swap_limit("limit", 0, 4, 1, 10, bump=True) == (4.0, 1)
+    assert await store.swap_limit("limit", 0, 2, 1, 10, bump=True) == (4.0, 1)  # stale version
+    await store.write_control("override", "{}")
+    assert await store.read_controls() == {"override": "{}"}
+
+
+async def test_a_breaker_half_opens_after_its_break_and_one_probe_decides(tmp_path: Path) -> None:
+    now = [1_000.0]
+    store = SqliteStore(tmp_path / "s.sqlite3", clock=lambda: now[0])
+    try:
+        for _ in range(2):
+            await store.record("b", True, False, window_s=10, minimum_calls=2, failure_ratio=1)
+        now[0] += 31
+        probe = await store.admit("b", 30)
+        assert (probe.admitted, probe.probe) == (True, True)
+        assert not (await store.admit("b", 30)).admitted  # one probe at a time
+        await store.release_probe("b")  # cancelled: the next call probes
+        again = await store.admit("b", 30)
+        assert again.probe
+        assert await store.record("b", False, True, window_s=10, minimum_calls=2,
+                                  failure_ratio=1) == "closed"  # fmt: skip
+        assert await store.breaker_state("b") == "closed"
+    finally:
+        await store.aclose()
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("acquire"), st.sampled_from("ab"), st.integers(1, 3)),
+        st.tuples(st.just("release"), st.sampled_from("ab"), st.integers(0, 5)),
+        st.tuples(st.just("add"), st.sampled_from("xy"), st.integers(-3, 5)),
+        st.tuples(st.just("record"), st.sampled_from("pq"), st.booleans()),
+        st.tuples(st.just("admit"), st.sampled_from("pq"), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(script=operations)
+async def test_the_same_operations_give_the_same_answers_as_in_memory(
+    tmp_path_factory: pytest.TempPathFactory, script: list[tuple[str, str, Any]]
+) -> None:
+    """Slots, counters and breakers (within one window, long breaks: time-independent)."""
+    sqlite = SqliteStore(tmp_path_factory.mktemp("same") / "s.sqlite3")
+    memory = MemoryStore()
+    answers: dict[str, list[Any]] = {"sqlite": [], "memory": []}
+    leases: dict[str, dict[str, list[str]]] = {"sqlite": {}, "memory": {}}
+    try:
+        for name, each in (("sqlite", sqlite), ("memory", memory)):
+            for operation, key, value in script:
+                if operation == "acquire":
+                    lease = await each.acquire(key, value)
+                    if lease is not None:
+                        leases[name].setdefault(key, []).append(lease)
+                    answers[name].append(lease is not None)
+                elif operation == "release":
+                    held = leases[name].get(key, [])
+                    if held:
+                        await each.release_slot(key, held.pop(value % len(held)))
+                    answers[name].append(len(held))
+                elif operation == "add":
+                    answers[name].append(await each.add(key, value, limit=6))
+                elif operation == "record":
+                    answers[name].append(
+                        await each.record(
+                            key, value, False, window_s=60, minimum_calls=3, failure_ratio=0.5
+                        )
+                    )
+                else:
+                    answers[name].append((await each.admit(key, 60)).admitted)
+    finally:
+        await sqlite.aclose()
+    assert answers["sqlite"] == answers["memory"]
+
+
+# -- the ledger's stateful model, restarts included ---------------------------------------
+
+
+class _Loop:
+    """One event loop in a thread, for the state machine's synchronous rules."""
+
+    def __init__(self) -> None:
+        self.portal: Any = None
+        self._stop: Any = None
+        ready = threading.Event()
+
+        def run() -> None:
+            async def main() -> None:
+                from anyio.from_thread import BlockingPortal
+
+                async with BlockingPortal() as portal:
+                    self.portal = portal
+                    ready.set()
+                    await portal.sleep_until_stopped()
+
+            anyio.run(main)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        ready.wait()
+
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        async def awaited() -> Any:
+            return await coroutine
+
+        return self.portal.call(awaited)
+
+
+LOOP: _Loop | None = None
+FILES: list[Path] = []
+
+
+def _loop() -> _Loop:
+    global LOOP
+    if LOOP is None:
+        LOOP = _Loop()
+    return LOOP
+
+
+def make_store() -> tuple[Any, Any, Any]:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="guardstack-ledger-"))
+    store = SqliteStore(folder / "ledger.sqlite3")
+
+    def restart() -> None:  # the store's process stops and starts: only the file is left
+        _loop().run(store.aclose())
+
+    return store, None, restart
+
+
+class SqliteLedgerMachine(LedgerMachine):
+    run = staticmethod(lambda coroutine: _loop().run(coroutine))
+    make_store = staticmethod(make_store)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarts = 0
+
+    @precondition(lambda self: self.restarts < 3)
+    @rule()
+    def restart_the_process(self) -> None:
+        """The process holding the store stops and another opens the file: unlike a
+        Redis without persistence, nothing is lost — the model goes on as it was."""
+        assert self.restart is not None
+        self.restart()
+        self.restarts += 1
+
+    def teardown(self) -> None:
+        _loop().run(self.ledger.aclose())  # type: ignore[attr-defined]
+
+
+TestSqliteLedger = SqliteLedgerMachine.TestCase
+TestSqliteLedger.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+# -- several processes, a failing file --------------------------------------------------
+
+WORKER = """
+import anyio, json, sys
+from guardstack.integrations.sqlite import SqliteStore
+from guardstack.pipeline.contract import Window
+
+async def main():
+    store = SqliteStore(sys.argv[1])
+    granted = 0
+    for n in range(int(sys.argv[3])):
+        answer = await store.reserve(f"{sys.argv[2]}-{n}", {"usd": 1.0},
+                                     [Window("day", "usd", 50.0)])
+        granted += answer.granted
+    await store.aclose()
+    print(json.dumps({"granted": granted}))
+
+anyio.run(main)
+"""
+
+
+def test_four_processes_on_one_file_never_pass_its_limit_together(tmp_path: Path) -> None:
+    path = tmp_path / "shared.sqlite3"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(path), f"p{number}", "30"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for number in range(4)
+    ]
+    granted = []
+    for process in processes:
+        out, _ = process.communicate(timeout=120)
+        assert process.returncode == 0
+        granted.append(json.loads(out)["granted"])
+
+    async def held() -> float:
+        store = SqliteStore(path)
+        try:
+            return await store.balance(Window("day", "usd", 50.0))
+        finally:
+            await store.aclose()
+
+    assert sum(granted) == 50  # 120 asked of a limit of 50: exactly 50, all or none
+    assert anyio.run(held) == 50.0
+
+
+async def test_a_file_that_cannot_be_opened_is_a_store_error_and_layers_apply_their_policy(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "blocked").write_text("a file where the folder should be", "utf-8")
+    broken = SqliteStore(tmp_path / "blocked" / "ledger.sqlite3")
+    with pytest.raises(StoreError):
+        await broken.reserve("op", {"calls": 1}, [Window("w", "calls", 5)])
+    harness = Harness(store=broken)
+
+    async def ok(arguments: Any, call: ToolCall) -> str:
+        return "ran"
+
+    harness.tools.register(ToolDefinition("t", ok))
+    harness.load([{"name": "tool-call-limit", "config": {"per_turn": 3}}])
+    outcome = await harness.tools.execute(ToolCall("t", {}, "c", conversation="x"))
+    assert outcome.result.code == "TOOL_DENIED"  # a cap fails closed
+    assert "sqlite store is not answering" in outcome.result.content
+
+
+def test_the_default_file_is_under_the_xdg_state_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert default_path() == tmp_path / "guardstack" / "ledger.sqlite3"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert default_path() == Path.home() / ".local" / "state" / "guardstack" / "ledger.sqlite3"
