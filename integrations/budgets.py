@@ -115,7 +115,7 @@ class Refusal:
         measure, _, per = self.window.partition("_per_")
         when = f"this {per}" if per else "in all"
         if measure == "usd":
-            amounts = f"${self.used:,.2f} of its ${self.limit:,.2f}"
+            amounts = f"{_money(self.used)} of its {_money(self.limit)}"
         else:
             amounts = f"{self.used:,.0f} of its {self.limit:,.0f} {measure}"
         return f"{self.scope.kind} {self.scope.label!r} has used {amounts} {when}"
@@ -574,6 +574,11 @@ async def spend_report(
             for row_name, row in sorted(rows.items(), key=lambda item: -item[1]["spent_usd"])
         ],
     }
+
+
+def _money(amount: float) -> str:
+    """Dollars as people write them: cents, or four places under a dollar."""
+    return f"${amount:,.2f}" if amount >= 1 or amount == 0 else f"${amount:.4f}"
 
 
 def _digest(key: str) -> str:

@@ -1,0 +1,179 @@
+"""Budgets a team runs on (``integrations/budgets.py``), behind the model proxy: nested
+scopes reserved all or none and refused in the API's shape; keys issued and revoked and
+budgets raised while it runs; spend reported by any breakdown; a budget that wraps up
+instead of stopping. The upstream is a loopback server answering with a known usage."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from guardstack.integrations.tenants import tenants_of
+from guardstack.pipeline import Harness
+from tests.integrations.model_proxy.test_app import Served, serve
+from tests.integrations.runaway import Runaway
+
+ADMIN = "an-admin-key-of-some-length"
+ALICE, CI, GLOBEX = "sk-acme-alice-0123456789", "sk-acme-ci-0123456789abc", "sk-globex-0123456789ab"
+#: $10 a million tokens in, $30 out: a request of 5 in and 50 out costs $0.00155 (its
+#: estimate, from its text and max_tokens, is at least that: no overshoot).
+TENANTS: dict[str, Any] = {
+    "keys": {
+        ALICE: {"tenant": "acme", "team": "research", "name": "alice"},
+        CI: {"tenant": "acme", "team": "ci", "name": "ci"},
+        GLOBEX: "globex",
+    },
+    "tenants": {
+        "acme": {
+            "budget": {"usd_per_day": 1.0},
+            "models": ["gpt-x", "gpt-y"],
+            "teams": {"research": {}, "ci": {"budget": {"usd_per_day": 0.006}}},
+        },
+        "globex": {"budget": {"usd_per_day": 5}},
+    },
+    "prices": {"gpt-x": [10, 30], "gpt-y": [10, 30]},
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def runaway() -> Iterator[Runaway]:
+    with Runaway(bound=0, usage=(5, 50)) as running:
+        yield running
+
+
+class _Upstream:
+    def __init__(self, runaway: Runaway) -> None:
+        self.base_url = runaway.url
+
+
+async def proxied(runaway: Runaway, tenants: dict[str, Any] = TENANTS) -> AsyncIterator[Served]:
+    async for served in serve(
+        Harness(), _Upstream(runaway), tenants=tenants_of(tenants), admin_key=ADMIN
+    ):
+        yield served
+
+
+def ask(text: str, model: str = "gpt-x", **more: Any) -> dict[str, Any]:
+    return {"model": model, "max_tokens": 50,
+            "messages": [{"role": "user", "content": text}], **more}  # fmt: skip
+
+
+async def post(raw: httpx.AsyncClient, key: str, body: dict[str, Any]) -> httpx.Response:
+    return await raw.post(
+        "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+    )
+
+
+async def test_a_teams_day_is_refused_in_the_apis_shape_naming_scope_and_window(
+    runaway: Runaway,
+) -> None:
+    """Team ``acme/ci`` has $0.006 a day: three requests of $0.00155 fit, the fourth is a
+    429 in chat completions' shape, naming the scope and the window, with
+    ``Retry-After`` at the day's end; the other team and the other tenant go on."""
+    async for served in proxied(runaway):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            answers = [await post(raw, CI, ask(f"task {n}")) for n in range(4)]
+            research = await post(raw, ALICE, ask("research"))
+            other = await post(raw, GLOBEX, ask("other tenant"))
+    assert [answer.status_code for answer in answers] == [200] * 3 + [429]
+    refused = answers[-1]
+    assert refused.json()["error"]["message"] == (
+        "team 'acme/ci' has used $0.0046 of its $0.0060 this day"
+    )
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert 0 < int(refused.headers["retry-after"]) <= 86_400
+    assert (research.status_code, other.status_code) == (200, 200)
+    assert len(runaway.model_requests()) == 5  # the refused one never went upstream
+
+
+async def test_a_model_the_tenant_may_not_use_is_forbidden(runaway: Runaway) -> None:
+    async for served in proxied(runaway):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            refused = await post(raw, ALICE, ask("hi", model="gpt-z"))
+    assert refused.status_code == 403
+    assert "'gpt-z' is not one tenant 'acme' may use" in refused.json()["error"]["message"]
+    assert runaway.model_requests() == []
+
+
+async def test_keys_issued_listed_revoked_and_a_budget_raised_while_running(
+    runaway: Runaway,
+) -> None:
+    """``POST /admin/keys`` gives a key once (stored as a digest; ``GET`` never shows
+    it); ``DELETE`` refuses it from then on; ``PUT /admin/budgets/team:acme/ci`` raises
+    a spent day and the same conversation goes on."""
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    async for served in proxied(runaway):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            issued = await raw.post(
+                "/admin/keys", json={"tenant": "acme", "team": "research", "name": "bot"},
+                headers=admin,
+            )  # fmt: skip
+            new_key = issued.json()["key"]
+            used = await post(raw, new_key, ask("with the new key"))
+            listed = await raw.get("/admin/keys?tenant=acme", headers=admin)
+            revoked = await raw.delete(f"/admin/keys/{issued.json()['id']}", headers=admin)
+            after = await post(raw, new_key, ask("after the revocation"))
+            no_admin = await raw.get("/admin/keys")
+            for _ in range(4):
+                stopped = await post(raw, CI, ask("the same conversation"))
+            raised = await raw.put("/admin/budgets/team:acme%2Fci", json={"usd_per_day": 1},
+                                   headers=admin)  # fmt: skip
+            goes_on = await post(raw, CI, ask("the same conversation"))
+            spend = await raw.get("/admin/spend?scope=tenant:acme&window=day&by=key",
+                                  headers=admin)  # fmt: skip
+    assert issued.status_code == 201
+    assert new_key.startswith("gsk-")
+    assert used.status_code == 200
+    assert new_key not in listed.text
+    assert {"id": issued.json()["id"], "name": "bot"}.items() <= next(
+        key for key in listed.json()["keys"] if key["name"] == "bot"
+    ).items()
+    assert revoked.json() == {"id": issued.json()["id"], "revoked": True}
+    assert after.status_code == 401
+    assert no_admin.status_code == 401
+    assert stopped.status_code == 429
+    assert raised.json() == {"scope": "team:acme/ci", "budget": {"usd_per_day": 1.0}}
+    assert goes_on.status_code == 200
+    report = spend.json()
+    assert report["scope"] == "tenant:acme"
+    assert report["limit_usd"] == 1.0
+    rows = {row["name"]: row for row in report["rows"]}
+    assert rows["ci"]["requests"] == 4  # three, then the one after the raise
+    assert rows["bot"]["requests"] == 1
+    assert report["spent_usd"] == pytest.approx(5 * 0.00155)
+
+
+async def test_a_budget_that_wraps_up_asks_once_more_without_tools(runaway: Runaway) -> None:
+    """``on_limit: wrap_up``: the request that would pass the budget goes once more with
+    its tools withheld and a note asking what was done and what is left, inside the
+    tokens the budget keeps aside; its answer is marked ``x-guardstack-stopped``."""
+    tenants = {
+        **TENANTS,
+        "tenants": {
+            "acme": {"teams": {"research": {},
+                               "ci": {"budget": {"usd_per_day": 0.011, "on_limit": "wrap_up",
+                                                 "wrap_up_tokens": 200}}}},
+            "globex": {},
+        },
+    }  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "run", "parameters": {}}}]
+    async for served in proxied(runaway, tenants):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            answers = [await post(raw, CI, ask("go", tools=tools)) for _ in range(6)]
+    codes = [answer.status_code for answer in answers]
+    marked = [answer.headers.get("x-guardstack-stopped") for answer in answers]
+    wrap = marked.index("budgets")
+    assert codes[: wrap + 1] == [200] * (wrap + 1)
+    assert codes[wrap + 1 :] == [429] * (len(codes) - wrap - 1)
+    last = runaway.model_requests()[wrap].body
+    assert "tools" not in last
+    assert last["max_tokens"] == 200
+    assert "say what you did, what is left to do" in last["messages"][-1]["content"]
