@@ -300,6 +300,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="refuse a request body larger than this (4 MiB)",
     )
+    spend = commands.add_parser(
+        "spend",
+        help="who spent what: a gateway's spend report, read from its store",
+        description="The spend report GET /admin/spend answers, read from the store the "
+        "gateways count in (no gateway needs to run).",
+    )
+    spend.add_argument("--store", metavar="SPEC", help="memory, sqlite:PATH or redis://... "
+                       "(default: the gateways' default SQLite file)")  # fmt: skip
+    spend.add_argument("--scope", help="tenant:NAME, team:TENANT/TEAM, key:NAME or model:NAME")
+    spend.add_argument("--window", choices=("day", "month"), default="day")
+    spend.add_argument("--by", choices=("tenant", "team", "key", "model", "conversation"))
+    spend.add_argument("--format", choices=("table", "json", "csv"), default="table")
     serve = commands.add_parser(
         "worker",
         help="run a Temporal worker for agents (needs guardstack[temporal])",
@@ -404,6 +416,13 @@ def _run(arguments: argparse.Namespace) -> int:
                 watch=arguments.watch,
             )
         )
+    elif arguments.command == "spend":
+        from guardstack.cli.spend import render, spend
+
+        report = anyio.run(
+            lambda: spend(arguments.store, arguments.scope, arguments.window, arguments.by)
+        )
+        _print(render(report, arguments.format))
     elif arguments.command == "check":
         from guardstack.cli.check import check, check_tenants
         from guardstack.integrations.mcp_gateway.config import is_gateway_config

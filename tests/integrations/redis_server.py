@@ -46,6 +46,9 @@ class RedisServer:
     port: int = attrs.Factory(free_port)
     process: subprocess.Popen[bytes] | None = None
     directory: str = attrs.Factory(lambda: tempfile.mkdtemp(prefix="guardstack-redis-"))
+    #: Run as ``docs/shared-limits.md`` says for spend that must survive a restart: an
+    #: append-only file, fsynced every second.
+    durable: bool = False
 
     @property
     def url(self) -> str:
@@ -56,7 +59,11 @@ class RedisServer:
             [
                 self.path,
                 *("--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--save", "", "--appendonly", "no"),
+                *(
+                    ("--save", "", "--appendonly", "yes", "--appendfsync", "everysec")
+                    if self.durable
+                    else ("--save", "", "--appendonly", "no")
+                ),
                 *("--dir", self.directory),
             ],
             stdout=subprocess.DEVNULL,
@@ -72,6 +79,13 @@ class RedisServer:
             except OSError:
                 time.sleep(0.02)
         raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        """A clean shutdown (SIGTERM), as a service manager stops it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(10)
+        self.process = None
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

