@@ -417,12 +417,13 @@ def _run(arguments: argparse.Namespace) -> int:
             )
         )
     elif arguments.command == "spend":
-        from guardstack.cli.spend import render, spend
+        from guardstack.cli.spend import render as render_spend
+        from guardstack.cli.spend import spend
 
-        report = anyio.run(
+        spent = anyio.run(
             lambda: spend(arguments.store, arguments.scope, arguments.window, arguments.by)
         )
-        _print(render(report, arguments.format))
+        _print(render_spend(spent, arguments.format))
     elif arguments.command == "check":
         from guardstack.cli.check import check, check_tenants
         from guardstack.integrations.mcp_gateway.config import is_gateway_config
@@ -430,9 +431,9 @@ def _run(arguments: argparse.Namespace) -> int:
         if arguments.config is None:
             if arguments.keys is None:
                 raise ConfigError("check: give a configuration, --tenants FILE, or both")
-            report = check_tenants(arguments.keys)
-            _print(report.render())
-            return 1 if arguments.strict and report.warnings else 0
+            tree = check_tenants(arguments.keys)
+            _print(tree.render())
+            return 1 if arguments.strict and tree.warnings else 0
         if is_gateway_config(arguments.config):  # an MCP gateway: its servers, then its stack
             from guardstack.cli.mcp_gateway import load_gateway
 

@@ -257,7 +257,7 @@ class Budgets:
 
     # -- windows ---------------------------------------------------------------------------
 
-    def _windows(
+    def windows_of(
         self, scope: Scope, now: float, *, wrap_up: bool = False
     ) -> list[tuple[str, Window, float]]:
         """The scope's windows: (its budget's name, the window, when it ends)."""
@@ -335,7 +335,7 @@ class Budgets:
         windows: list[Window] = []
         ends: dict[str, tuple[Scope, str, float]] = {}
         for scope in scopes:
-            for name, window, end in self._windows(scope, now, wrap_up=wrap_up):
+            for name, window, end in self.windows_of(scope, now, wrap_up=wrap_up):
                 windows.append(window)
                 ends[window.key] = (scope, name, end)
         windows.extend(self._reports(entry, conversation, model, now))
@@ -373,7 +373,7 @@ class Budgets:
             alert_at = scope.budget.alert_at
             if alert_at is None:
                 continue
-            for name, window, _ in self._windows(scope, now):
+            for name, window, _ in self.windows_of(scope, now):
                 if window.limit is None or window.key in self._alerted:
                     continue
                 used = await self.store.balance(window)

