@@ -149,6 +149,12 @@ def _parser() -> argparse.ArgumentParser:
         help="where a gateway writes each denial, refusal and admin action (default -)",
     )
     proxy.add_argument(
+        "--watch",
+        action="store_true",
+        help="reload the plugins when --config changes (a gateway's servers are read at "
+        "start; a file that does not load changes nothing)",
+    )
+    proxy.add_argument(
         "--allow-origin",
         action="append",
         default=[],
@@ -237,7 +243,8 @@ def _parser() -> argparse.ArgumentParser:
     model_proxy.add_argument(
         "--watch",
         action="store_true",
-        help="reload the stack when --config changes (a file that does not load changes nothing)",
+        help="reload the stack when --config changes, and the keys and budgets when --tenants "
+        "does (a file that does not load changes nothing)",
     )
     model_proxy.add_argument(
         "--admin-key-env",
@@ -390,6 +397,7 @@ def _run(arguments: argparse.Namespace) -> int:
                 max_sessions=arguments.max_sessions,
                 store=arguments.store,
                 decision_log=arguments.decision_log,
+                watch=arguments.watch,
             )
         )
     elif arguments.command == "model-proxy":

@@ -76,8 +76,10 @@ async def run_gateway(
     max_sessions: int = 500,
     store: str | None = None,
     decision_log: str = "-",
+    watch: bool = False,
 ) -> None:
-    """Serve the gateway over stdio until the client leaves, or over HTTP until stopped."""
+    """Serve the gateway over stdio until the client leaves, or over HTTP until stopped
+    (``watch``: its plugins reloaded when ``config`` changes)."""
     from guardstack.cli.stores import describe_store, forgets, say
     from guardstack.integrations.decision_log import DecisionLog
 
@@ -94,10 +96,40 @@ async def run_gateway(
         say(f"guardstack mcp-proxy: warning: {lost}")
     log = DecisionLog(decision_log).attach()
     try:
-        await _run(gateway, keys, transport, host, port, allow_origins, allow_hosts,
-                   session_idle_s, max_sessions)  # fmt: skip
+        async with anyio.create_task_group() as group:
+            if watch:
+                group.start_soon(watch_gateway, harness, config, allow_imports)
+            await _run(gateway, keys, transport, host, port, allow_origins, allow_hosts,
+                       session_idle_s, max_sessions)  # fmt: skip
+            group.cancel_scope.cancel()
     finally:
-        log.close()
+        log.detach()
+
+
+async def watch_gateway(harness: Harness, config: Path, allow_imports: bool) -> None:
+    """``--watch`` on a gateway: its ``plugins`` reloaded when the file changes; its
+    servers are the ones it started with (said, when the file names others)."""
+    from guardstack.cli.check import check
+    from guardstack.cli.watch import watch_file
+    from guardstack.integrations.mcp_gateway import read_gateway
+
+    started = read_gateway(config).names()
+
+    def reload(path: Path) -> list[str]:
+        described = read_gateway(path)
+        try:
+            reloaded = harness.reload(
+                list(described.plugins), allow_imports=allow_imports, check=check
+            )
+        except ConfigError as error:
+            raise ConfigError(f"{path}: plugins: {error}", key=error.key) from error
+        plugins = ", ".join(reloaded.plugins) or "no plugins"
+        lines = [f"{path} reloaded: stack version {reloaded.version} ({plugins})"]
+        if described.names() != started:
+            lines.append("warning: the servers changed: restart the gateway to serve them")
+        return lines
+
+    await watch_file(config, reload)
 
 
 async def _run(

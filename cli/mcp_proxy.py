@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 import anyio
 
 from guardstack.cli.mcp_gateway import run_gateway
+from guardstack.cli.watch import watch_config
 from guardstack.guards import ToolCallTimeoutPolicy
 from guardstack.integrations._gate import Gate
 from guardstack.integrations.mcp import (
@@ -106,6 +107,7 @@ async def run_proxy(
     max_sessions: int = 500,
     store: str | None = None,
     decision_log: str = "-",
+    watch: bool = False,
 ) -> None:
     """Proxy ``command``'s MCP server (or the one at ``connect``) over stdio until the
     client disconnects, or over streamable HTTP until stopped; with a gateway's
@@ -142,6 +144,7 @@ async def run_proxy(
                 max_sessions=max_sessions,
                 store=store,
                 decision_log=decision_log,
+                watch=watch,
             )
         )
         return
@@ -161,21 +164,25 @@ async def run_proxy(
         harness.plugin(ToolCallTimeoutPolicy())
     telemetry = export_from_environment("guardstack-mcp-proxy")
     try:
-        if transport == "http":
-            await _fatal_in_one_line(
-                _proxy_http(
-                    harness,
-                    command,
-                    connect,
-                    gate,
-                    port,
-                    timeouts_ms,
-                    default_timeout_ms,
-                    (session_idle_s, max_sessions),
+        async with anyio.create_task_group() as group:
+            if watch and config is not None:
+                group.start_soon(lambda: watch_config(harness, config, allow_imports=allow_imports))
+            if transport == "http":
+                await _fatal_in_one_line(
+                    _proxy_http(
+                        harness,
+                        command,
+                        connect,
+                        gate,
+                        port,
+                        timeouts_ms,
+                        default_timeout_ms,
+                        (session_idle_s, max_sessions),
+                    )
                 )
-            )
-            return
-        await _proxy_stdio(harness, command, connect, timeouts_ms, default_timeout_ms)
+            else:
+                await _proxy_stdio(harness, command, connect, timeouts_ms, default_timeout_ms)
+            group.cancel_scope.cancel()
     finally:
         if telemetry is not None:
             telemetry.shutdown()  # flush what the proxy traced

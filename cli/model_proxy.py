@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from guardstack.cli.mcp_proxy import _listen, export_from_environment
 from guardstack.cli.stores import describe_store, forgets, say, store_from
-from guardstack.cli.watch import watch_config
+from guardstack.cli.watch import watch_config, watch_file
 from guardstack.integrations._gate import serve
 from guardstack.integrations.decision_log import DecisionLog
 from guardstack.integrations.model_proxy import DEFAULT, ModelProxy
@@ -182,11 +183,27 @@ async def run_model_proxy(
                     group.start_soon(
                         lambda: watch_config(harness, config, allow_imports=allow_imports)
                     )
+                if watch and keys is not None and proxy.budgets is not None:
+                    group.start_soon(watch_tenants, proxy.budgets, keys)
                 await serve(server)
                 group.cancel_scope.cancel()
         finally:
             await proxy.aclose()
     finally:
-        log.close()
+        log.detach()
         if telemetry is not None:
             telemetry.shutdown()  # flush what the proxy traced
+
+
+async def watch_tenants(budgets: Any, path: Path) -> None:
+    """``--watch``: serve the tenants file again whenever it changes (a file that does
+    not load changes nothing)."""
+
+    def reload(path: Path) -> list[str]:
+        tenants = read_tenants(path)
+        budgets.replace(tenants)
+        keys, named = len(tenants.keys), len(tenants.tenants)
+        counted = f"{keys} key{'s' * (keys != 1)}, {named} tenant{'s' * (named != 1)}"
+        return [f"{path} reloaded: {counted}"]
+
+    await watch_file(path, reload, what="who may spend what", empty="write `tenants: {}`")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -24,7 +25,7 @@ import anyio
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.harness import Harness
 
-__all__ = ["watch_config"]
+__all__ = ["watch_config", "watch_file"]
 
 
 def _fingerprint(path: Path) -> str | None:
@@ -53,20 +54,19 @@ async def _settled(path: Path, seen: str | None, settle_s: float) -> str | None:
         seen = again
 
 
-async def watch_config(
-    harness: Harness,
+async def watch_file(
     path: Path,
+    reload: Callable[[Path], Sequence[str]],
     *,
-    allow_imports: bool = False,
     interval_s: float = 1.0,
     settle_s: float | None = None,
     say: TextIO | None = None,
+    what: str = "the stack",
+    empty: str = "write `[]` for a stack with no plugins",
 ) -> None:
-    """Reload ``harness`` from ``path`` whenever its contents change, until cancelled;
-    a change is read again ``settle_s`` later (default: a fifth of ``interval_s``, at
-    most 0.2 s) and loaded only once it reads the same."""
-    from guardstack.cli.check import check
-
+    """Call ``reload(path)`` whenever the file's contents change (and have settled),
+    until cancelled: it returns the lines to say, or raises ``ConfigError`` — said in
+    one line, and ``what`` is unchanged. A file with nothing in it is never loaded."""
     out = say if say is not None else sys.stderr
     settle = settle_s if settle_s is not None else min(0.2, interval_s / 5)
     seen = _fingerprint(path)
@@ -81,26 +81,42 @@ async def watch_config(
         seen = now
         if _holds_nothing(path):
             print(
-                f"guardstack: {path} not reloaded, the stack is unchanged: the file is empty "
-                "(half-written?); write `[]` for a stack with no plugins",
+                f"guardstack: {path} not reloaded, {what} is unchanged: the file is empty "
+                f"(half-written?); {empty}",
                 file=out,
                 flush=True,
             )
             continue
         try:
-            reloaded = harness.reload(path, allow_imports=allow_imports, check=check)
+            lines = reload(path)
         except ConfigError as error:
-            print(
-                f"guardstack: {path} not reloaded, the stack is unchanged: {error}",
-                file=out,
-                flush=True,
-            )
+            said = f"guardstack: {path} not reloaded, {what} is unchanged: {error}"
+            print(said, file=out, flush=True)
             continue
-        print(
-            f"guardstack: {path} reloaded: stack version {reloaded.version} "
-            f"({', '.join(reloaded.plugins) or 'no plugins'})",
-            file=out,
-            flush=True,
-        )
-        for warning in reloaded.warnings:
-            print(f"guardstack: warning: {warning}", file=out, flush=True)
+        for line in lines:
+            print(f"guardstack: {line}", file=out, flush=True)
+
+
+async def watch_config(
+    harness: Harness,
+    path: Path,
+    *,
+    allow_imports: bool = False,
+    interval_s: float = 1.0,
+    settle_s: float | None = None,
+    say: TextIO | None = None,
+) -> None:
+    """Reload ``harness`` from ``path`` whenever its contents change, until cancelled;
+    a change is read again ``settle_s`` later (default: a fifth of ``interval_s``, at
+    most 0.2 s) and loaded only once it reads the same."""
+    from guardstack.cli.check import check
+
+    def reload(path: Path) -> list[str]:
+        reloaded = harness.reload(path, allow_imports=allow_imports, check=check)
+        plugins = ", ".join(reloaded.plugins) or "no plugins"
+        return [
+            f"{path} reloaded: stack version {reloaded.version} ({plugins})",
+            *(f"warning: {warning}" for warning in reloaded.warnings),
+        ]
+
+    await watch_file(path, reload, interval_s=interval_s, settle_s=settle_s, say=say)

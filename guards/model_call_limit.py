@@ -7,7 +7,10 @@ before it is sent: the call that would go over is not sent, and the turn ends wi
 reason ``blocked`` and ``TurnResult.error`` naming the limit. Calls running at once —
 parallel child agents, several processes on one session — are reserved one by one,
 so together they never pass the limit. The replies before the refusal (and their tool
-calls) are all logged, so the log stays whole.
+calls) are all logged, so the log stays whole. With ``on_limit="wrap_up"`` the last call
+of the limit is kept aside: the call that would pass the rest goes once more with its
+tools withheld and a note asking the model what it did and what is left, and the turn
+ends ``blocked`` with that answer as its text (``guards.wrap_up``).
 
 Where it belongs: a ``model_call`` layer, and its position decides what it counts.
 Outside a model-stage ``Retry`` it counts operations (a call retried three times is
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, ClassVar, Final
 import attrs
 
 from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
+from guardstack.guards.wrap_up import OnLimit, check_on_limit, wrap_up
 from guardstack.pipeline.contract import (
     ModelNext,
     ModelReply,
@@ -74,6 +78,9 @@ class ModelCallLimit:
     )
     #: Count as usual, record what it would have refused, refuse nothing.
     shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
+    #: At the limit: end the turn (``stop``), or keep its last call for an answer
+    #: without tools first (``wrap_up``).
+    on_limit: OnLimit = attrs.field(default="stop", validator=check_on_limit(PLUGIN), kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if self.per_turn is None and self.per_session is None:
@@ -103,9 +110,14 @@ class ModelCallLimit:
                 per_session = int(session) if session is not None else per_session
             return per_turn, per_session
 
-        def windows(agent: Agent) -> list[Window]:
+        def windows(agent: Agent, aside: int = 0) -> list[Window]:
+            """The agent's windows, ``aside`` calls of each limit kept for a wrap-up."""
             found = []
             per_turn, per_session = limits()
+            if per_turn is not None:
+                per_turn = max(0, per_turn - aside)
+            if per_session is not None:
+                per_session = max(0, per_session - aside)
             if per_turn is not None:
                 token = accounts.turn_of(agent)
                 floor = agent.turn_model_calls
@@ -119,9 +131,11 @@ class ModelCallLimit:
                 )
             return found
 
+        wraps_up = self.on_limit == "wrap_up"
+
         async def model_layer(request: ModelRequest, call_next: ModelNext) -> ModelReply:
             agent = request.agent
-            wanted = windows(agent)
+            wanted = windows(agent, 1 if wraps_up else 0)
             op_id = accounts.operation()
             try:
                 reservation = await accounts.reserve(op_id, _ONE, wanted)
@@ -142,10 +156,30 @@ class ModelCallLimit:
                     f"{PLUGIN}: this {what} made {int(reservation.used)} model calls and the "
                     f"limit is {limit} per {what}"
                 )
-                if shadow is None:
+                if shadow is not None:
+                    shadow.would("end the turn", f"agent {agent.session_id}", reason)
+                    return await call_next(request)
+                if not wraps_up:
                     raise TurnBlocked(reason)
-                shadow.would("end the turn", f"agent {agent.session_id}", reason)
-                return await call_next(request)
+                # the call kept aside, if this turn has not used it
+                last_op = accounts.operation()
+                try:
+                    kept = await accounts.reserve(last_op, _ONE, windows(agent))
+                except StoreDown as down:
+                    raise TurnBlocked(reason) from down.error
+                if not kept.granted:
+                    raise TurnBlocked(reason)
+
+                async def last(request: ModelRequest) -> ModelReply:
+                    return await counted(last_op, agent, request, call_next)
+
+                await wrap_up(request, last, reason)
+            return await counted(op_id, agent, request, call_next)
+
+        async def counted(
+            op_id: str, agent: Agent, request: ModelRequest, call_next: ModelNext
+        ) -> ModelReply:
+            """The reserved call made, and counted unless it never reached the model."""
             try:
                 reply = await call_next(request)
             except BaseException as error:

@@ -11,7 +11,11 @@ entry it matches. When a call would go over:
 * ``on_exceeded="deny"`` — the call is not run; the model reads a ``TOOL_DENIED``
   result saying which limit it hit, and may answer with what it has;
 * ``on_exceeded="end_turn"`` — the call is denied and the turn ends after this step
-  with reason ``blocked``.
+  with reason ``blocked``;
+* ``on_limit="wrap_up"`` (whichever ``on_exceeded``) — the call is denied, and the
+  turn's next model call goes with its tools withheld and a note asking the model
+  what it did and what is left; the turn ends ``blocked`` with that answer as its
+  text (``guards.wrap_up``).
 
 Where it belongs: a pre-execute layer. Outside other pre-execute layers, it counts
 calls before they can deny them; inside, only calls they allowed. Denied calls
@@ -41,9 +45,13 @@ import attrs
 
 from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
 from guardstack.guards.agent_state import ConversationState, Resettable, new_turn_token
+from guardstack.guards.wrap_up import OnLimit, check_on_limit, wrap_up
 from guardstack.pipeline.contract import (
     UNKNOWN_KEY,
     Control,
+    ModelNext,
+    ModelReply,
+    ModelRequest,
     PreNext,
     Scope,
     StateStore,
@@ -104,6 +112,8 @@ class ToolCallLimit:
     )
     #: Count as usual, record what it would have refused, refuse nothing.
     shadow: bool = attrs.field(default=False, validator=flag(PLUGIN, "shadow"), kw_only=True)
+    #: ``wrap_up``: past the limit, one last model call without tools, then the end.
+    on_limit: OnLimit = attrs.field(default="stop", validator=check_on_limit(PLUGIN), kw_only=True)
     _resets: Resettable = attrs.field(init=False, repr=False, eq=False, factory=Resettable)
     _patterns: tuple[tuple[str, re.Pattern[str], int], ...] = attrs.field(
         init=False, repr=False, eq=False
@@ -181,6 +191,8 @@ class ToolCallLimit:
         # read the log for calls a resumed turn made before)
         scope.use(scope.loop.prompt_submit, turns.start_on_prompt(new_turn_token), name=self.name)
         cap.close_on_turn_end(scope)
+        if self.on_limit == "wrap_up":
+            scope.use(scope.loop.model_call, cap.wrap_up, name=self.name)
 
 
 class _Cap:
@@ -195,6 +207,7 @@ class _Cap:
         "plugin_id",
         "shadow",
         "turns",
+        "wrapping",
     )
 
     def __init__(
@@ -210,6 +223,8 @@ class _Cap:
         self.forgotten: list[str] = []
         self.shadow: Shadow | None = None
         self.control: Control | None = None
+        #: A turn's token -> the denial its next model call wraps the turn up with.
+        self.wrapping: dict[str, str] = {}
         self.plugin_id = PLUGIN
 
     def forget(self, token: str) -> None:
@@ -222,6 +237,8 @@ class _Cap:
 
         async def ended(agent: Agent) -> None:
             token = turns.of_agent(agent)
+            if token is not None:
+                self.wrapping.pop(token, None)
             used = open_turns.pop(token, None) if token is not None else None
             if used:
                 with contextlib.suppress(Exception):  # else they expire a day after last use
@@ -328,6 +345,9 @@ class _Cap:
                 would = "end the turn" if config.on_exceeded == "end_turn" else "deny"
                 self.shadow.would(would, f'tool "{call.name}"', reason)
                 return await call_next(call)
+            if config.on_limit == "wrap_up" and call.agent is not None:
+                self.wrapping.setdefault(token, reason)
+                return Deny(reason)
             return self._deny(reason)
         try:
             decision = await call_next(call)
@@ -339,6 +359,15 @@ class _Cap:
         else:
             await accounts.charged(op_id, _ONE_CALL)
         return decision
+
+    async def wrap_up(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
+        """The model stage's side of ``on_limit="wrap_up"``: the call after a denial
+        goes without tools, and its answer ends the turn."""
+        token = self.turns.of_agent(request.agent)
+        reason = self.wrapping.pop(token, None) if token is not None else None
+        if reason is not None:
+            await wrap_up(request, call_next, reason)
+        return await call_next(request)
 
     async def remaining(self, agent: Agent) -> dict[str, float]:
         """How many more tool calls the agent's turn may make (for ``BudgetNotice``)."""

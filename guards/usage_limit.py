@@ -31,6 +31,12 @@ was made at — and a warning names the model once (``guardstack check`` says so
 it happens, for a model the stack names). The answer is delivered either way: it was
 paid for.
 
+``on_limit="wrap_up"`` keeps ``wrap_up_tokens`` (default 1,000) of every limit aside —
+priced, in a dollar limit, at the highest output price — and the call refused by the
+rest goes once more with its tools withheld and a note asking the model what it did
+and what is left; the turn ends ``blocked`` with that answer as its text
+(``guards.wrap_up``). Each limit still holds: the last call is reserved against it.
+
 Where it belongs: a ``model_call`` layer. Outside a model-stage ``Retry`` it reserves
 for the whole operation at once (the estimate of one attempt: give the model a
 ``max_tokens`` that covers them, or put it inside); inside it, each attempt; its
@@ -50,20 +56,28 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, NoReturn
 
 import attrs
-from opentelemetry import trace
 
 from guardstack.guards._accounts import Accounts, StoreDown, check_ledger_store
 from guardstack.guards.usage_costs import PRICE_FORM, ObservedOutputs, Price, cost_of, read_prices
+from guardstack.guards.usage_downgrade import Downgrades, answering, model_name, read_downgrade
+from guardstack.guards.usage_windows import refusal
+from guardstack.guards.wrap_up import (
+    WRAP_UP_TOKENS,
+    OnLimit,
+    check_on_limit,
+    kept_aside_usd,
+    last_request,
+    wrap_up,
+    wrap_up_note,
+)
 from guardstack.pipeline.contract import (
-    Model,
     ModelNext,
     ModelReply,
     ModelRequest,
     Registration,
-    Reservation,
     Scope,
     StateStore,
     Usage,
@@ -75,9 +89,9 @@ from guardstack.pipeline.contract import (
     stated_output_limit,
     store_key,
 )
-from guardstack.pipeline.errors import ConfigError, GuardstackWarning, TurnBlocked
+from guardstack.pipeline.errors import GuardstackWarning, TurnBlocked
 from guardstack.pipeline.signals import USAGE_USD, Shadow
-from guardstack.pipeline.validate import cut, flag, invalid, number, optional_integer
+from guardstack.pipeline.validate import flag, invalid, number, optional_integer
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
@@ -107,20 +121,6 @@ def _check_warn_at(_: Any, __: Any, value: Any) -> None:
 def _check_estimate(_: Any, __: Any, value: Any) -> None:
     if value not in ("auto", "max", "observed"):
         raise invalid(PLUGIN, "estimate", value, "'auto', 'max' or 'observed'")
-
-
-def _downgrade(value: object) -> Mapping[str, Any] | None:
-    """``{"at": FRACTION, "to": MODEL}``: ``at`` in (0, 1], ``to`` a ``Model`` or a name."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping) or set(value) != {"at", "to"}:
-        raise invalid(PLUGIN, "downgrade", value, '{"at": a fraction, "to": a model or its name}')
-    at, to = value["at"], value["to"]
-    if isinstance(at, bool) or not isinstance(at, int | float) or not 0 < at <= 1:
-        raise invalid(PLUGIN, "downgrade.at", at, "a fraction of the limit, in (0, 1]")
-    if not (isinstance(to, str) and to) and not callable(getattr(to, "complete", None)):
-        raise invalid(PLUGIN, "downgrade.to", to, "a Model, or the name of one")
-    return {"at": float(at), "to": to}
 
 
 @attrs.frozen
@@ -174,7 +174,13 @@ class UsageLimit:
     #: switches to the cheaper model (a ``Model``, or a name the answering model can
     #: switch to with ``with_model``) instead of stopping at the limit.
     downgrade: Mapping[str, Any] | None = attrs.field(
-        default=None, kw_only=True, converter=_downgrade
+        default=None, kw_only=True, converter=read_downgrade
+    )
+    #: At a limit: end the turn (``stop``), or first send the call once more without
+    #: tools for a last answer, out of ``wrap_up_tokens`` kept aside (``wrap_up``).
+    on_limit: OnLimit = attrs.field(default="stop", validator=check_on_limit(PLUGIN), kw_only=True)
+    wrap_up_tokens: int = attrs.field(
+        default=WRAP_UP_TOKENS, kw_only=True, validator=optional_integer(PLUGIN, "wrap_up_tokens")
     )
 
     def __attrs_post_init__(self) -> None:
@@ -252,19 +258,25 @@ class UsageLimit:
         return cost_of(usage, self.price(model, fallback, warned))
 
     def reserve_for(
-        self, request: ModelRequest, asked_for: str | None, observed: int | None = None
+        self,
+        request: ModelRequest,
+        asked_for: str | None,
+        observed: int | None = None,
+        *,
+        output_tokens: int | None = None,
     ) -> dict[str, float]:
         """What a call reserves before it is made: its input (a token per four characters
         of the request, the stated rule) and its output (the answering model's
         ``max_tokens``, else ``estimate_output_tokens``; with ``estimate: observed``
-        what that model's answers used, ``observed``, when it is smaller), in tokens
-        and, at the model's price (the highest known when it names none that is
-        priced), in dollars."""
+        what that model's answers used, ``observed``, when it is smaller; a wrap-up's
+        ``output_tokens``), in tokens and, at the model's price (the highest known when
+        it names none that is priced), in dollars."""
         input_tokens = input_estimate(request.messages)
-        answering = _answering(request)
-        output = stated_output_limit(answering) or self.estimate_output_tokens
-        observing = self.estimate == "observed" or (
-            self.estimate == "auto" and getattr(answering, "observed_estimates", False) is True
+        model = answering(request)
+        output = output_tokens or stated_output_limit(model) or self.estimate_output_tokens
+        observing = output_tokens is None and (
+            self.estimate == "observed"
+            or (self.estimate == "auto" and getattr(model, "observed_estimates", False) is True)
         )
         if observed is not None and observing:
             output = min(output, observed)
@@ -284,33 +296,6 @@ class UsageLimit:
         _Limits(self, scope).register(scope)
 
 
-def _cheaper_model(to: object, answering: object) -> object:
-    """The model a downgrade sends calls to: ``to`` itself, or the answering model
-    switched to the name ``to`` (``with_model``)."""
-    if not isinstance(to, str):
-        return to
-    switch = getattr(answering, "with_model", None)
-    if not callable(switch):
-        raise ConfigError(
-            f"{PLUGIN}: downgrade.to names the model {to!r}, but {cut(answering)} cannot switch "
-            "to another model (it has no with_model); give a Model instead",
-            plugin=PLUGIN,
-            key="downgrade.to",
-            value=to,
-        )
-    return switch(to)
-
-
-def _answering(request: ModelRequest) -> object:
-    """The model that answers a request (a child's own, for a call charged to its parent)."""
-    return request.model if request.model is not None else request.agent.model
-
-
-def _model_name(model: object) -> str | None:
-    name = getattr(model, "model", None)
-    return name if isinstance(name, str) and name else None
-
-
 class _Limits:
     """One application: its accounts, the windows of each call, the layer."""
 
@@ -323,8 +308,20 @@ class _Limits:
         self.accounts = Accounts(scope, config.store)
         self.signals = scope.signals
         self.shadow = Shadow(scope.namespace, scope.signals) if config.shadow else None
-        #: Agents whose calls go to the downgrade's model now (for ``BudgetNotice``).
-        self.downgraded: weakref.WeakKeyDictionary[Agent, str] = weakref.WeakKeyDictionary()
+        self.downgrades = (
+            None
+            if config.downgrade is None
+            else Downgrades(config.downgrade, self.accounts, scope.signals)
+        )
+        #: What each unit's limits keep aside for a wrap-up answer.
+        self.aside = (
+            {
+                "tokens": float(config.wrap_up_tokens),
+                "usd": kept_aside_usd(config.wrap_up_tokens, config.prices),
+            }
+            if config.on_limit == "wrap_up"
+            else {}
+        )
         self.wall_clock: Callable[[], float] = getattr(
             self.accounts.ledger, "wall_clock", time.time
         )
@@ -377,12 +374,27 @@ class _Limits:
                 if event.type == "assistant/message" and usage is not None:
                     model = getattr(event, "model", None)
                     cost += self.config.cost_usd(
-                        usage, model, _model_name(agent.model), self.unpriced
+                        usage, model, model_name(agent.model), self.unpriced
                     )
             self.costs[agent] = cost
         return cost
 
-    def windows(self, agent: Agent, request: ModelRequest | None) -> list[Window]:
+    def windows(
+        self, agent: Agent, request: ModelRequest | None, *, wrap_up: bool = False
+    ) -> list[Window]:
+        """A call's windows: each limit less what it keeps aside, unless it wraps up."""
+        found = self._windows(agent, request)
+        aside = self.aside
+        if not aside or wrap_up:
+            return found
+        return [
+            attrs.evolve(window, limit=max(0.0, window.limit - aside[window.unit]))
+            if window.limit is not None
+            else window
+            for window in found
+        ]
+
+    def _windows(self, agent: Agent, request: ModelRequest | None) -> list[Window]:
         config, accounts = self.config, self.accounts
         found = []
         if config.tokens_per_turn is not None:
@@ -418,45 +430,13 @@ class _Limits:
                 )
         return found
 
-    def refusal(self, reservation: Reservation, estimate: dict[str, float]) -> str:
-        window = reservation.window
-        assert window is not None
-        assert window.limit is not None
-        used, limit = reservation.used, window.limit
-        parts = key_parts(window.key)
-        dollars = window.unit == "usd"
-        amount = f"${used:.4f}" if dollars else f"{used:g} tokens"
-        bound = f"${limit:.4f}" if dollars else f"{limit:g} tokens"
-        if parts[1] == "tenant":
-            period = parts[4].split(":")[0]
-            reason = (
-                f"{PLUGIN}: tenant {parts[2]!r} has used {amount} this {period} and the "
-                f"limit is {bound} per {period}"
-            )
-        elif parts[1] == "turn":
-            reason = f"{PLUGIN}: this turn used {used:g} tokens and the limit is {limit:g} per turn"
-        elif dollars:
-            reason = (
-                f"{PLUGIN}: this session cost ${used:.4f} and the limit is ${limit:.4f} per session"
-            )
-        else:
-            reason = (
-                f"{PLUGIN}: this session used {used:g} tokens and the limit is "
-                f"{limit:g} per session"
-            )
-        if used < limit:
-            wanted = estimate[window.unit]
-            reserved = f"${wanted:.4f}" if dollars else f"{wanted:g} tokens"
-            reason += f" (this call's reservation of {reserved} would pass it)"
-        return reason
-
     async def layer(self, request: ModelRequest, call_next: ModelNext) -> ModelReply:
         config, accounts = self.config, self.accounts
         agent = request.agent
         windows = self.windows(agent, request)
-        if config.downgrade is not None:
-            request = await self.maybe_downgraded(request, windows)
-        asked_for = _model_name(_answering(request))
+        if self.downgrades is not None:
+            request = await self.downgrades.request(request, windows)
+        asked_for = model_name(answering(request))
         observed_key = (asked_for or "", self.tenant_of(request, agent, "default"))
         estimate = config.reserve_for(request, asked_for, self.outputs.estimate(observed_key))
         op_id = accounts.operation()
@@ -471,11 +451,48 @@ class _Limits:
             logger.warning("%s: the store is down; a call goes through uncounted", PLUGIN)
             return await call_next(request)
         if not reservation.granted:
-            reason = self.refusal(reservation, estimate)
-            if self.shadow is None:
+            reason = refusal(reservation, estimate)
+            if self.shadow is not None:
+                self.shadow.would("end the turn", f"agent {agent.session_id}", reason)
+                return await call_next(request)  # uncounted, as a refused call is
+            if not self.aside:
                 raise TurnBlocked(reason)
-            self.shadow.would("end the turn", f"agent {agent.session_id}", reason)
-            return await call_next(request)  # uncounted, as a refused call is
+            await self.wrap_up(request, call_next, asked_for, reason)
+        return await self.settled(op_id, request, call_next, asked_for, windows)
+
+    async def wrap_up(
+        self, request: ModelRequest, call_next: ModelNext, asked_for: str | None, reason: str
+    ) -> NoReturn:
+        """The refused call sent once more without tools, out of what the limits keep
+        aside — if that covers it; the turn ends either way."""
+        last = last_request(request, wrap_up_note(reason))
+        windows = self.windows(request.agent, request, wrap_up=True)
+        estimate = self.config.reserve_for(
+            last, asked_for, output_tokens=self.config.wrap_up_tokens
+        )
+        op_id = self.accounts.operation()
+        try:
+            kept = await self.accounts.reserve(op_id, estimate, windows)
+        except StoreDown as down:
+            raise TurnBlocked(reason) from down.error
+        if not kept.granted:
+            raise TurnBlocked(reason)
+
+        async def reserved(request: ModelRequest) -> ModelReply:
+            return await self.settled(op_id, request, call_next, asked_for, windows)
+
+        await wrap_up(request, reserved, reason)
+
+    async def settled(
+        self,
+        op_id: str,
+        request: ModelRequest,
+        call_next: ModelNext,
+        asked_for: str | None,
+        windows: list[Window],
+    ) -> ModelReply:
+        """The reserved call made, and settled at what its reply reports."""
+        accounts = self.accounts
         try:
             reply = await call_next(request)
         except BaseException as error:
@@ -486,42 +503,6 @@ class _Limits:
             raise
         await self.settle(op_id, request, reply, asked_for, windows)
         return reply
-
-    async def maybe_downgraded(self, request: ModelRequest, windows: list[Window]) -> ModelRequest:
-        """The request, sent to the cheaper model once any window is past the downgrade's
-        fraction of its limit (logged, an event, the chat span's attributes)."""
-        downgrade = self.config.downgrade
-        assert downgrade is not None
-        at = float(downgrade["at"])
-        try:
-            past = [
-                window
-                for window in windows
-                if window.limit and await self.accounts.balance(window) >= at * window.limit
-            ]
-        except Exception:
-            return request  # a store that does not answer decides nothing here
-        agent = request.agent
-        if not past:
-            self.downgraded.pop(agent, None)
-            return request
-        cheaper = _cheaper_model(downgrade["to"], _answering(request))
-        name = _model_name(cheaper) or repr(cheaper)
-        if self.downgraded.get(agent) != name:
-            self.downgraded[agent] = name
-            window = past[0]
-            share = round(at * 100)
-            logger.info("%s: past %d%% of %s: %s answers now", PLUGIN, share, window.key, name)
-            self.signals.event(
-                "guardstack.downgrade",
-                {"guardstack.window": window.key, "gen_ai.request.model": name, "at": at},
-                "WARN",
-            )
-        span = trace.get_current_span()
-        if span.is_recording():
-            span.set_attribute("gen_ai.request.model", name)
-            span.set_attribute("guardstack.downgraded", True)
-        return attrs.evolve(request, model=cast(Model, cheaper))
 
     async def settle(
         self,
@@ -581,7 +562,7 @@ class _Limits:
         """What is left of every limit that applies (for ``BudgetNotice``; ``downgraded``
         when its calls go to the cheaper model)."""
         left: dict[str, list[float]] = {"tokens": [], "usd": []}
-        if agent in self.downgraded:
+        if self.downgrades is not None and agent in self.downgrades.downgraded:
             left["downgraded"] = [1.0]
         try:
             for window in self.windows(agent, None):

@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from guardstack.integrations._gate import Gate, Refused, client_key
 from guardstack.pipeline.contract import Control
+from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.errors import ConfigError
 
 __all__ = ["PATH", "Admin"]
@@ -171,21 +172,27 @@ class Admin:
             request = await _read_json(receive)
             if not isinstance(request, dict):
                 raise ConfigError("the body must be a JSON object", key="body")
-            return 201, await budgets.issue(request)
+            issued = await budgets.issue(request)
+            who = f"{request.get('tenant')}/{request.get('team') or '-'}"
+            _acted("issue_key", f"key {issued.get('id')} for {who}")
+            return 201, issued
         if path == "/admin/keys" and method == "GET":
             return 200, {"keys": budgets.listed(query.get("tenant"))}
         if path.startswith("/admin/keys/") and method == "DELETE":
             key_id = path.removeprefix("/admin/keys/")
             if not await budgets.revoke(key_id):
                 return 404, _error("not_found", f"no key {key_id!r}")
+            _acted("revoke_key", f"key {key_id}")
             return 200, {"id": key_id, "revoked": True}
         if path.startswith("/admin/budgets/") and method == "PUT":
             from urllib.parse import unquote
 
             request = await _read_json(receive)
-            return 200, await budgets.set_budget(
+            changed = await budgets.set_budget(
                 unquote(path.removeprefix("/admin/budgets/")), request
             )
+            _acted("set_budget", f"{changed['scope']}: {json.dumps(changed['budget'])}")
+            return 200, changed
         if path == "/admin/spend" and method == "GET":
             report = await budgets.spend(
                 query.get("scope"), query.get("window", "day"), query.get("by")
@@ -225,6 +232,12 @@ class Admin:
             await control.clear_limit(str(layer), tool=tool, by=by)
         else:
             await getattr(control, action)(str(tool), layer=layer, by=by)
+        _acted(str(action), f"{action} by {by}", layer=layer, tool=tool)
+
+
+def _acted(action: str, what: str, layer: str | None = None, tool: str | None = None) -> None:
+    """One decision-log line for an operator's change."""
+    decided("admin", layer=layer or "admin", decision=action, reason=what, tool=tool)
 
 
 async def _read_json(receive: Receive) -> object:

@@ -33,8 +33,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import attrs
+from opentelemetry import trace
 
 from guardstack.guards.usage_costs import Price, cost_of
+from guardstack.guards.wrap_up import kept_aside_usd
 from guardstack.integrations.tenants import (
     NO_BUDGET,
     Budget,
@@ -42,13 +44,16 @@ from guardstack.integrations.tenants import (
     Tenants,
     read_budget,
 )
-from guardstack.pipeline.contract import Usage, Window, key_parts, new_token, store_key
+from guardstack.pipeline.contract import Usage, Window, new_token, store_key
+from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.signals import BUDGET_REMAINING_USD, SPEND_USD, Signals
 
 __all__ = ["Budgets", "Held", "Refusal", "period"]
 
 logger = logging.getLogger("guardstack")
-decisions = logging.getLogger("guardstack.decisions")
+#: How many (scope, window) pairs the remaining-budget gauge reports at most.
+MAX_GAUGED: Final = 10_000
 
 OWNER: Final = "budgets"
 SPEND: Final = "spend"
@@ -130,6 +135,7 @@ class Held:
     scopes: tuple[Scope, ...]
     model: str
     estimate: Mapping[str, float]
+    entry: KeyEntry
 
 
 class Budgets:
@@ -142,8 +148,10 @@ class Budgets:
         *,
         prices: Mapping[str, Price] | None = None,
         wall_clock: Callable[[], float] | None = None,
+        signals: Signals | None = None,
     ) -> None:
         self.tenants = tenants
+        self.signals = signals
         self.store = store
         self.prices = dict(prices or tenants.prices or {})
         self.wall_clock = wall_clock or time.time
@@ -156,8 +164,22 @@ class Budgets:
         self.in_flight: dict[str, float] = {}
         #: Alerts given, by window key (once per window).
         self._alerted: set[str] = set()
+        #: What is left of each scope's dollar windows, by (scope, window), as last read
+        #: (the ``guardstack.budget.remaining.usd`` gauge), and when each was read.
+        self.remaining: dict[tuple[str, str], float] = {}
+        self._remaining_read: dict[str, float] = {}
+        if signals is not None:
+            signals.gauge(BUDGET_REMAINING_USD, self._remaining_points)
 
     # -- what is configured --------------------------------------------------------------
+
+    def replace(self, tenants: Tenants) -> None:
+        """Serve a re-read tenants file from now on (``--watch``): its keys, budgets and
+        prices. What was spent stays in the store; operators' changes stay on top."""
+        self.tenants = tenants
+        self.prices = dict(tenants.prices or {})
+        keys, names = len(tenants.keys), ", ".join(sorted(tenants.tenants)) or "none"
+        decided("reload", layer="tenants", decision="reloaded", reason=f"{keys} keys; {names}")
 
     async def refresh(self, *, force: bool = False) -> None:
         """Read the operators' changes again (at most every ``REFRESH_S``)."""
@@ -194,12 +216,6 @@ class Budgets:
             except (ValueError, KeyError, TypeError, ConfigError):
                 logger.warning("budgets: an unreadable record %r in the store was skipped", name)
         self.overrides, self.issued, self.revoked = overrides, issued, revoked
-
-    def replace(self, tenants: Tenants) -> None:
-        """A tenants file read again (``--watch``)."""
-        self.tenants = tenants
-        if tenants.prices:
-            self.prices = dict(tenants.prices)
 
     def key(self, offered: str) -> KeyEntry | None:
         """The entry of a client key, if it is known, live and not revoked."""
@@ -280,8 +296,7 @@ class Budgets:
 
     def wrap_up_usd(self, budget: Budget) -> float:
         """What a wrap-up answer may cost: its tokens at the highest output price."""
-        highest = max((price[1] for price in self.prices.values()), default=0.0)
-        return budget.wrap_up_tokens * highest / 1_000_000
+        return kept_aside_usd(budget.wrap_up_tokens, self.prices)
 
     def _reports(self, entry: KeyEntry, conversation: str, model: str, now: float) -> list[Window]:
         found = []
@@ -347,7 +362,7 @@ class Budgets:
             wait = end - now if math.isfinite(end) else None
             return Refusal(scope, name, reservation.used, limit, wait)
         self.in_flight[op_id] = estimate["usd"]
-        return Held(op_id, scopes, model, estimate)
+        return Held(op_id, scopes, model, estimate, entry)
 
     async def settle(self, held: Held, usage: Usage | None, model: str | None = None) -> float:
         """Settle ``held`` at what the upstream reported (``None``: its reservation);
@@ -359,7 +374,11 @@ class Budgets:
         cost = cost_of(usage, self.price(model or held.model))
         actual = {"usd": cost, "tokens": float(usage.total_tokens), "requests": 1.0}
         await self.store.settle(held.op_id, actual)
-        await self._alerts(held)
+        if self.signals is not None:
+            entry = held.entry
+            who = {"tenant": entry.tenant, "team": entry.team or "", "key": entry.shown}
+            self.signals.add(SPEND_USD, cost, {**who, "model": model or held.model})
+        await self._after(held)
         return cost
 
     async def release(self, held: Held) -> None:
@@ -367,32 +386,68 @@ class Budgets:
         self.in_flight.pop(held.op_id, None)
         await self.store.release(held.op_id)
 
-    async def _alerts(self, held: Held) -> None:
+    async def _after(self, held: Held) -> None:
+        """After a request is settled: what is left of its scopes' windows, read again
+        for the gauge (each at most every ``REFRESH_S``) and for a budget's ``alert_at``
+        (once a window)."""
         now = self.wall_clock()
         for scope in held.scopes:
             alert_at = scope.budget.alert_at
-            if alert_at is None:
+            gauged = self.signals is not None and scope.kind != "conversation"
+            if alert_at is None and not gauged:
                 continue
             for name, window, _ in self.windows_of(scope, now):
-                if window.limit is None or window.key in self._alerted:
-                    continue
-                used = await self.store.balance(window)
                 limit = scope.budget.limits[name]
-                if used >= alert_at * limit:
+                due = gauged and name.startswith("usd")
+                due = due and now - self._remaining_read.get(window.key, -math.inf) >= REFRESH_S
+                alerting = alert_at is not None and window.key not in self._alerted
+                if window.limit is None or not (due or alerting):
+                    continue
+                try:
+                    used = await self.store.balance(window)
+                except Exception:
+                    logger.debug("budgets: could not read %s", window.key, exc_info=True)
+                    continue
+                if due:
+                    self._remaining_read[window.key] = now
+                    self._remember(f"{scope.kind}:{scope.label}", name, limit - used)
+                if alerting and alert_at is not None and used >= alert_at * limit:
                     self._alerted.add(window.key)
-                    decisions.warning(
-                        json.dumps(
-                            {
-                                "ts": now,
-                                "event": "budget_alert",
-                                "layer": "budgets",
-                                "decision": "alert",
-                                "reason": f"{scope.kind} {scope.label!r} has used "
-                                f"{used:g} of {limit:g} ({name}), past {alert_at:.0%}",
-                                "tenant": held.scopes[0].label,
-                            }
-                        )
-                    )
+                    self._alert(scope, name, used, limit, alert_at)
+
+    def _remember(self, scope: str, window: str, left: float) -> None:
+        remaining = self.remaining
+        remaining.pop((scope, window), None)
+        remaining[(scope, window)] = max(0.0, left)
+        if len(remaining) > MAX_GAUGED:  # the least recently read go first
+            del remaining[next(iter(remaining))]
+
+    def _remaining_points(self) -> list[tuple[float, dict[str, str]]]:
+        return [
+            (left, {"scope": scope, "window": window})
+            for (scope, window), left in list(self.remaining.items())
+        ]
+
+    def _alert(self, scope: Scope, name: str, used: float, limit: float, at: float) -> None:
+        """A budget past its ``alert_at``: a decision-log line and an OpenTelemetry event."""
+        reason = (
+            f"{scope.kind} {scope.label!r} has used {used:g} of {limit:g} ({name}), past {at:.0%}"
+        )
+        decided("budget_alert", layer="budgets", decision="alert", reason=reason)
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event(
+                "guardstack.budget_alert",
+                {"guardstack.scope": f"{scope.kind}:{scope.label}", "guardstack.window": name,
+                 "guardstack.reason": reason},
+            )  # fmt: skip
+        if self.signals is not None:
+            self.signals.event(
+                "guardstack.budget_alert",
+                {"guardstack.scope": f"{scope.kind}:{scope.label}", "guardstack.window": name,
+                 "guardstack.reason": reason},
+                "WARN",
+            )  # fmt: skip
 
     # -- the operators' routes ------------------------------------------------------------
 
@@ -484,6 +539,8 @@ class Budgets:
 
     async def spend(self, scope: str | None, window: str, by: str | None) -> dict[str, Any]:
         """What a scope spent in this ``window`` (``day`` or ``month``), by a breakdown."""
+        from guardstack.integrations.spend import spend_report
+
         return await spend_report(
             self.store,
             scope,
@@ -509,71 +566,6 @@ class Budgets:
         elif kind == "key":
             budget = self.overrides.get(scope, self.tenants.key_default)
         return budget.limits.get(f"usd_per_{window}")
-
-
-BREAKDOWNS: Final = {"tenant": 3, "team": 4, "key": 5, "model": 6, "conversation": 7}
-
-
-async def spend_report(
-    ledger: Any,
-    scope: str | None,
-    window: str,
-    by: str | None,
-    now: float,
-    limit_usd: float | None = None,
-    reserved_usd: float = 0.0,
-) -> dict[str, Any]:
-    """The spend report (``/admin/spend``, ``guardstack spend``), read from the ledger's
-    report windows: the scope's total in the window and its rows ``by`` a breakdown."""
-    if window not in REPORTED:
-        raise ConfigError(f"window {window!r}: day or month", key="window", value=window)
-    if by is not None and by not in BREAKDOWNS:
-        raise ConfigError(f"by {by!r}: one of {', '.join(BREAKDOWNS)}", key="by", value=by)
-    name, start, end = period(now, window)
-    prefix = store_key(SPEND, window, name) + ":"
-    found = await ledger.windows(prefix)
-    kind, _, label = (scope or "").partition(":")
-    rows: dict[str, dict[str, float]] = {}
-    total = 0.0
-    for key, value in found.items():
-        parts = key_parts(key)
-        if len(parts) != 9:
-            continue
-        tenant, team, key_name, model, _, unit = parts[3:]
-        if kind == "tenant" and tenant != label:
-            continue
-        if kind == "team" and f"{tenant}/{team}" != label:
-            continue
-        if kind == "key" and key_name != label:
-            continue
-        if kind == "model" and model != label:
-            continue
-        row_name = parts[BREAKDOWNS[by]] if by is not None else (label or "all")
-        if by == "team":
-            row_name = f"{tenant}/{team}"
-        row = rows.setdefault(row_name, {"spent_usd": 0.0, "tokens": 0.0, "requests": 0.0})
-        field = {"usd": "spent_usd", "tokens": "tokens", "requests": "requests"}[unit]
-        row[field] += value
-        if unit == "usd":
-            total += value
-    return {
-        "scope": scope or "all",
-        "window": window,
-        "start": datetime.datetime.fromtimestamp(start, tz=datetime.UTC).isoformat(),
-        "end": datetime.datetime.fromtimestamp(end, tz=datetime.UTC).isoformat(),
-        "limit_usd": limit_usd,
-        "spent_usd": round(total, 10),
-        "reserved_usd": round(reserved_usd, 10),
-        "rows": [
-            {
-                "name": row_name,
-                "spent_usd": round(row["spent_usd"], 10),
-                "tokens": int(row["tokens"]),
-                "requests": int(row["requests"]),
-            }
-            for row_name, row in sorted(rows.items(), key=lambda item: -item[1]["spent_usd"])
-        ],
-    }
 
 
 def _money(amount: float) -> str:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -56,8 +57,21 @@ class DecisionLog(logging.Handler):
             decision_logger.setLevel(logging.INFO)
         return self
 
-    def close(self) -> None:
+    def detach(self) -> None:
+        """Stop logging here: off the logger, and the file closed."""
         decision_logger.removeHandler(self)
         if self._stream is not None and self._stream is not sys.stderr:
             self._stream.close()
+        self._stream = None
         super().close()
+
+    def close(self) -> None:
+        """Flush only: ``logging.config.dictConfig`` (uvicorn's, at every server's
+        start) closes every handler there is, and the log must outlive that."""
+        self.flush()
+
+    def flush(self) -> None:
+        stream = self._stream
+        if stream is not None:
+            with contextlib.suppress(Exception):  # a log that cannot flush loses lines only
+                stream.flush()

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
-__all__ = ["FIELDS", "about", "decided", "logger"]
+__all__ = ["FIELDS", "about", "decided", "layer_of", "logger"]
 
 logger = logging.getLogger("guardstack.decisions")
 
@@ -66,6 +66,21 @@ def decided(
         tool=tool,
     )
     logger.log(level, json.dumps(record, ensure_ascii=False), extra={"decision": record})
+
+
+def layer_of(reason: str) -> str:
+    """The layer a stop's or denial's text names (``tool-call-limit: …``), else
+    ``guardstack``."""
+    head = reason.split(":", 1)[0].strip()
+    if head and " " not in head and head != "rejected":
+        return head
+    if reason.startswith("tool call limit"):
+        return "tool-call-limit"
+    if reason.startswith("rejected"):
+        return "approval"
+    if " is paused" in reason:
+        return "control"
+    return "guardstack"
 
 
 @contextlib.contextmanager

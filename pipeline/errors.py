@@ -94,7 +94,17 @@ class TurnBlocked(GuardstackError):
     The loop logs the turn's end with ``error`` = this message, which names the
     limit; no further model request is sent. It is a signal, not a failure: a
     model-stage ``Retry`` never retries it.
+
+    A cap that wraps up (``on_limit: wrap_up``) raises it with the turn's last answer:
+    ``answer`` is the ``ModelReply`` to the request sent once more with its tools
+    withheld, ``note`` the text that asked for it; the loop logs both, and the turn
+    ends ``blocked`` with that answer as its text.
     """
+
+    def __init__(self, message: str, *, answer: object = None, note: str | None = None) -> None:
+        super().__init__(message)
+        self.answer = answer
+        self.note = note
 
 
 class GuardstackWarning(UserWarning):

@@ -30,6 +30,7 @@ import attrs
 
 from guardstack.pipeline.contract import Plugin, Scope
 from guardstack.pipeline.control import Control
+from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.loop import AgentLoop
 from guardstack.pipeline.model import Model
@@ -246,7 +247,9 @@ class Harness:
             for plugin_id, plugin in built:
                 scratch.plugin(plugin, id=plugin_id)
         except ConfigError as error:
-            raise in_file(error, source) from error
+            named = in_file(error, source)
+            decided("reload", layer="harness", decision="refused", reason=str(named))
+            raise named from error
         warnings = tuple(getattr(check(scratch), "warnings", ())) if check else ()
         old = [(handle.id, cast(Plugin, handle.plugin)) for handle in self.plugins]
         before = self.version
@@ -257,7 +260,10 @@ class Harness:
             self.version = before  # pure; the old stack back, as it was
             self._swap(old)
             raise
-        return Reloaded(self.version, tuple(plugin_id for plugin_id, _ in built), warnings)
+        ids = tuple(plugin_id for plugin_id, _ in built)
+        said = f"stack version {self.version} ({', '.join(ids) or 'no plugins'})"
+        decided("reload", layer="harness", decision="reloaded", reason=said)
+        return Reloaded(self.version, ids, warnings)
 
     def _swap(self, plugins: Sequence[tuple[str, Plugin]]) -> None:
         for handle in reversed(list(self.plugins)):

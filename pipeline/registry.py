@@ -37,6 +37,7 @@ from guardstack.pipeline.approval import (
 from guardstack.pipeline.arguments import check_arguments, short_repr
 from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
 from guardstack.pipeline.control import Control
+from guardstack.pipeline.decisions import decided, layer_of
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
@@ -420,6 +421,7 @@ class ToolRegistry:
 
     def _decided(self, call: ToolCall, decision: Any) -> _Early | ToolCall | None:
         if isinstance(decision, Deny):
+            _log_denial(call, decision)
             return _Early(
                 denied_result(decision.reason, decision.code), ends_turn=decision.end_turn
             )
@@ -538,3 +540,15 @@ class ToolRegistry:
         where = f'{stage.stage} layer "{layer}"' if layer else f"{stage.stage} stage"
         logger.error("%s raised; the call gets a final TOOL_FAILED result", where, exc_info=error)
         return _Early(failure_from_exception(error, prefix=f"{where} failed: "), final=True)
+
+
+def _log_denial(call: ToolCall, deny: Deny) -> None:
+    """One decision-log line for a denied call (nothing of its arguments)."""
+    decided(
+        "deny",
+        layer=layer_of(deny.reason),
+        decision="end_turn" if deny.end_turn else "deny",
+        reason=deny.reason,
+        tool=call.name,
+        conversation=getattr(call.agent, "session_id", None),
+    )

@@ -35,11 +35,13 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.util.types import AttributeValue
 
+from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.onion import Registration
 
 __all__ = [
     "BREAKER_STATE",
     "BREAKER_TRANSITIONS",
+    "BUDGET_REMAINING_USD",
     "CONCURRENCY_LIMIT",
     "CONTROL_OVERRIDES",
     "EVENTS",
@@ -52,6 +54,8 @@ __all__ = [
     "SHADOW_ATTRIBUTE",
     "SHADOW_DECISIONS",
     "SHADOW_EVENT",
+    "SPEND_USD",
+    "STOPS",
     "STORE_ERRORS",
     "USAGE_TOKENS",
     "USAGE_USD",
@@ -70,6 +74,9 @@ REMINDERS: Final = "guardstack.reminders"
 LOOP_DETECTIONS: Final = "guardstack.loop.detections"
 USAGE_TOKENS: Final = "guardstack.usage.tokens"
 USAGE_USD: Final = "guardstack.usage.usd"
+STOPS: Final = "guardstack.stops"
+SPEND_USD: Final = "guardstack.spend.usd"
+BUDGET_REMAINING_USD: Final = "guardstack.budget.remaining.usd"
 STORE_ERRORS: Final = "guardstack.store.errors"
 SHADOW_DECISIONS: Final = "guardstack.shadow.decisions"
 CONTROL_OVERRIDES: Final = "guardstack.control.overrides"
@@ -155,6 +162,16 @@ METRICS: Final[dict[str, MetricSpec]] = {
         "counter", "{decision}",
         "What layers in shadow mode would have done and did not, by layer and decision"
     ),
+    "guardstack.stops": MetricSpec(
+        "counter", "{stop}",
+        "Turns a guard or a cap stopped (and budget refusals at a gateway), by layer and tenant"
+    ),
+    "guardstack.spend.usd": MetricSpec(
+        "counter", "{USD}", "What a gateway's requests cost, by tenant, team, key and model"
+    ),
+    "guardstack.budget.remaining.usd": MetricSpec(
+        "gauge", "{USD}", "What is left of a budget's dollars, by scope and window"
+    ),
     "guardstack.control.overrides": MetricSpec(
         "gauge", "{override}",
         "Manual overrides in force (a breaker forced, a tool paused, a limit changed), by kind"
@@ -178,6 +195,8 @@ EVENTS: Final[dict[str, str]] = {
     "a limit (action, layer, tool)",
     "guardstack.downgrade": "a usage limit past its downgrade point sends calls to the cheaper "
     "model (window, model, fraction)",
+    "guardstack.budget_alert": "a gateway's budget past its alert_at, once a window (scope, "
+    "window, reason)",
 }
 
 
@@ -366,6 +385,7 @@ class Shadow:
         signals = self.signals
         signals.add(SHADOW_DECISIONS, 1, attributes)
         said = f"{self.layer}: would {decision} {target}"
+        decided("shadow", layer=self.layer, decision=f"would {decision}", reason=reason or said)
         try:
             span = trace.get_current_span()
             if span.is_recording():

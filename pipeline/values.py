@@ -116,6 +116,8 @@ class MessageSource:
 
 
 USER_SOURCE: Final = MessageSource("user")
+#: The note a cap that wraps up sends with the turn's last request.
+WRAP_UP_SOURCE: Final = MessageSource("plugin", "wrap-up")
 
 
 @quick_init

@@ -52,6 +52,11 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
         "tests/guards/loop_detector/test_generalises.py",
     ),
     "guards/loop_detector/watcher.py": ("tests/guards/loop_detector/test_real_traffic.py",),
+    # A usage limit's parts: through the limit.
+    "guards/usage_downgrade.py": ("tests/guards/test_model_call_limit.py",),
+    "guards/usage_windows.py": ("tests/guards/test_model_call_limit.py",),
+    "integrations/_sqlite_rows.py": ("tests/integrations/test_sqlite.py",),
+    "integrations/spend.py": ("tests/cli/test_spend.py", "tests/integrations/test_budgets.py"),
     # Integration internals: through the integration, against the real peer.
     "integrations/_admin.py": ("tests/integrations/model_proxy/test_gateway.py",),
     "integrations/_framework.py": ("tests/frameworks/test_langchain.py",),

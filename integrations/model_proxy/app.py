@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from typing import Any
 
 from guardstack.guards.usage_costs import ObservedOutputs
+from guardstack.guards.wrap_up import wrap_up_note
 from guardstack.integrations._admin import Admin
 from guardstack.integrations._extras import require
 from guardstack.integrations._gate import Gate, Refused, client_key
@@ -39,6 +40,7 @@ from guardstack.pipeline.contract import input_estimate
 from guardstack.pipeline.decisions import about, decided
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import Ledger
+from guardstack.pipeline.signals import STOPS
 from guardstack.pipeline.validate import in_ms, integer, number
 
 __all__ = ["CONVERSATION_HEADER", "STOPPED_HEADER", "ModelProxy"]
@@ -118,7 +120,11 @@ class ModelProxy:
         if tenants is None and client_keys is not None:
             tenants = tenants_of(dict(client_keys), "--keys")
         #: The tenants file's keys, scopes and budgets (``None``: any client, one tenant).
-        self.budgets = Budgets(tenants, harness.store) if tenants is not None else None
+        self.budgets = (
+            Budgets(tenants, harness.store, signals=harness.loop.signals)
+            if tenants is not None
+            else None
+        )
         #: Client key -> tenant; ``None``: any client, one tenant.
         self.client_keys = _KeyRing(self.budgets) if self.budgets is not None else None
         #: What recent answers used, by model and tenant: budgets reserve that, not a
@@ -311,12 +317,18 @@ class ModelProxy:
             and self.budgets is not None
             and not self.budgets.allowed(entry, model)
         ):
-            return self._error(
-                wire,
-                403,
-                "permission",
-                f"model {model!r} is not one tenant {entry.tenant!r} may use",
+            why = f"model {model!r} is not one tenant {entry.tenant!r} may use"
+            decided(
+                "refuse",
+                layer="budgets",
+                decision="model_not_allowed",
+                reason=why,
+                tenant=entry.tenant,
+                team=entry.team,
+                key_name=entry.shown,
+                model=model,
             )
+            return self._error(wire, 403, "permission", why)
         with about(
             tenant=tenant,
             team=entry.team if entry is not None else None,
@@ -437,14 +449,10 @@ class ModelProxy:
             if not isinstance(last, Refusal):
                 conversation.wrapped = True
                 decided("stop", layer="budgets", decision="wrap_up", reason=refusal.message)
-                note = (
-                    f"The budget for this work is used up ({refusal.message}). Do not call "
-                    "tools. In a few sentences, say what you did, what is left to do, "
-                    "and what the person should do next."
-                )
-                return last, wire.wrap_up(data, note, tokens)
+                return last, wire.wrap_up(data, wrap_up_note(refusal.message), tokens)
             refusal = last
         decided("budget_refused", layer="budgets", decision="refuse", reason=refusal.message)
+        self.harness.loop.signals.add(STOPS, 1, {"layer": "budgets", "tenant": entry.tenant})
         headers = {STOPPED_HEADER: "budgets"}
         if refusal.retry_after_s is not None:
             headers["retry-after"] = str(max(1, math.ceil(refusal.retry_after_s)))
@@ -467,7 +475,15 @@ class ModelProxy:
             status, content, media = failure
             return Response(content, status, media_type=media)
         plugin, text = stopped
-        return stop_response(wire, plugin, text, model, stream, {})
+        self.stopped(plugin, text, conversation)
+        as_error = self.stop_as == "error"
+        return stop_response(wire, plugin, text, model, stream, {}, as_error=as_error)
+
+    def stopped(self, plugin: str, text: str, conversation: Conversation) -> None:
+        """A guard's stop is answered: one decision-log line, one stop counted."""
+        decided("stop", layer=plugin, decision="end_turn", reason=text)
+        tenant = conversation.agent.tenant or "default"
+        self.harness.loop.signals.add(STOPS, 1, {"layer": plugin, "tenant": tenant})
 
     async def _reaches_another(
         self, wire: Wire, tenant: str, data: Mapping[str, Any]

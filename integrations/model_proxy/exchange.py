@@ -57,14 +57,27 @@ NOT_RETRIED: Final = frozenset({400, 401, 403, 404, 413, 415})
 
 
 def stop_response(
-    wire: Wire, plugin: str, text: str, model: str, stream: bool, headers: Mapping[str, str]
+    wire: Wire,
+    plugin: str,
+    text: str,
+    model: str,
+    stream: bool,
+    headers: Mapping[str, str],
+    *,
+    as_error: bool = False,
 ) -> Any:
     """The stop a guard asked for, as the assistant's reply (``finish_reason: stop`` /
-    ``stop_reason: end_turn``…), naming the plugin in ``x-guardstack-stopped``."""
+    ``stop_reason: end_turn``…) — or, ``as_error`` (``--stop-as error``), as the API's
+    own error: 429 for a budget or a limit, 400 otherwise — naming the plugin in
+    ``x-guardstack-stopped``."""
     from starlette.responses import JSONResponse, StreamingResponse
 
     content = f"Stopped by {plugin}: {text}" if not text.startswith("Stopped by ") else text
     headers = {**headers, STOPPED_HEADER: plugin}
+    if as_error:
+        limited = plugin == "budgets" or plugin.endswith("-limit")
+        status, kind = (429, "rate_limit") if limited else (400, "stopped")
+        return error_response(wire, status, kind, content, {**headers, "x-should-retry": "false"})
     if not stream:
         return JSONResponse(wire.stop_body(model, content), headers=headers)
 
@@ -202,8 +215,11 @@ class Exchange:
         if not self.conversation.succeeded and earlier is not None:
             return self.upstream_failure(earlier)  # nothing worked: that is the news
         text = str(blocked)
-        return stop_response(self.upstream.wire, plugin_of(text), text, self.model,
-                             self.upstream.stream, self.headers())  # fmt: skip
+        plugin = plugin_of(text)
+        self.proxy.stopped(plugin, text, self.conversation)
+        return stop_response(self.upstream.wire, plugin, text, self.model,
+                             self.upstream.stream, self.headers(),
+                             as_error=self.proxy.stop_as == "error")  # fmt: skip
 
     def upstream_failure(self, failure: tuple[int, bytes, str | None]) -> Any:
         from starlette.responses import Response

@@ -30,6 +30,7 @@ from guardstack.integrations.model_proxy.answers import Asked, Decide
 from guardstack.integrations.model_proxy.conversations import Conversation
 from guardstack.integrations.model_proxy.wires import Wire
 from guardstack.pipeline import ToolCall, ToolDefinition, ToolOutcome, ToolResult
+from guardstack.pipeline.decisions import layer_of
 from guardstack.pipeline.values import TOOL_DENIED
 
 if TYPE_CHECKING:
@@ -43,12 +44,7 @@ MAX_RESENDS: Final = 32
 
 def plugin_of(text: str) -> str:
     """The plugin a refusal's text names (``tool-call-limit: …``), else ``guardstack``."""
-    head = text.split(":", 1)[0].strip()
-    if head and " " not in head:
-        return head
-    if text.startswith("tool call limit"):
-        return "tool-call-limit"
-    return "guardstack"
+    return layer_of(text)
 
 
 def _answered(content: str) -> Callable[[Any, ToolCall], Awaitable[ToolResult]]:

@@ -502,6 +502,7 @@ class AnthropicMessages(Wire):
             "permission": "permission_error",
             "too_large": "request_too_large",
             "not_found": "not_found_error",
+            "rate_limit": "rate_limit_error",
         }
         default = "invalid_request_error" if status < 500 else "api_error"
         return {"type": "error", "error": {"type": types.get(kind, default), "message": message}}

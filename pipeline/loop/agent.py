@@ -21,6 +21,7 @@ from guardstack.pipeline.approval import (
     decision_kind,
 )
 from guardstack.pipeline.contract import TurnRun
+from guardstack.pipeline.decisions import decided, layer_of
 from guardstack.pipeline.errors import (
     ApprovalMismatch,
     TurnBlocked,
@@ -38,12 +39,13 @@ from guardstack.pipeline.loop.paused import (
     route,
 )
 from guardstack.pipeline.loop.place import Place
-from guardstack.pipeline.loop.reply import checked_reply, with_unique_ids
+from guardstack.pipeline.loop.reply import checked_reply, reply_message, with_unique_ids
 from guardstack.pipeline.loop.step_order import StepCalls, run_overlapping
 from guardstack.pipeline.loop.turn_result import TurnResult, last_turn_of
 from guardstack.pipeline.model import (
     NO_USAGE,
     Model,
+    ModelReply,
     ModelRequest,
     ToolCallRequest,
     Usage,
@@ -64,9 +66,11 @@ from guardstack.pipeline.session import (
     TurnStart,
     UserMessage,
 )
+from guardstack.pipeline.signals import STOPS
 from guardstack.pipeline.tree import merge_remaining
 from guardstack.pipeline.values import (
     USER_SOURCE,
+    WRAP_UP_SOURCE,
     MessageSource,
     ToolCall,
     ToolOutcome,
@@ -239,6 +243,10 @@ class Agent(Place):
                     call_model = loop.hooked_model_call or loop.model_call.entry
                     reply = checked_reply(await call_model(request))
                 except TurnBlocked as blocked:
+                    wrapped = isinstance(blocked.answer, ModelReply)
+                    if wrapped:  # a cap's wrap-up answer
+                        last_text = self._wrapped_up(turn, step, request, blocked)
+                    self._stopped(message_of(blocked), wrapped)
                     log(StepEnd(turn, step))
                     log(TurnEnd(turn, "blocked", message_of(blocked)))
                     return self._result("blocked", last_text, message_of(blocked), step)
@@ -255,18 +263,7 @@ class Agent(Place):
                     self.loop.charge(self, reply.usage, request)
                 requests = with_unique_ids(reply.tool_calls, turn, step)
                 last_text = reply.text
-                log(
-                    AssistantMessage(
-                        turn,
-                        step,
-                        reply.text,
-                        requests,
-                        reply.usage,
-                        reply.reasoning,
-                        reply.model,
-                        reply.thinking_blocks,
-                    )
-                )
+                log(reply_message(turn, step, reply, requests))
                 if not requests:
                     log(StepEnd(turn, step))
                     log(TurnEnd(turn, "completed"))
@@ -294,6 +291,27 @@ class Agent(Place):
             else:
                 log(TurnEnd(turn, "aborted", None if cancelled else type(error).__name__))
             raise
+
+    def _stopped(self, why: str, wrapped: bool = False) -> None:
+        """A guard or a cap ended the turn: a decision-log line, a stop counted."""
+        layer = layer_of(why)
+        decision = "wrap_up" if wrapped else "end_turn"
+        decided("stop", layer=layer, decision=decision, reason=why, conversation=self.session_id)
+        self.loop.signals.add(STOPS, 1, {"layer": layer, "tenant": self.tenant or "default"})
+
+    def _wrapped_up(self, turn: int, step: int, request: ModelRequest, blocked: TurnBlocked) -> str:
+        """Log a cap's wrap-up — the note that asked, the answer without tools — and
+        charge it; the answer's text is the turn's."""
+        reply = blocked.answer
+        assert isinstance(reply, ModelReply)
+        if blocked.note:
+            self.session.append(UserMessage(blocked.note, WRAP_UP_SOURCE))
+        self.turn_model_calls += 1
+        if reply.usage is not None:
+            self.loop.charge(self, reply.usage, request)
+        # tools were withheld: a call it still asks for is not run
+        self.session.append(reply_message(turn, step, reply, ()))
+        return reply.text
 
     def _end_step(
         self,
@@ -338,6 +356,7 @@ class Agent(Place):
         log(StepEnd(turn, step))
         if ended is not None:
             why = ended.result.error.message if ended.result.error else ended.result.content
+            self._stopped(why)
             log(TurnEnd(turn, "blocked", why))
             return self._result("blocked", self._last_text(), why, step)
         return None

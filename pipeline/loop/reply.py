@@ -11,9 +11,10 @@ from guardstack.pipeline.model import (
     ToolCallRequest,
     Usage,
 )
+from guardstack.pipeline.session import AssistantMessage
 
 if TYPE_CHECKING:
-    pass
+    from collections.abc import Sequence
 
 
 def checked_reply(reply: object) -> ModelReply:
@@ -61,3 +62,19 @@ def with_unique_ids(
         seen.add(request.call_id)
         unique.append(request)
     return tuple(unique)
+
+
+def reply_message(
+    turn: int, step: int, reply: ModelReply, requests: Sequence[ToolCallRequest]
+) -> AssistantMessage:
+    """The log's record of a reply, with the calls it asked for (given unique ids)."""
+    return AssistantMessage(
+        turn,
+        step,
+        reply.text,
+        tuple(requests),
+        reply.usage,
+        reply.reasoning,
+        reply.model,
+        reply.thinking_blocks,
+    )

@@ -328,3 +328,23 @@ async def test_the_downstreams_logs_and_list_changes_reach_the_client_and_new_to
     assert texts(ran) == ["grown ran"]  # the proxy registered the new tool: guarded, run
     assert "run grown" in runs(server_log(tmp_path))
     assert [str(m.params.uri) for m in of(types.ResourceUpdatedNotification)] == ["notes://today"]
+
+
+async def test_watch_reloads_the_stack_while_a_client_is_connected(tmp_path: Path) -> None:
+    """``mcp-proxy --watch``: the limit raised in the file applies to the next calls of
+    the same client session; the counts made so far carry over."""
+    stack = "- name: tool-call-limit\n  config: {per_turn: 2}\n"
+    command = proxy_command(tmp_path, stack, "--watch")
+    config = tmp_path / "guards.yaml"
+    async with connected(command, tmp_path) as proxy:
+        first = [await proxy.call_tool("echo", {"message": str(n)}) for n in range(3)]
+        config.write_text(stack.replace("per_turn: 2", "per_turn: 4"), "utf-8")
+        with anyio.fail_after(15):  # the file is looked at every second
+            while (again := await proxy.call_tool("echo", {"message": "again"})).is_error:  # noqa: ASYNC110 - another process reloads, no event to wait on
+                await anyio.sleep(0.2)
+        more = await proxy.call_tool("echo", {"message": "one more"})
+        over = await proxy.call_tool("echo", {"message": "over"})
+    assert [result.is_error for result in first] == [False, False, True]
+    assert texts(again) == ["again"]
+    assert not more.is_error
+    assert over.is_error  # 4 ran: two before the reload, two after

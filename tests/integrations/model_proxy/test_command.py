@@ -109,6 +109,10 @@ def test_a_days_spend_survives_a_restart_of_the_gateway_on_its_default_store(
     assert after == [429]  # the day was kept
     ledger = tmp_path / "state" / "guardstack" / "ledger.sqlite3"
     assert f"counts kept in sqlite:{ledger} (kept across restarts)" in said
+    # the decision log, on standard error by default: the refusal, one JSON line
+    [refusal] = [json.loads(line) for line in said.splitlines() if '"budget_refused"' in line]
+    assert refusal["reason"] == "tenant 'acme' has used $0.0031 of its $0.0040 this day"
+    assert "sk-acme-alice" not in said
     report = subprocess.run(
         [*command("spend", "--store", f"sqlite:{ledger}", "--scope", "tenant:acme",
                   "--format", "json")],
@@ -256,3 +260,39 @@ def test_gateways_sharing_a_store_never_pass_a_nested_budget_together(
     # the binding scopes are used up: no reservation was lost on the way
     assert spent["research"] > limits["research"] - 2 * COST
     assert spent["ci"] > limits["ci"] - 2 * COST
+
+
+def test_watch_serves_a_changed_tenants_file_and_keeps_one_that_does_not_load(
+    tmp_path: Path,
+) -> None:
+    """``--watch``: raising a budget in the tenants file lets a refused key go on, within
+    a second or two; a file with a mistake is said in one line and changes nothing."""
+    import time
+
+    from tests.integrations.model_proxy.command import started
+    from tests.integrations.runaway import Runaway
+
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS, "utf-8")
+    key = "sk-acme-alice-0123456789"
+
+    def until_said(running: Any, text: str) -> None:
+        deadline = time.monotonic() + 15
+        while text not in running.said():
+            assert time.monotonic() < deadline, running.said()
+            time.sleep(0.1)
+
+    with Runaway(bound=0, usage=(5, 50)) as upstream:
+        arguments = ["--upstream", upstream.url, "--tenants", str(tenants), "--watch"]
+        with started(arguments, tmp_path) as proxy:
+            assert _spend_until_refused(proxy.url, key)[-1] == 429
+            tenants.write_text(TENANTS.replace("usd_per_day: 0.004", "usd_per_dya: 1"), "utf-8")
+            until_said(proxy, "not reloaded, who may spend what is unchanged")
+            assert _spend_until_refused(proxy.url, key) == [429]
+            tenants.write_text(TENANTS.replace("usd_per_day: 0.004", "usd_per_day: 1"), "utf-8")
+            until_said(proxy, f"{tenants} reloaded: 1 key, 1 tenant")
+            assert _spend_until_refused(proxy.url, key)[:2] == [200, 200]
+            said = proxy.said()
+    [mistake] = [line for line in said.splitlines() if "not reloaded" in line]
+    assert "usd_per_dya" in mistake
+    assert "did you mean" in mistake
