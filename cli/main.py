@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anyio
+import attrs
 
 from guardstack.pipeline.errors import ConfigError, GuardstackError
 from guardstack.pipeline.harness import Harness
@@ -455,6 +456,12 @@ def _run(arguments: argparse.Namespace) -> int:
             if arguments.keys is not None:
                 _print(check_tenants(arguments.keys).render())
         checked = check(harness)
+        if callable(getattr(harness.store, "persistence", None)):  # a Redis: does it keep?
+            from guardstack.cli.stores import forgets
+
+            lost = anyio.run(forgets, harness.store)
+            if lost is not None:
+                checked = attrs.evolve(checked, warnings=(*checked.warnings, lost))
         _print(checked.render())
         if arguments.strict and checked.warnings:
             return 1

@@ -130,7 +130,9 @@ def test_a_redis_run_as_the_guide_says_keeps_the_day_and_one_that_forgets_is_war
     """Reported: restarting a Redis run with ``--save ""`` let 4 fresh processes spend
     $1.71 against a $1.00 month. A Redis with an append-only file keeps the day across
     its own restart and the gateway's; one that keeps nothing is warned of at start."""
-    from tests.integrations.model_proxy.command import started
+    import subprocess
+
+    from tests.integrations.model_proxy.command import ROOT, command, started
     from tests.integrations.redis_server import RedisServer, binary
     from tests.integrations.runaway import Runaway
 
@@ -155,6 +157,17 @@ def test_a_redis_run_as_the_guide_says_keeps_the_day_and_one_that_forgets_is_war
                 after = _spend_until_refused(again.url, "sk-acme-alice-0123456789")
             with started([*arguments, "--store", forgetful.url], tmp_path) as warned:
                 warning = warned.said()
+        stack = tmp_path / "stack.yaml"
+        checked = []
+        for server in (durable, forgetful):
+            stack.write_text(
+                f"- name: redis-store\n  config: {{url: '{server.url}'}}\n"
+                "- name: model-call-limit\n  config: {per_turn: 5}\n",
+                "utf-8",
+            )
+            run = subprocess.run([*command("check", str(stack))], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+            checked.append(run.stdout)
     finally:
         durable.kill()
         forgetful.kill()
@@ -162,6 +175,9 @@ def test_a_redis_run_as_the_guide_says_keeps_the_day_and_one_that_forgets_is_war
     assert after == [429]
     assert "warning" not in quiet
     assert "keeps nothing across a restart" in warning
+    # and `guardstack check` says so of a configuration naming that Redis
+    assert "keeps nothing across a restart" not in checked[0]
+    assert "warning: this Redis keeps nothing across a restart" in checked[1]
 
 
 NESTED = """
