@@ -149,6 +149,9 @@ class Control:
         self._gauge: Any = None  # registered at the first override
         #: What each breaker of the stack knows of a name's health (``watch_breakers``).
         self._health: list[Callable[[str], float | None]] = []
+        #: When the tools are not the registry's — the model proxy decides on whatever
+        #: tools the clients' models call — what they are (any name is then accepted).
+        self.tools_are: str | None = None
 
     def _now(self) -> float:
         """The UTC wall clock (the store's, when it has one: its tests set it), which every
@@ -362,7 +365,9 @@ class Control:
         names = [pid for pid, _ in breakers]
         if not breakers:
             raise ConfigError(
-                "control: this stack has no circuit-breaker to force", key="layer", value=layer
+                "control: this stack has no circuit-breaker to force" + self._about_tools(),
+                key="layer",
+                value=layer,
             )
         if layer is None:
             return breakers
@@ -388,14 +393,20 @@ class Control:
             )
         return layers[layer]
 
+    def _about_tools(self) -> str:
+        """What the tools are, when they are not the registry's (the model proxy)."""
+        if self.tools_are is None:
+            return ""
+        return f" ({self.tools_are}; add circuit-breaker to the stack to force theirs)"
+
     def _tool(self, tool: str, breakers: list[tuple[str, object]]) -> None:
         known = self._tools_of()
         shared = [getattr(p, "key", None) for _, p in breakers]
         if tool in known or tool in shared:
             return
         on_models = any(getattr(p, "stage", None) == "model" for _, p in breakers)
-        if on_models and isinstance(tool, str) and tool:
-            return  # a model-stage breaker is per model: any model's name
+        if (on_models or self.tools_are is not None) and isinstance(tool, str) and tool:
+            return  # a model-stage breaker is per model; a proxy's tools are its clients'
         named = sorted(set(known) | {k for k in shared if k})
         raise ConfigError(
             f"control: no tool {tool!r}{did_you_mean(tool, named)}; the tools are "

@@ -28,6 +28,9 @@ from typing import Any, Final
 __all__ = ["FIELDS", "about", "decided", "layer_of", "logger"]
 
 logger = logging.getLogger("guardstack.decisions")
+#: A library's logger says nothing until the application listens (no last-resort
+#: printing of stops to standard error in process).
+logger.addHandler(logging.NullHandler())
 
 FIELDS: Final = (
     "ts", "event", "layer", "decision", "reason", "tenant", "team", "key_name",

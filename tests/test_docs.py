@@ -114,6 +114,14 @@ PRINTS = {
     "docs/model-proxy.md": [],
     "docs/temporal.md": [],
     "docs/shared-limits.md": [],
+    "docs/team-budgets.md": [
+        "refused after 4: team 'acme/research' has used $0.0440 of its $0.0500 this day",
+        "$0.2871 spent\nname              spent_usd      tokens  requests\n"
+        "acme/ci              0.1650      950000         1\n"
+        "acme/research        0.1221       53000         2",
+        "blocked - Read 3 of 5 files; b.py and c.py are left. Run the tests next.\n"
+        "model-call-limit: this turn made 3 model calls and the limit is 4 per turn",
+    ],
 }
 
 

@@ -96,7 +96,7 @@ class ModelProxy:
         idle_ms = in_ms(owner, "conversation_idle", conversation_idle_s, conversation_idle_ms)
         number(owner, "conversation_idle_ms", idle_ms, minimum=1e-6)
         self.harness = harness
-        self.guard = Guard(harness)
+        self.guard = Guard(harness, on_stop=self.stopped)
         keys = dict(upstream_keys or {})
         self.upstreams: dict[str, Target] = {
             DEFAULT: Target(self.httpx, DEFAULT, upstream, upstream_key),
@@ -120,6 +120,9 @@ class ModelProxy:
         if tenants is None and client_keys is not None:
             tenants = tenants_of(dict(client_keys), "--keys")
         #: The tenants file's keys, scopes and budgets (``None``: any client, one tenant).
+        # pause, force_open and a tool's set_limit act on the tools the clients' models
+        # call, known by name only when a conversation calls them
+        harness.control.tools_are = "the tools are the ones the clients' models call"
         self.budgets = (
             Budgets(tenants, harness.store, signals=harness.loop.signals)
             if tenants is not None
@@ -434,9 +437,15 @@ class ModelProxy:
         seen = self.outputs.estimate(observed_key)
         output = min(limit, seen) if seen is not None else limit
         input_tokens = input_estimate(messages)
-        held = await budgets.reserve(
-            entry, conversation.agent.session_id, model, input_tokens, output
-        )
+        try:
+            held = await budgets.reserve(
+                entry, conversation.agent.session_id, model, input_tokens, output
+            )
+        except Exception as error:  # a budget fails closed: nothing is sent uncounted
+            logger.warning("model-proxy: the budgets' store failed: %s", type(error).__name__)
+            why = f"the budgets' store is not answering ({type(error).__name__}); nothing is sent"
+            decided("refuse", layer="budgets", decision="store_down", reason=why)
+            return error_response(wire, 503, "overloaded", why, {"retry-after": "5"})
         if not isinstance(held, Refusal):
             return held, None
         refusal = held

@@ -269,7 +269,11 @@ class Exchange:
             content, stop = await self._decided(content)
         headers = self.headers()
         if stop is not None:
-            headers[STOPPED_HEADER] = plugin_of(stop[len("Stopped by ") :])
+            plugin = plugin_of(stop[len("Stopped by ") :])
+            if self.proxy.stop_as == "error":
+                return stop_response(upstream.wire, plugin, stop, self.model, False, headers,
+                                     as_error=True)  # fmt: skip
+            headers[STOPPED_HEADER] = plugin
         return Response(content, status, media_type=media, headers=headers)
 
     async def _decided(self, content: bytes) -> tuple[bytes, str | None]:

@@ -78,8 +78,14 @@ class Attempts:
 class Guard:
     """The guards of ``harness`` applied to the proxy's conversations."""
 
-    def __init__(self, harness: Harness) -> None:
+    def __init__(
+        self,
+        harness: Harness,
+        on_stop: Callable[[str, str, Conversation], None] | None = None,
+    ) -> None:
         self.harness = harness
+        #: Told of every stop decided on an answer: its layer, its text, the conversation.
+        self.on_stop = on_stop
 
     # -- turns --------------------------------------------------------------------------
 
@@ -147,6 +153,8 @@ class Guard:
                     if result.code == TOOL_DENIED or decided.ends_turn or result.is_error:
                         conversation.calls.add(call_id)  # it never runs: nothing to review
                         text = result.error.message if result.error else result.content
+                        if self.on_stop is not None:
+                            self.on_stop(plugin_of(text), text, conversation)
                         return f"Stopped by {plugin_of(text)}: {text}"
                 conversation.decided.add(call_id)
             return None

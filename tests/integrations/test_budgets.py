@@ -260,3 +260,26 @@ def _stop_redis() -> Iterator[None]:
     yield
     for server in REDIS:
         server.kill()
+
+
+async def test_a_store_that_fails_refuses_in_the_apis_shape_and_sends_nothing(
+    runaway: Runaway,
+) -> None:
+    """A budget fails closed: with its store down, a request is answered 503 in the
+    API's shape (with Retry-After) and never reaches the upstream uncounted."""
+    from guardstack.pipeline import MemoryStore
+    from guardstack.pipeline.store import StoreError
+
+    class Down(MemoryStore):
+        async def reserve(self, *args: Any, **kwargs: Any) -> Any:
+            raise StoreError("the disk is gone")
+
+    async for served in serve(
+        Harness(store=Down()), _Upstream(runaway), tenants=tenants_of(TENANTS), admin_key=ADMIN
+    ):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            refused = await post(raw, ALICE, ask("hi"))
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "5"
+    assert "the budgets' store is not answering (StoreError)" in refused.json()["error"]["message"]
+    assert runaway.model_requests() == []

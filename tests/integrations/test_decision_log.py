@@ -207,3 +207,64 @@ async def test_spend_and_what_is_left_reach_the_metrics() -> None:
     assert left[("team:acme/ci", "usd_per_day")] == pytest.approx(0.006 - 0.00155)
     assert left[("tenant:acme", "usd_per_day")] == pytest.approx(1.0 - 0.00155)
     assert not any(scope.startswith("conversation:") for scope, _ in left)
+
+
+async def test_control_behind_the_proxy_acts_on_the_tools_the_clients_models_call(
+    log: DecisionLog,
+) -> None:
+    """Reported: ``pause`` behind the model proxy answered "no tool 'run'; the tools are
+    none". Its tools are the ones the clients' models call: a paused one is stopped
+    with the operator's reason; ``force_open`` without a breaker says what it needs."""
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    with Runaway(bound=10, usage=(5, 50), tool="run") as runaway:
+        async for served in serve(
+            Harness(), _Upstream(runaway), tenants=tenants_of(TENANTS), admin_key=ADMIN,
+            decision_log=log,
+        ):  # fmt: skip
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+                paused = await raw.post(
+                    "/admin/control",
+                    json={"action": "pause", "tool": "run", "reason": "incident 42"},
+                    headers=admin,
+                )
+                forced = await raw.post(
+                    "/admin/control", json={"action": "force_open", "tool": "run"}, headers=admin
+                )
+                [stopped] = await turn(raw, ALICE, 3)
+    assert paused.status_code == 200
+    assert forced.status_code == 400
+    assert forced.json()["error"] == {
+        "type": "invalid_request",
+        "message": "control: this stack has no circuit-breaker to force (the tools are the "
+        "ones the clients' models call; add circuit-breaker to the stack to force theirs)",
+    }
+    assert stopped.headers["x-guardstack-stopped"] == "control"
+    content = stopped.json()["choices"][0]["message"]["content"]
+    assert content == 'Stopped by control: tool "run" is paused: incident 42'
+    decisions = [(d["event"], d["layer"], d["decision"]) for d in log.since(0)]
+    assert decisions == [
+        ("admin", "admin", "pause"),
+        ("deny", "control", "deny"),
+        ("stop", "control", "end_turn"),
+    ]
+
+
+async def test_a_stop_decided_on_an_answer_is_the_apis_error_when_asked(log: DecisionLog) -> None:
+    """``--stop-as error`` also covers a stop the proxy decides on the calls an answer
+    asks for (a cap on tool calls): 429, the stop's text, the layer in the header."""
+    from guardstack.guards import ToolCallLimit
+
+    harness = Harness()
+    harness.plugin(ToolCallLimit(per_turn=1, on_exceeded="end_turn"))
+    with Runaway(bound=10, usage=(5, 50), tool="run") as runaway:
+        async for served in serve(
+            harness, _Upstream(runaway), tenants=tenants_of(TENANTS), admin_key=ADMIN,
+            decision_log=log, stop_as="error",
+        ):  # fmt: skip
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+                answers = await turn(raw, ALICE, 4)
+    assert [answer.status_code for answer in answers] == [200, 429]
+    stop = answers[-1]
+    assert stop.headers["x-guardstack-stopped"] == "tool-call-limit"
+    assert stop.json()["error"]["message"].startswith("Stopped by tool-call-limit: tool call")
+    assert [d["event"] for d in log.since(0)] == ["deny", "stop"]
