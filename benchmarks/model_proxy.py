@@ -13,7 +13,11 @@ keep-alive pool per side), in this process.
 
 A fourth side is the floor: a bare forwarder (the body sent on with httpx, the answer
 sent back, no guards), so the table shows the extra HTTP hop apart from the proxy's own
-work (guardstack − forwarder).
+work (guardstack − forwarder). A fifth, ``budgets``, is guardstack's proxy with the same
+stack behind a tenants file: every request reserved in four nested scopes (tenant, team,
+key, conversation) and settled, on a SQLite ledger — the team-budgets deployment. Both
+guardstack sides keep their counts in the default SQLite file (the decision log, on
+standard error by default, goes to ``/dev/null`` here).
 
 * non-streaming: wall time per request at 1 client (one after another) and at 100
   concurrent clients (and the throughput there, against the forwarder's);
@@ -80,6 +84,20 @@ GUARDS = """\
 - name: repeat-tool-reminder
 - name: usage-limit
   config: {tokens_per_day: 1000000000}
+"""
+#: The budgets side: the same stack behind a tenants file, every request reserved in four
+#: nested scopes (tenant, team, key, conversation) on the default store (SQLite).
+TENANTS = """\
+keys:
+  sk-bench-0123456789abcdef: {tenant: acme, team: ci, name: ci}
+tenants:
+  acme:
+    budget: {usd_per_day: 1000000}
+    teams: {ci: {budget: {usd_per_day: 1000000}}}
+defaults:
+  key: {budget: {usd_per_day: 1000000}}
+  conversation: {budget: {usd: 1000000}}
+prices: {m: [1, 2]}
 """
 LITELLM_CONFIG = """\
 model_list:
@@ -169,7 +187,7 @@ async def _until_answering(port: int, process: Any, what: str) -> None:
 
 
 async def _timed(
-    client: httpx.AsyncClient, requests: int, concurrent: int, stream: bool
+    client: httpx.AsyncClient, requests: int, concurrent: int, stream: bool, side: str = ""
 ) -> list[float]:
     """Seconds per request (or to the first byte of a stream)."""
     body = {**BODY, "stream": True} if stream else BODY
@@ -187,7 +205,11 @@ async def _timed(
                         times.append(time.perf_counter() - started)
                         first = False
         else:
-            await _post(client, body)
+            try:
+                await _post(client, body)
+            except httpx.HTTPError:  # counted, by side: a failed request has no time
+                FAILED[side] = FAILED.get(side, 0) + 1
+                return
             times.append(time.perf_counter() - started)
 
     async def caller() -> None:
@@ -209,6 +231,8 @@ CASES = {
 
 #: Requests sent again because a kept-alive connection was closed under them.
 RESENT = [0]
+#: Requests that failed (an error status, a dropped connection twice), by side.
+FAILED: dict[str, int] = {}
 
 
 async def _post(
@@ -263,6 +287,8 @@ async def measure(
     upstream_port, forwarder_port, proxy_port, litellm_port = _port(), _port(), _port(), _port()
     work = Path(tempfile.mkdtemp(prefix="guardstack-bench-"))
     (work / "guards.yaml").write_text(GUARDS, "utf-8")
+    (work / "tenants.yaml").write_text(TENANTS, "utf-8")
+    budgets_port = _port()
     (work / "litellm.yaml").write_text(LITELLM_CONFIG.format(port=upstream_port), "utf-8")
     python = sys.executable
     commands = {
@@ -274,6 +300,11 @@ async def measure(
                        "model-proxy", "--config", str(work / "guards.yaml"), "--upstream",
                        f"http://127.0.0.1:{upstream_port}", "--listen",
                        f"127.0.0.1:{proxy_port}"],
+        "budgets": [python, "-c", "from guardstack.cli.main import main; main()",
+                    "model-proxy", "--config", str(work / "guards.yaml"), "--upstream",
+                    f"http://127.0.0.1:{upstream_port}", "--tenants", str(work / "tenants.yaml"),
+                    "--store", f"sqlite:{work / 'ledger.sqlite3'}",
+                    "--listen", f"127.0.0.1:{budgets_port}"],
     }  # fmt: skip
     if litellm:
         commands["litellm"] = [litellm, "--config", str(work / "litellm.yaml"), "--port",
@@ -282,10 +313,13 @@ async def measure(
         "upstream": upstream_port,
         "forwarder": forwarder_port,
         "guardstack": proxy_port,
+        "budgets": budgets_port,
         "litellm": litellm_port,
     }
     master = "sk-" + "5f" * 32  # LiteLLM's proxy refuses to start without a strong one
-    environment = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": master}
+    # XDG_STATE_HOME: the proxies' default ledger is this run's own
+    environment = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": master,
+                   "XDG_STATE_HOME": str(work)}  # fmt: skip
     processes: list[Any] = []
     results: dict[str, dict[str, list[float]]] = {case: {} for case in CASES}
     try:
@@ -296,11 +330,13 @@ async def measure(
             )  # fmt: skip
             processes.append(process)
             await _until_answering(ports[name], process, name)
-        sides = {"direct": upstream_port, "forwarder": forwarder_port, "guardstack": proxy_port}
+        sides = {"direct": upstream_port, "forwarder": forwarder_port, "guardstack": proxy_port,
+                 "budgets": budgets_port}  # fmt: skip
         if litellm:
             sides["litellm"] = litellm_port
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-        keys = {"direct": "k", "forwarder": "k", "guardstack": "client-key", "litellm": master}
+        keys = {"direct": "k", "forwarder": "k", "guardstack": "client-key",
+                "budgets": "sk-bench-0123456789abcdef", "litellm": master}  # fmt: skip
         for case, (scale, concurrent, stream) in CASES.items() if rounds else ():
             for round_ in range(rounds + 1):
                 for side, port in sides.items():
@@ -310,7 +346,7 @@ async def measure(
                         timeout=60,
                         headers={"authorization": f"Bearer {keys[side]}"},
                     ) as client:
-                        times = await _timed(client, requests * scale, concurrent, stream)
+                        times = await _timed(client, requests * scale, concurrent, stream, side)
                     if round_:  # the first is warm-up
                         results[case].setdefault(side, []).append(statistics.median(times) * 1e3)
                         if concurrent > 1:  # and the throughput, requests a second
@@ -362,7 +398,7 @@ def main() -> None:
     results = anyio.run(measure, options.requests, rounds, litellm, options.conversations)
     memory = results.pop("memory", None)
     throughput = results.pop("throughput", {})
-    sides = ["forwarder", "guardstack"] + (["litellm"] if litellm else [])
+    sides = ["forwarder", "guardstack", "budgets"] + (["litellm"] if litellm else [])
     print("| case | direct ms | " + " | ".join(f"{side} ms (added)" for side in sides) + " |")
     print("|------|-----------|" + "|".join("---" for _ in sides) + "|")
     for case, measured in results.items():
@@ -392,6 +428,7 @@ def main() -> None:
             f"{memory['before'][0]:.1f} MB resident before, {memory['after'][0]:.1f} MB after"
         )
     print(f"requests sent again after a closed kept-alive connection: {RESENT[0]}")
+    print(f"requests that failed, by side (left out of the times): {FAILED or 'none'}")
     if not litellm:
         print(
             "\nLiteLLM's proxy was not measured: give --litellm, the `litellm` command of an "

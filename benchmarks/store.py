@@ -1,5 +1,8 @@
-"""Per-call cost of each keyed layer with ``MemoryStore`` and with ``RedisStore`` on loopback,
-against the ``limits`` library's Redis storage doing a rate limit on the same server.
+"""Per-call cost of each keyed layer with ``MemoryStore``, ``SqliteStore`` (a WAL file in a
+temporary folder) and ``RedisStore`` on loopback, against the ``limits`` library's Redis
+storage doing a rate limit on the same server; and a counted, priced model call
+(``UsageLimit``: reserve, then settle) and a gateway's four-scope budget reservation
+(tenant, team, key, conversation: ``Budgets.reserve`` then ``settle``) on each store.
 
     python -m benchmarks.store [--runs N]
 
@@ -12,7 +15,9 @@ its charge, so nothing is settled on a remote store), ``CircuitBreaker`` 2 (admi
 then record), ``ConcurrencyLimit`` 2 (acquire, then release). The table also gives the
 commands the server processed per call (its ``INFO`` counter), for ours and for
 ``limits``. One round trip is the floor
-for a limit shared by processes.
+for a limit shared by processes. On SQLite a round trip is a ``BEGIN IMMEDIATE``
+transaction run on the store's worker thread (the goal: a reserve and a settle in at
+most 150 µs).
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from limits.aio.storage import RedisStorage
 from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 
 from benchmarks.timing import median, per_call_ns, ratio, run_and_report, table
-from guardstack.guards import ToolCallLimit
+from guardstack.guards import ToolCallLimit, UsageLimit
+from guardstack.integrations.budgets import Budgets
 from guardstack.integrations.redis import RedisStore
+from guardstack.integrations.sqlite import SqliteStore
+from guardstack.integrations.tenants import tenants_of
 from guardstack.pipeline import (
     Harness,
     MemoryStore,
@@ -78,9 +86,38 @@ class Answering:
         return ModelReply("ok", usage=Usage(10, 20), model="m")
 
 
+#: A gateway's nested scopes: every request reserves in four of them.
+TENANTS: dict[str, Any] = {
+    "keys": {"sk-bench-0123456789abcdef": {"tenant": "acme", "team": "ci", "name": "ci"}},
+    "tenants": {"acme": {"budget": {"usd_per_day": 10**9},
+                         "teams": {"ci": {"budget": {"usd_per_day": 10**9}}}}},
+    "defaults": {"key": {"budget": {"usd_per_day": 10**9}},
+                 "conversation": {"budget": {"usd": 10**9}}},
+    "prices": {"m": [1, 2]},
+}  # fmt: skip
+
+
+def budget_call(store: StateStore) -> Callable[[], Awaitable[Any]]:
+    """One request's four-scope reservation, settled at its usage."""
+    tenants = tenants_of(TENANTS)
+    budgets = Budgets(tenants, store)
+    entry = tenants.keys["sk-bench-0123456789abcdef"]
+
+    async def call() -> Any:
+        held = await budgets.reserve(entry, "bench", "m", 10, 100)
+        return await budgets.settle(held, Usage(10, 20))  # type: ignore[arg-type]
+
+    return call
+
+
 async def measure() -> dict[str, float]:
+    import tempfile
+    from pathlib import Path
+
     call = ToolCall("t", {"q": "x"}, "c1", conversation="bench")
     redis = RedisStore(URL["url"], prefix=f"b{uuid.uuid4().hex[:6]}:", timeout_ms=2000)
+    folder = tempfile.TemporaryDirectory(prefix="guardstack-bench-")
+    sqlite = SqliteStore(Path(folder.name) / "ledger.sqlite3")
     storage = RedisStorage(f"async+{URL['url']}")
     moving = MovingWindowRateLimiter(storage)
     fixed = FixedWindowRateLimiter(storage)
@@ -105,10 +142,15 @@ async def measure() -> dict[str, float]:
     }
     for name, make in LAYERS.items():
         operations[f"{name} memory"] = execute(harness(MemoryStore(), make()))
+        operations[f"{name} sqlite"] = execute(harness(sqlite, make()))
         operations[f"{name} redis"] = execute(harness(redis, make()))
-    for name, store in (("memory", MemoryStore()), ("redis", redis)):
+    for name, store in (("memory", MemoryStore()), ("sqlite", sqlite), ("redis", redis)):
         operations[f"TokenRateLimit, tokens {name}"] = model_call(store, TokenRateLimit(10**12))
-        operations[f"TokenRateLimit, tokens {name} base"] = model_call(store, None)
+        operations[f"UsageLimit, priced {name}"] = model_call(
+            store, UsageLimit(usd_per_day=10**9, prices={"m": (1.0, 2.0)})
+        )
+        operations[f"model call {name} base"] = model_call(store, None)
+        operations[f"Budgets, four scopes {name}"] = budget_call(store)
     try:
         timings = await per_call_ns(operations, calls=500, rounds=5)
         for name, operation in operations.items():
@@ -117,6 +159,8 @@ async def measure() -> dict[str, float]:
         return timings
     finally:
         await redis.aclose()
+        await sqlite.aclose()
+        folder.cleanup()
 
 
 def model_call(store: StateStore, layer: Any) -> Callable[[], Awaitable[Any]]:
@@ -156,20 +200,31 @@ def report(runs: list[dict[str, float]]) -> str:
         "ConcurrencyLimit": 2,
         "TokenRateLimit, requests": 1,
         "TokenRateLimit, tokens": 2,
+        "UsageLimit, priced": 2,
+        "Budgets, four scopes": 2,
     }
     rows = []
     for name in trips:
-        if name == "TokenRateLimit, tokens":  # a model call: against one without the layer
-            memory = added(f"{name} memory", f"{name} memory base")
-            redis = added(f"{name} redis", f"{name} redis base")
+        if name.startswith(("TokenRateLimit, tokens", "UsageLimit")):  # a model call: less
+            memory, sqlite, redis = (  # one without the layer
+                added(f"{name} {store}", f"model call {store} base")
+                for store in ("memory", "sqlite", "redis")
+            )
+        elif name.startswith("Budgets"):  # the reservation alone, nothing around it
+            memory, sqlite, redis = (
+                field(f"{name} {store}") for store in ("memory", "sqlite", "redis")
+            )
         else:
-            memory, redis = added(f"{name} memory"), added(f"{name} redis")
+            memory, sqlite, redis = (
+                added(f"{name} {store}") for store in ("memory", "sqlite", "redis")
+            )
         commands = median(runs, field(f"{name} redis commands"))
         rows.append(
             [
                 name,
                 f"{trips[name]} ({commands:g} commands)",
                 f"{median(runs, memory) / 1000:,.1f}",
+                f"{median(runs, sqlite) / 1000:,.1f}",
                 f"{median(runs, redis) / 1000:,.1f}",
                 ratio(runs, redis, added("limits moving window (redis)", "bare await")),
                 ratio(runs, redis, added("limits fixed window (redis)", "bare await")),
@@ -184,6 +239,7 @@ def report(runs: list[dict[str, float]]) -> str:
                     "layer",
                     "round trips",
                     "memory µs",
+                    "sqlite µs",
                     "redis µs",
                     "÷ limits moving window",
                     "÷ limits fixed window",
@@ -197,7 +253,8 @@ def report(runs: list[dict[str, float]]) -> str:
             f"({median(runs, field('limits fixed window (redis) commands')):g} "
             "commands) per hit.",
             f"µs are added per-call costs (medians of {len(runs)} runs; ratio ranges in "
-            "brackets); loopback redis-server 6.2, one client connection pool per store.",
+            "brackets); loopback redis-server, one client connection pool per store; "
+            "SQLite in WAL mode on the local disk, one worker thread per store.",
         ]
     )
 

@@ -1,9 +1,13 @@
-"""``SqliteStore``'s tables and the row operations its transactions are made of."""
+"""``SqliteStore``'s connections, tables and the row operations its transactions are
+made of."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+import threading
+from pathlib import Path
 from typing import Any, Final
 
 from guardstack.pipeline.ledger import SLIDING_BUCKETS
@@ -20,6 +24,10 @@ _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS soft(key TEXT PRIMARY KEY, kind TEXT NOT NULL,"
     " data TEXT NOT NULL, expires REAL NOT NULL)",
     "CREATE TABLE IF NOT EXISTS controls(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS outcomes(key TEXT NOT NULL, t REAL NOT NULL,"
+    " failed INTEGER NOT NULL, expires REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS outcomes_key ON outcomes(key, t)",
+    "CREATE INDEX IF NOT EXISTS outcomes_expires ON outcomes(expires)",
     "CREATE INDEX IF NOT EXISTS ledger_expires ON ledger(expires)",
     "CREATE INDEX IF NOT EXISTS operations_expires ON operations(expires)",
     "CREATE INDEX IF NOT EXISTS soft_expires ON soft(expires)",
@@ -99,3 +107,69 @@ def _sweep(db: sqlite3.Connection, now: float) -> None:
     db.execute("DELETE FROM sliding WHERE expires <= ?", (now,))
     db.execute("DELETE FROM operations WHERE expires <= ?", (now,))
     db.execute("DELETE FROM soft WHERE expires <= ?", (now,))
+    db.execute("DELETE FROM outcomes WHERE expires <= ?", (now,))
+
+
+#: A transaction run in place found the write lock held: run it on the worker instead.
+BUSY: Final = object()
+#: One operation in this many goes to the worker thread, which checkpoints the WAL.
+_WORKER_EVERY: Final = 256
+
+
+class _Link:
+    """One connection to the store's file, and the lock of the thread using it.
+
+    ``wait``: the worker thread's, which waits for another process's write lock (30 s)
+    and checkpoints the WAL as SQLite does by default; otherwise the connection used in
+    place, which never waits (busy timeout 0) and never checkpoints (that fsyncs)."""
+
+    def __init__(self, path: Path, *, wait: bool) -> None:
+        self.path = path
+        self.wait = wait
+        self.lock = threading.Lock()
+        self.connection: sqlite3.Connection | None = None
+
+    def connect(self) -> sqlite3.Connection:
+        if self.connection is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(
+                self.path,
+                timeout=30.0 if self.wait else 0.0,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.execute(f"PRAGMA busy_timeout={30000 if self.wait else 0}")
+            if not self.wait:
+                connection.execute("PRAGMA wal_autocheckpoint=0")
+            for statement in _SCHEMA:
+                connection.execute(statement)
+            self.connection = connection
+        return self.connection
+
+    def drop(self) -> None:
+        if self.connection is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self.connection.close()
+            self.connection = None
+
+
+def _outcome(
+    db: sqlite3.Connection, key: str, failed: bool, now: float, window_s: float
+) -> tuple[int, int]:
+    """A breaker's outcome recorded (one row each, as Redis keeps them in a sorted set):
+    how many calls and failures its window holds now."""
+    db.execute("DELETE FROM outcomes WHERE key = ? AND t <= ?", (key, now - window_s))
+    db.execute(
+        "INSERT INTO outcomes(key, t, failed, expires) VALUES (?, ?, ?, ?)",
+        (key, now, int(failed), now + window_s + 1),
+    )
+    calls, failures = db.execute(
+        "SELECT COUNT(*), COALESCE(SUM(failed), 0) FROM outcomes WHERE key = ?", (key,)
+    ).fetchone()
+    return int(calls), int(failures)
+
+
+def _forget_outcomes(db: sqlite3.Connection, key: str) -> None:
+    db.execute("DELETE FROM outcomes WHERE key = ?", (key,))

@@ -1,11 +1,15 @@
 """``SqliteStore``: the store and ledger seams in one SQLite file — a gateway on one
 machine keeps its months across restarts with no server to run.
 
-The standard library's ``sqlite3`` in WAL mode, run off the event loop (one worker
-thread per store, on asyncio and trio alike). Every operation is one ``BEGIN
-IMMEDIATE`` transaction, so it is atomic for its keys whatever else runs — another
-harness, another process on the same file — exactly as ``RedisStore``'s server-side
-scripts are, and it answers alike (the stores' shared tests hold them to it):
+The standard library's ``sqlite3`` in WAL mode (``synchronous=NORMAL``: a commit is
+written to the WAL, synced at checkpoints). Every operation is one ``BEGIN IMMEDIATE``
+transaction, so it is atomic for its keys whatever else runs — another harness, another
+process on the same file — exactly as ``RedisStore``'s server-side scripts are, and it
+answers alike (the stores' shared tests hold them to it). The event loop never waits
+for a lock or a sync: a transaction runs in place only when the file's write lock is
+free at once (busy timeout 0; tens of microseconds), and otherwise — another process
+writing, or every 256th operation, which checkpoints the WAL — on the store's worker
+thread (on asyncio and trio alike):
 
 * **Ledger** (accounting, kept as long as it means something): windows, sliding
   windows' buckets and operation records by id, with ``reserve`` all or none, and
@@ -24,26 +28,29 @@ Extra: none — ``sqlite3`` is the standard library's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import sqlite3
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar, cast
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from guardstack.integrations._sqlite_rows import (
     _EPSILON,
-    _SCHEMA,
+    _WORKER_EVERY,
+    BUSY,
     _change,
     _closed,
+    _forget_outcomes,
+    _Link,
+    _outcome,
     _put,
     _sliding,
     _sliding_wait,
@@ -110,9 +117,14 @@ class SqliteStore:
         self.on_error = on_error
         #: The wall clock every process on the machine shares (seconds since the epoch).
         self.wall_clock = clock or time.time
-        self._connection: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
+        #: Two connections to the file: one for transactions run in place, on the event
+        #: loop's thread, that never wait for a lock (busy timeout 0, no checkpoint);
+        #: one for the worker thread, that waits for other processes' transactions and
+        #: checkpoints the WAL.
+        self._here = _Link(self.path, wait=False)
+        self._worker = _Link(self.path, wait=True)
         self._limiter = anyio.CapacityLimiter(1)
+        self._in_place = 0
         self._operations = 0
         #: Slots and probes this process holds (renewed as it uses the store).
         self._held: dict[str, str] = {}  # lease -> slots key
@@ -124,29 +136,21 @@ class SqliteStore:
 
     # -- the connection ------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
-        if self._connection is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(
-                self.path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=NORMAL")
-            connection.execute("PRAGMA busy_timeout=30000")
-            for statement in _SCHEMA:
-                connection.execute(statement)
-            self._connection = connection
-        return self._connection
-
-    def _transaction(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
-        """``work(connection, now)`` in one ``BEGIN IMMEDIATE`` transaction (in the worker
-        thread); any failure a ``StoreError`` and nothing written."""
-        with self._lock:
+    def _transaction(self, work: Callable[[sqlite3.Connection, float], T], link: _Link) -> Any:
+        """``work(connection, now)`` in one ``BEGIN IMMEDIATE`` transaction on ``link``;
+        any failure a ``StoreError`` and nothing written. ``BUSY`` from the link that
+        never waits, when another connection holds the write lock."""
+        with link.lock:
             try:
-                connection = self._connect()
+                connection = link.connect()
                 connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as error:
+                if not link.wait and "locked" in str(error):
+                    return BUSY
+                link.drop()
+                raise StoreError(f"sqlite: {type(error).__name__}: {error}") from error
             except (sqlite3.Error, OSError) as error:
-                self._drop()
+                link.drop()
                 raise StoreError(f"sqlite: {type(error).__name__}: {error}") from error
             now = self.wall_clock()
             try:
@@ -161,7 +165,7 @@ class SqliteStore:
                 try:
                     connection.execute("ROLLBACK")
                 except sqlite3.Error:
-                    self._drop()
+                    link.drop()
                 if isinstance(error, StoreError):
                     raise
                 if isinstance(error, sqlite3.Error | ValueError | TypeError | KeyError):
@@ -169,19 +173,30 @@ class SqliteStore:
                 raise
             return answer
 
-    def _drop(self) -> None:
-        if self._connection is not None:
-            with contextlib.suppress(sqlite3.Error):
-                self._connection.close()
-            self._connection = None
-
     async def _run(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
-        return await anyio.to_thread.run_sync(self._transaction, work, limiter=self._limiter)
+        """In place when the file's write lock is free (tens of µs: the WAL is written,
+        not synced), else — and every ``_WORKER_EVERY``-th time, to checkpoint the WAL —
+        on the worker thread, so the event loop never waits for another process."""
+        self._in_place += 1
+        if self._in_place % _WORKER_EVERY and self._here.lock.acquire(blocking=False):
+            self._here.lock.release()
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            answer = self._transaction(work, self._here)
+            if answer is not BUSY:
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+                return cast(T, answer)
+        return cast(
+            T,
+            await anyio.to_thread.run_sync(
+                self._transaction, work, self._worker, limiter=self._limiter
+            ),
+        )
 
     async def aclose(self) -> None:
         """Close the file (what is written is on disk)."""
-        with self._lock:
-            self._drop()
+        for link in (self._here, self._worker):
+            with link.lock:
+                link.drop()
 
     def _renew(self, connection: sqlite3.Connection, now: float) -> None:
         if now - self._renewed < self.slot_lease_s / 3:
@@ -262,6 +277,7 @@ class SqliteStore:
 
             def opened() -> BreakerState:
                 _put(db, key, "breaker", {**_closed(), "state": "open", "opened": now}, ttl)
+                _forget_outcomes(db, key)
                 return "open"
 
             if probe:
@@ -272,16 +288,15 @@ class SqliteStore:
                 if failed:
                     return opened()
                 _put(db, key, "breaker", _closed(), ttl)
+                _forget_outcomes(db, key)
                 return "closed"
-            breaker = breaker or _closed()
-            if breaker["state"] != "closed":
+            if breaker is None:
+                _put(db, key, "breaker", _closed(), ttl)  # known: so it expires when idle
+            elif breaker["state"] != "closed":
                 return None
-            outcomes = [(t, f) for t, f in breaker["outcomes"] if t > now - window_s]
-            outcomes.append((now, bool(failed)))
-            calls, failures = len(outcomes), sum(1 for _, f in outcomes if f)
+            calls, failures = _outcome(db, key, failed, now, window_s)
             if calls >= minimum_calls and failures >= failure_ratio * calls:
                 return opened()
-            _put(db, key, "breaker", {**breaker, "outcomes": outcomes}, ttl)
             return None
 
         try:

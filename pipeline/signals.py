@@ -49,6 +49,7 @@ __all__ = [
     "LIMITER_WAIT",
     "LOOP_DETECTIONS",
     "METRICS",
+    "PROXY_OVERHEAD",
     "REMINDERS",
     "RETRY_ATTEMPTS",
     "SHADOW_ATTRIBUTE",
@@ -77,6 +78,7 @@ USAGE_USD: Final = "guardstack.usage.usd"
 STOPS: Final = "guardstack.stops"
 SPEND_USD: Final = "guardstack.spend.usd"
 BUDGET_REMAINING_USD: Final = "guardstack.budget.remaining.usd"
+PROXY_OVERHEAD: Final = "guardstack.proxy.overhead"
 STORE_ERRORS: Final = "guardstack.store.errors"
 SHADOW_DECISIONS: Final = "guardstack.shadow.decisions"
 CONTROL_OVERRIDES: Final = "guardstack.control.overrides"
@@ -101,6 +103,9 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 #: uncontended admission is microseconds) to a minute (a queue that long is an outage).
 WAIT_BUCKETS: Final = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                        2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+#: A proxy's own time on a request: 0.1 ms to a second.
+OVERHEAD_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                           0.05, 0.1, 0.25, 1.0)  # fmt: skip
 #: Attempts per retried operation: every count a retry policy is likely to allow, one
 #: bucket each up to 5, then coarser (a storm shows as the top buckets filling).
 ATTEMPT_BUCKETS: Final = (2.0, 3.0, 4.0, 5.0, 7.0, 10.0, 20.0)
@@ -171,6 +176,12 @@ METRICS: Final[dict[str, MetricSpec]] = {
     ),
     "guardstack.budget.remaining.usd": MetricSpec(
         "gauge", "{USD}", "What is left of a budget's dollars, by scope and window"
+    ),
+    "guardstack.proxy.overhead": MetricSpec(
+        "histogram", "s",
+        "The model proxy's own time on a request, the upstream's excluded (its "
+        "x-guardstack-overhead-ms header), by wire",
+        OVERHEAD_BUCKETS,
     ),
     "guardstack.control.overrides": MetricSpec(
         "gauge", "{override}",

@@ -1,14 +1,14 @@
 """Every Python example in the README and the guides runs as written, and says what it claims.
 
-Each page runs in its own namespace, its blocks in order, from a scratch directory
-holding a copy of ``examples/``. ``docs/models.md`` and ``docs/mcp.md`` talk to
-servers, so they run in ``tests/integrations/`` against real ones.
+Each block runs as a reader who copies it would: on its own, in an empty folder — or,
+when its first line says ``# continues …``, after the block before it.
+``docs/models.md`` and ``docs/mcp.md`` talk to servers, so they run in
+``tests/integrations/`` against real ones.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -130,12 +130,23 @@ def python_blocks(page: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
+#: How a block that is not whole on its own says so, in its first line.
+CONTINUES = "# continues "
+
+
 def run_page(page: str, directory: Path, namespace: dict[str, Any] | None = None) -> None:
-    """Run a page's blocks in order, in ``directory`` (with ``examples/`` copied in)."""
-    shutil.copytree(ROOT / "examples", directory / "examples", dirs_exist_ok=True)
-    scope: dict[str, Any] = namespace if namespace is not None else {}
-    for block in python_blocks(page):
-        exec(compile(block, page, "exec"), scope)
+    """Run a page's blocks in order, in ``directory`` (an empty folder), each as a reader
+    who copies it would: on its own (a fresh namespace), unless its first line says
+    ``# continues …`` — then after the block before it, in that block's namespace.
+    ``namespace`` seeds the first block (a test's servers)."""
+    seed = dict(namespace or {})
+    scope: dict[str, Any] = dict(seed)
+    for number, block in enumerate(python_blocks(page)):
+        if not block.startswith(CONTINUES):
+            scope = dict(seed)  # its own file: nothing from the blocks before
+        elif number == 0:
+            raise AssertionError(f"{page}: the first block cannot continue another")
+        exec(compile(block, f"{page} (block {number + 1})", "exec"), scope)
 
 
 def test_every_page_is_checked_and_the_readme_has_its_example() -> None:

@@ -51,6 +51,15 @@ def request_model(request: ModelRequest) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def provider_name(request: ModelRequest) -> str:
+    """``gen_ai.provider.name`` (required by the GenAI conventions): the answering model's
+    ``provider`` (the adapters set it; the proxy's upstream names its wire), else
+    ``_OTHER``, the conventions' value for a provider they do not list."""
+    answering = request.model if request.model is not None else request.agent.model
+    provider = getattr(answering, "provider", None)
+    return provider if isinstance(provider, str) and provider else "_OTHER"
+
+
 _PROVIDED = {"get_tracer": "TracerProvider", "get_meter": "MeterProvider",
              "get_logger": "LoggerProvider"}  # fmt: skip
 

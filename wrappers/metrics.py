@@ -15,10 +15,24 @@ TOOL_TIMEOUT``); inside it, a call cut short by that timeout is recorded with
 ``error.type = cancelled`` when the cancellation passes through.
 
 On the model stage (``Metrics(stage="model")``) it records the GenAI *client*
-metrics around each model call: ``gen_ai.client.operation.duration`` (seconds;
-``gen_ai.operation.name=chat``, ``gen_ai.request.model``, ``gen_ai.response.model``,
-``error.type`` = the ``ModelError`` code on failure) and ``gen_ai.client.token.usage``
-(tokens, one point each for ``gen_ai.token.type`` ``input`` and ``output``).
+metrics around each model call, as the current GenAI conventions name them (every
+point with ``gen_ai.operation.name=chat``, ``gen_ai.provider.name`` — the model's
+``provider``, ``_OTHER`` when it names none — ``gen_ai.request.model`` and
+``gen_ai.response.model``):
+
+* ``gen_ai.client.operation.duration`` (seconds; ``error.type`` = the ``ModelError``
+  code on failure);
+* the token counters ``gen_ai.client.inference.usage.input_tokens``,
+  ``.output_tokens``, and their subsets ``.cache_read.input_tokens``,
+  ``.cache_write.input_tokens`` and ``.reasoning.output_tokens``, with
+  ``gen_ai.token.modality=unknown`` (a reply's usage does not say which modality)
+  — the totals and rates to compute cost from;
+* the per-operation histograms ``gen_ai.client.inference.operation.input_tokens`` and
+  ``.output_tokens`` (percentiles only);
+* and, until 0.3, the name these replaced: ``gen_ai.client.token.usage`` (one point
+  each for ``gen_ai.token.type`` ``input`` and ``output``); ``legacy_token_usage=False``
+  leaves it out now.
+
 Outside a model-stage ``Retry`` a point is a whole operation; inside, an attempt.
 
 Durations use ``anyio.current_time()``, so they are exact in virtual time.
@@ -46,7 +60,7 @@ from guardstack.pipeline.contract import (
     ValueT,
     adapter_for,
 )
-from guardstack.pipeline.validate import StageName
+from guardstack.pipeline.validate import StageName, invalid
 from guardstack.pipeline.validate import stage as check_stage
 from guardstack.pipeline.values import ToolCall, ToolResult
 from guardstack.wrappers._keyed import register, stage_repr
@@ -54,6 +68,7 @@ from guardstack.wrappers._otel import (
     VERSION,
     check_provider,
     exception_error_type,
+    provider_name,
     request_model,
     result_error_type,
 )
@@ -62,7 +77,9 @@ __all__ = [
     "CALLS_METRIC",
     "DURATION_METRIC",
     "MODEL_DURATION_METRIC",
+    "OPERATION_HISTOGRAMS",
     "TOKEN_USAGE_METRIC",
+    "USAGE_COUNTERS",
     "Metrics",
 ]
 
@@ -70,6 +87,19 @@ DURATION_METRIC = "gen_ai.execute_tool.duration"
 CALLS_METRIC = "guardstack.tool.calls"
 MODEL_DURATION_METRIC = "gen_ai.client.operation.duration"
 TOKEN_USAGE_METRIC = "gen_ai.client.token.usage"
+#: The GenAI conventions' token counters, by which of a reply's counts each adds.
+USAGE_COUNTERS = {
+    "gen_ai.client.inference.usage.input_tokens": "input_tokens",
+    "gen_ai.client.inference.usage.output_tokens": "output_tokens",
+    "gen_ai.client.inference.usage.cache_read.input_tokens": "cached_input_tokens",
+    "gen_ai.client.inference.usage.cache_write.input_tokens": "cache_write_tokens",
+    "gen_ai.client.inference.usage.reasoning.output_tokens": "reasoning_tokens",
+}
+#: ... and its per-operation histograms.
+OPERATION_HISTOGRAMS = {
+    "gen_ai.client.inference.operation.input_tokens": "input_tokens",
+    "gen_ai.client.inference.operation.output_tokens": "output_tokens",
+}
 #: The GenAI semantic conventions' bucket boundaries for durations (seconds) ...
 DURATION_BUCKETS = [
     0.01,
@@ -97,12 +127,19 @@ class Metrics:
     name: ClassVar[str] = "metrics"
 
     def __init__(
-        self, meter_provider: MeterProvider | None = None, *, stage: StageName = "dispatch"
+        self,
+        meter_provider: MeterProvider | None = None,
+        *,
+        stage: StageName = "dispatch",
+        legacy_token_usage: bool = True,
     ) -> None:
         self.meter_provider = check_provider(
             "metrics", "meter_provider", meter_provider, "get_meter"
         )
         self.stage = check_stage("metrics", stage)
+        if not isinstance(legacy_token_usage, bool):
+            raise invalid("metrics", "legacy_token_usage", legacy_token_usage, "true or false")
+        self.legacy_token_usage = legacy_token_usage
         self._stage: StageAdapter[Any, Any, Any] = adapter_for(self.stage)
         # What a point records differs by stage (the GenAI tool metrics, or its client
         # metrics); how a call is measured does not.
@@ -131,9 +168,27 @@ class Metrics:
         self._tokens = meter.create_histogram(
             TOKEN_USAGE_METRIC,
             unit="{token}",
-            description="Number of input and output tokens used",
+            description="Number of input and output tokens used (deprecated: "
+            "gen_ai.client.inference.usage.*)",
             explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
+        self._usage = [
+            (meter.create_counter(name, unit="{token}", description=f"Tokens used: {field}"),
+             field)
+            for name, field in USAGE_COUNTERS.items()
+        ]  # fmt: skip
+        self._per_operation = [
+            (
+                meter.create_histogram(
+                    name,
+                    unit="{token}",
+                    description=f"Tokens used per operation: {field}",
+                    explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+                ),
+                field,
+            )
+            for name, field in OPERATION_HISTOGRAMS.items()
+        ]
 
     def __call__(self, call: ToolCall, call_next: DispatchNext) -> Awaitable[ToolResult]:
         """Used directly as a dispatch layer (``registry.dispatch.use(Metrics())``)."""
@@ -171,7 +226,10 @@ class Metrics:
     def _model_points(
         self, request: ModelRequest, seconds: float, reply: object, error_type: str | None
     ) -> None:
-        attributes = {"gen_ai.operation.name": "chat"}
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": provider_name(request),
+        }
         model = request_model(request)
         if model is not None:
             attributes["gen_ai.request.model"] = model
@@ -182,7 +240,14 @@ class Metrics:
             attributes["gen_ai.response.model"] = reply.model
         self._model_duration.record(seconds, attributes)
         usage = reply.usage if isinstance(reply, ModelReply) else None
-        if usage is not None:
+        if usage is None:
+            return
+        for histogram, field in self._per_operation:
+            histogram.record(getattr(usage, field), attributes)
+        counted = {**attributes, "gen_ai.token.modality": "unknown"}
+        for counter, field in self._usage:
+            counter.add(getattr(usage, field), counted)
+        if self.legacy_token_usage:
             self._tokens.record(usage.input_tokens, {**attributes, "gen_ai.token.type": "input"})
             self._tokens.record(usage.output_tokens, {**attributes, "gen_ai.token.type": "output"})
 

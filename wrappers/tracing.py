@@ -68,6 +68,7 @@ from guardstack.pipeline.contract import (
     Refusal,
     Scope,
     TurnRun,
+    Usage,
     adapter_for,
     model_error_code,
 )
@@ -89,6 +90,7 @@ from guardstack.wrappers._otel import (
     emit_record,
     end_span,
     exception_error_type,
+    provider_name,
     request_model,
     result_error_type,
     start_span,
@@ -324,9 +326,7 @@ class Tracing:
                 attributes[STACK_VERSION] = version
             if name is not None:
                 attributes["gen_ai.request.model"] = name
-            provider = getattr(request.agent.model, "provider", None)
-            if isinstance(provider, str):
-                attributes["gen_ai.provider.name"] = provider
+            attributes["gen_ai.provider.name"] = provider_name(request)
             if self.capture_content:
                 system, chat = genai_input(request.messages, self._cut)
                 if system:
@@ -361,8 +361,7 @@ class Tracing:
                     if reply.model:
                         span.set_attribute("gen_ai.response.model", reply.model)
                     if reply.usage is not None:
-                        span.set_attribute("gen_ai.usage.input_tokens", reply.usage.input_tokens)
-                        span.set_attribute("gen_ai.usage.output_tokens", reply.usage.output_tokens)
+                        span.set_attributes(usage_attributes(reply.usage))
                     if reply.finish_reason:
                         span.set_attribute("gen_ai.response.finish_reasons", [reply.finish_reason])
                     if self.capture_content:
@@ -506,3 +505,20 @@ class Tracing:
         capture = ", capture_content=True" if self.capture_content else ""
         events = "" if self.span_events else ", span_events=False"
         return f"Tracing(layer_spans={self.layer_spans}{capture}{events})"
+
+
+def usage_attributes(usage: Usage) -> dict[str, AttributeValue]:
+    """A reply's usage as the GenAI conventions' span attributes: input and output, and
+    the cache-read, cache-write and reasoning subsets when there are any."""
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.usage.input_tokens": usage.input_tokens,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+    }
+    for name, count in (
+        ("gen_ai.usage.cache_read.input_tokens", usage.cached_input_tokens),
+        ("gen_ai.usage.cache_creation.input_tokens", usage.cache_write_tokens),
+        ("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens),
+    ):
+        if count:
+            attributes[name] = count
+    return attributes

@@ -25,6 +25,9 @@ from guardstack.integrations.mcp.tools import (
     SERVER_GONE,
     McpServerError,
     client_tracer,
+    metering_provider,
+    operation_duration,
+    record_operation,
     span_failed,
 )
 from guardstack.pipeline import (
@@ -234,6 +237,8 @@ async def serve_call(
     result."""
     from mcp.types import CallToolResult, TextContent
 
+    started = anyio.current_time()
+    durations = operation_duration("server", metering_provider(harness))
     meta = ctx.meta or {}
     token = meta.get("progress_token", meta.get("progressToken"))
     progress = PROGRESS.set((ctx.session, token, ctx.request_id)) if token is not None else None
@@ -273,6 +278,7 @@ async def serve_call(
         if attached is not None:
             otel_context.detach(attached)
     if left.cancelled_caught:  # nobody is there to read an answer: a short one
+        record_operation(durations, started, call.name, "client_left")
         if span is not None:
             span_failed(span, "client_left")
             end_span(span)
@@ -284,6 +290,8 @@ async def serve_call(
         decision = await _ask_client(ctx, outcome.pending)
         outcome = await harness.tools.run_decided(call, decision, asked_by=outcome.pending.asked_by)
     result = outcome.result
+    failed = "tool_error" if result.is_error else None
+    record_operation(durations, started, call.name, failed)
     if span is not None:
         if result.is_error:
             span_failed(span, "tool_error")

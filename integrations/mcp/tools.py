@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from guardstack.integrations._extras import require
@@ -45,6 +45,7 @@ __all__ = [
     "McpServerError",
     "client_tracer",
     "mcp_tools",
+    "metering_provider",
     "render_content",
     "sync_tools",
     "tracing_provider",
@@ -71,8 +72,12 @@ async def mcp_tools(
     timeouts_ms: Mapping[str, int] | None = None,
     default_timeout_ms: int | None = None,
     tracer_provider: TracerProvider | None = None,
+    meter_provider: Any = None,
 ) -> list[ToolDefinition]:
     """A ``ToolDefinition`` for every tool the session's server lists (all pages).
+
+    Each call's duration is the MCP conventions' ``mcp.client.operation.duration``
+    histogram, in ``meter_provider`` (``None``: the global one).
 
     ``tracer_provider``: the one ``Tracing`` reports to, when it is not the global one.
     The MCP SDK makes its own client span for each request, through the global
@@ -121,7 +126,12 @@ async def mcp_tools(
         definitions.append(
             ToolDefinition(
                 tool.name,
-                _caller(session, tool.name, client_tracer(tracer_provider)),
+                _caller(
+                    session,
+                    tool.name,
+                    client_tracer(tracer_provider),
+                    operation_duration("client", meter_provider),
+                ),
                 tool.description or "",
                 dict(tool.input_schema),
                 budget,
@@ -195,14 +205,56 @@ def client_tracer(provider: TracerProvider | None) -> Tracer | None:
     return provider.get_tracer("guardstack.mcp", VERSION)
 
 
-def _caller(session: ClientSession, name: str, tracer: Any = None) -> Any:
+def operation_duration(side: str, provider: Any = None) -> Any:
+    """The MCP conventions' ``mcp.{client,server}.operation.duration`` histogram (seconds),
+    from ``provider`` or the global one (the MCP SDK records none of its own)."""
+    provider = provider if provider is not None else metrics.get_meter_provider()
+    made = _HISTOGRAMS.get((id(provider), side))
+    if made is None:
+        meter = provider.get_meter("guardstack.mcp", VERSION)
+        made = _HISTOGRAMS[(id(provider), side)] = meter.create_histogram(
+            f"mcp.{side}.operation.duration",
+            unit="s",
+            description=f"MCP request duration as the {side} observes it",
+            explicit_bucket_boundaries_advisory=MCP_BUCKETS,
+        )
+    return made
+
+
+#: Each meter provider's histograms, made once.
+_HISTOGRAMS: dict[tuple[int, str], Any] = {}
+
+
+#: The MCP conventions' duration buckets (seconds).
+MCP_BUCKETS: Final = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300]
+
+
+def record_operation(
+    histogram: Any, started: float, name: str, error_type: str | None, session: Any = None
+) -> None:
+    """One ``tools/call``'s point: its tool, and ``error.type`` when it failed."""
+    attributes = {
+        "mcp.method.name": "tools/call",
+        "gen_ai.tool.name": name,
+        "gen_ai.operation.name": "execute_tool",
+        **_session_attributes(session),
+    }
+    if error_type is not None:
+        attributes["error.type"] = error_type
+    histogram.record(anyio.current_time() - started, attributes)
+
+
+def _caller(session: ClientSession, name: str, tracer: Any = None, durations: Any = None) -> Any:
     from mcp.shared.exceptions import MCPError
     from mcp.types import CONNECTION_CLOSED
+
+    durations = durations if durations is not None else operation_duration("client")
 
     async def call_tool(arguments: Mapping[str, Any], call: ToolCall) -> ToolResult:
         # Cancelling this await (a guardstack timeout) makes the SDK send the server
         # notifications/cancelled for the request.
         span = token = None
+        started, failed = anyio.current_time(), None
         if tracer is not None:
             span = start_span(
                 tracer,
@@ -222,20 +274,25 @@ def _caller(session: ClientSession, name: str, tracer: Any = None) -> Any:
                 name, dict(arguments), progress_callback=_forward_progress(call)
             )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-            span_failed(span, "connection_closed")
+            failed = "connection_closed"
+            span_failed(span, failed)
             return _gone(name)
         except MCPError as error:
-            span_failed(span, str(error.error.code))
+            failed = str(error.error.code)
+            span_failed(span, failed)
             if error.error.code == CONNECTION_CLOSED:
                 return _gone(name)
             raise
         except BaseException as error:
-            span_failed(span, type(error).__qualname__)
+            failed = type(error).__qualname__
+            span_failed(span, failed)
             raise
         else:
             if result.is_error:
-                span_failed(span, "tool_error")
+                failed = "tool_error"
+                span_failed(span, failed)
         finally:
+            record_operation(durations, started, name, failed, session)
             if token is not None:
                 otel_context.detach(token)
             if span is not None:
@@ -333,6 +390,7 @@ async def sync_tools(
             timeouts_ms=timeouts_ms,
             default_timeout_ms=default_timeout_ms,
             tracer_provider=tracer_provider,
+            meter_provider=metering_provider(harness),
         )
     }
     for name in list(registered):
@@ -355,6 +413,17 @@ def tracing_provider(harness: Harness) -> TracerProvider | None:
     for handle in harness.plugins:
         if isinstance(handle.plugin, Tracing):
             return handle.plugin.tracer_provider
+    return None
+
+
+def metering_provider(harness: Harness) -> Any:
+    """The meter provider the harness's ``Metrics`` reports to (``None``: the global one,
+    or no ``Metrics``)."""
+    from guardstack.wrappers import Metrics
+
+    for handle in harness.plugins:
+        if isinstance(handle.plugin, Metrics) and handle.plugin.meter_provider is not None:
+            return handle.plugin.meter_provider
     return None
 
 

@@ -30,7 +30,7 @@ from typing import Any, Final, Literal, TextIO
 import anyio
 import attrs
 
-from guardstack.integrations.mcp import mcp_tools, tracing_provider
+from guardstack.integrations.mcp import mcp_tools, metering_provider, tracing_provider
 from guardstack.integrations.mcp_gateway.config import ServerSpec, served_names
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.onion import Registration
@@ -201,6 +201,7 @@ class Downstream:
             session,
             timeouts_ms=self.spec.timeouts_ms,
             tracer_provider=tracing_provider(self.harness),
+            meter_provider=metering_provider(self.harness),
         )
         listed = {tool.name: tool for tool in (await session.list_tools()).tools}
         offered = session.server_capabilities

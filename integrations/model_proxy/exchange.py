@@ -41,6 +41,7 @@ from guardstack.pipeline import (
     ModelRequest,
     TurnBlocked,
 )
+from guardstack.pipeline.signals import PROXY_OVERHEAD
 
 if TYPE_CHECKING:
     from guardstack.integrations.budgets import Held
@@ -128,13 +129,22 @@ class Exchange:
         self.held: Held | None = None
         #: The plugin whose stop this answer is, when it is one (a budget's wrap-up).
         self.stopped_by: str | None = None
+        self.recorded = False
 
     def overhead_ms(self) -> float:
         spent = time.perf_counter() - self.started - self.upstream.waited_s
         return max(0.0, spent * 1000)
 
     def headers(self) -> dict[str, str]:
-        headers = {OVERHEAD_HEADER: f"{self.overhead_ms():.2f}"}
+        """The answer's headers: the proxy's own time so far (recorded once, as the
+        ``guardstack.proxy.overhead`` histogram, when the answer's headers are first
+        made), and the stop's layer if it is one."""
+        overhead = self.overhead_ms()
+        if not self.recorded:
+            self.recorded = True
+            wire = self.upstream.wire.name
+            self.proxy.harness.loop.signals.add(PROXY_OVERHEAD, overhead / 1000, {"wire": wire})
+        headers = {OVERHEAD_HEADER: f"{overhead:.2f}"}
         if self.stopped_by is not None:
             headers[STOPPED_HEADER] = self.stopped_by
         return headers

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
@@ -55,6 +55,12 @@ class Target:
         self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
 
 
+#: The GenAI conventions' provider names, by the wire a request came in on.
+_PROVIDERS: Final = {
+    "openai": "openai", "responses": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini",
+}  # fmt: skip
+
+
 class Upstream:
     """The model one request's model stage calls (see the module docstring).
 
@@ -76,6 +82,8 @@ class Upstream:
         self.client_headers = headers
         self.stream = bool(data.get("stream"))
         self.model = wire.model(data)
+        #: ``gen_ai.provider.name``: the API family the client speaks.
+        self.provider = _PROVIDERS.get(wire.name, "_OTHER")
         self.max_tokens = wire.max_tokens(data)
         #: The message list the model stage was given: anything a layer adds after it
         #: is the person's words to add to the body.

@@ -1,6 +1,7 @@
 """One run that makes every resilience metric and event guardstack emits move: a tool
 whose breaker opens, a retry storm, a queue at a concurrency limit, an adaptive limit,
-a rate limit, a looping agent that is reminded, spend per tenant, a store that fails.
+a rate limit, a looping agent that is reminded, spend per tenant, a store that fails;
+and a team's model proxy (a loopback upstream) whose budgets spend, run low and refuse.
 
 Used by the dashboard test (every metric the dashboard reads is one this run exposes),
 the Prometheus test (a real Prometheus scrapes it) and the telemetry guide's
@@ -78,6 +79,7 @@ async def everything(
         if tracer_provider is not None:
             each.plugin(Tracing(tracer_provider, logger_provider=logger_provider))
         each.plugin(Metrics(meter_provider))
+    agentic.plugin(Metrics(meter_provider, stage="model"))  # the GenAI client metrics
     harness.plugin(Retry(attempts=3, backoff_ms=20, retry_on=["TOOL_FAILED"], tools=["flaky"]))
     harness.plugin(CircuitBreaker(minimum_calls=4, failure_ratio=0.75, break_s=60))
     harness.plugin(RateLimit(per_second=50, burst=5))
@@ -115,6 +117,7 @@ async def everything(
         agent.tenant = "acme" if round_ % 2 == 0 else "globex"
         await agent.prompt("Find the TODOs")
         await execute(_call("lookup", round_))
+    await _gateway(meter_provider)
     if hold_s:
         async with anyio.create_task_group() as group:
             for n in range(4):
@@ -139,6 +142,39 @@ def main() -> None:
     anyio.run(lambda: everything(provider, rounds=3))
     while True:
         time.sleep(1)
+
+
+async def _gateway(meter_provider: Any) -> None:
+    """A team's model proxy in front of a loopback upstream: requests spend in nested
+    budgets (spend, what is left, the proxy's own time) until one is refused (a stop)."""
+    import httpx
+
+    from guardstack.integrations.model_proxy import ModelProxy
+    from guardstack.integrations.tenants import tenants_of
+    from tests.integrations.runaway import Runaway
+
+    tenants = tenants_of({
+        "keys": {"sk-acme-ci-0123456789abc": {"tenant": "acme", "team": "ci", "name": "ci"}},
+        "tenants": {"acme": {"budget": {"usd_per_day": 1.0},
+                             "teams": {"ci": {"budget": {"usd_per_day": 0.004}}}}},
+        "prices": {"gpt-test": [10, 30]},
+    })  # fmt: skip
+    harness = Harness()
+    harness.plugin(Metrics(meter_provider, stage="model"))
+    with Runaway(bound=0, usage=(5, 50)) as upstream:
+        proxy = ModelProxy(harness, upstream.url, tenants=tenants, upstream_key="k")
+        transport = httpx.ASGITransport(app=proxy.app)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+                for n in range(4):  # $0.00155 each: the third passes the team's day
+                    await c.post(
+                        "/v1/chat/completions",
+                        json={"model": "gpt-test", "max_tokens": 50,
+                              "messages": [{"role": "user", "content": f"build {n}"}]},
+                        headers={"authorization": "Bearer sk-acme-ci-0123456789abc"},
+                    )  # fmt: skip
+        finally:
+            await proxy.aclose()
 
 
 if __name__ == "__main__":

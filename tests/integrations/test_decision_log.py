@@ -207,6 +207,8 @@ async def test_spend_and_what_is_left_reach_the_metrics() -> None:
     assert left[("team:acme/ci", "usd_per_day")] == pytest.approx(0.006 - 0.00155)
     assert left[("tenant:acme", "usd_per_day")] == pytest.approx(1.0 - 0.00155)
     assert not any(scope.startswith("conversation:") for scope, _ in left)
+    # the proxy's own time on each, as its x-guardstack-overhead-ms header says
+    assert rig.total("guardstack.proxy.overhead", wire="openai") == 2
 
 
 async def test_control_behind_the_proxy_acts_on_the_tools_the_clients_models_call(

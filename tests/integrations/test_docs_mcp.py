@@ -39,3 +39,17 @@ def test_the_gateway_guide_runs_against_two_real_servers_and_prints_what_it_says
     claimed = page.split("It prints:\n\n```text\n", 1)[1].split("```", 1)[0].splitlines()
     assert printed == claimed
     assert (tmp_path / "log").read_text("utf-8").splitlines().count("run echo") == 2
+
+
+def test_the_gateway_guide_runs_as_written_with_the_server_it_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No MCP_SERVER: the example runs the small mcp 2.x server it writes itself."""
+    monkeypatch.delenv("MCP_SERVER", raising=False)
+    monkeypatch.chdir(tmp_path)
+    run_page("docs/mcp-gateway.md", tmp_path)
+    printed = capsys.readouterr().out.splitlines()
+    page = (ROOT / "docs" / "mcp-gateway.md").read_text("utf-8")
+    claimed = page.split("It prints:\n\n```text\n", 1)[1].split("```", 1)[0].splitlines()
+    assert printed == claimed
+    assert (tmp_path / "notes_server.py").read_text("utf-8").count("MCPServer") >= 2

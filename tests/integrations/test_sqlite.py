@@ -296,3 +296,65 @@ def test_the_default_file_is_under_the_xdg_state_home(
     assert default_path() == tmp_path / "guardstack" / "ledger.sqlite3"
     monkeypatch.delenv("XDG_STATE_HOME")
     assert default_path() == Path.home() / ".local" / "state" / "guardstack" / "ledger.sqlite3"
+
+
+async def test_a_breakers_window_forgets_outcomes_older_than_it(tmp_path: Path) -> None:
+    now = [1_000.0]
+    store = SqliteStore(tmp_path / "b.sqlite3", clock=lambda: now[0])
+    try:
+        settings_: dict[str, Any] = {"window_s": 10.0, "minimum_calls": 3, "failure_ratio": 0.5}
+        for _ in range(2):
+            assert await store.record("b", True, False, **settings_) is None
+        now[0] += 11  # both failures leave the window
+        assert await store.record("b", False, False, **settings_) is None
+        assert await store.record("b", True, False, **settings_) is None  # 1 of 2
+        assert await store.breaker_state("b") == "closed"
+        assert await store.record("b", True, False, **settings_) == "open"  # 2 of 3
+    finally:
+        await store.aclose()
+
+
+async def test_a_lock_held_by_another_process_is_waited_for_off_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """Operations run in place only when the write lock is free: while another
+    connection (another process, as SQLite sees it) holds it, the operation waits on
+    the worker thread — the event loop goes on — and completes once it is let go."""
+    import sqlite3
+
+    store = SqliteStore(tmp_path / "l.sqlite3")
+    await store.add("warm", 1)  # the file and its tables exist
+    other = sqlite3.connect(tmp_path / "l.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    ticks = 0
+    done = anyio.Event()
+
+    async def tick() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await anyio.sleep(0.005)
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(tick)
+            with anyio.fail_after(10):
+                waiting = anyio.Event()
+
+                async def add() -> None:
+                    waiting.set()
+                    await store.add("k", 2)
+                    done.set()
+
+                group.start_soon(add)
+                await waiting.wait()
+                await anyio.sleep(0.2)
+                assert not done.is_set()  # still waiting for the lock
+                seen = ticks
+                other.execute("COMMIT")
+                await done.wait()
+        assert seen >= 10  # the loop ran while the operation waited
+        assert await store.read("k") == 2
+    finally:
+        other.close()
+        await store.aclose()
