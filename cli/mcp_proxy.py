@@ -163,26 +163,35 @@ async def run_proxy(
         # Budgets declared on the command line are the tools' own: enforce them.
         harness.plugin(ToolCallTimeoutPolicy())
     telemetry = export_from_environment("guardstack-mcp-proxy")
-    try:
-        async with anyio.create_task_group() as group:
-            if watch and config is not None:
-                group.start_soon(lambda: watch_config(harness, config, allow_imports=allow_imports))
-            if transport == "http":
-                await _fatal_in_one_line(
-                    _proxy_http(
-                        harness,
-                        command,
-                        connect,
-                        gate,
-                        port,
-                        timeouts_ms,
-                        default_timeout_ms,
-                        (session_idle_s, max_sessions),
-                    )
+
+    async def serving() -> None:
+        if transport == "http":
+            await _fatal_in_one_line(
+                _proxy_http(
+                    harness,
+                    command,
+                    connect,
+                    gate,
+                    port,
+                    timeouts_ms,
+                    default_timeout_ms,
+                    (session_idle_s, max_sessions),
                 )
-            else:
-                await _proxy_stdio(harness, command, connect, timeouts_ms, default_timeout_ms)
+            )
+        else:
+            await _proxy_stdio(harness, command, connect, timeouts_ms, default_timeout_ms)
+
+    async def watched(config: Path) -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: watch_config(harness, config, allow_imports=allow_imports))
+            await serving()
             group.cancel_scope.cancel()
+
+    try:
+        if watch and config is not None:
+            await _fatal_in_one_line(watched(config))  # its failures, one line as ever
+        else:
+            await serving()
     finally:
         if telemetry is not None:
             telemetry.shutdown()  # flush what the proxy traced
