@@ -49,7 +49,7 @@ logger = logging.getLogger("guardstack")
 
 if TYPE_CHECKING:
     from mcp import ClientSession
-    from mcp.types import CallToolResult
+    from mcp.types import CallToolResult, Tool
 
 __all__ = [
     "proxy_server",
@@ -204,7 +204,7 @@ def proxy_server(
 NOTE_FIELD: Final = "guardstack_note"
 
 
-def with_note_field(tool: Any) -> Any:
+def with_note_field(tool: Tool) -> Tool:
     """A tool as served: an object output schema gains an optional ``guardstack_note``
     string, so a result with the guards' note in its structured content stays valid
     against the schema the client was given (a schema that forbids other properties

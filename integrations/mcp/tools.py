@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from guardstack.integrations._extras import require
@@ -72,7 +73,7 @@ async def mcp_tools(
     timeouts_ms: Mapping[str, int] | None = None,
     default_timeout_ms: int | None = None,
     tracer_provider: TracerProvider | None = None,
-    meter_provider: Any = None,
+    meter_provider: MeterProvider | None = None,
 ) -> list[ToolDefinition]:
     """A ``ToolDefinition`` for every tool the session's server lists (all pages).
 
@@ -416,14 +417,15 @@ def tracing_provider(harness: Harness) -> TracerProvider | None:
     return None
 
 
-def metering_provider(harness: Harness) -> Any:
+def metering_provider(harness: Harness) -> MeterProvider | None:
     """The meter provider the harness's ``Metrics`` reports to (``None``: the global one,
     or no ``Metrics``)."""
     from guardstack.wrappers import Metrics
 
     for handle in harness.plugins:
-        if isinstance(handle.plugin, Metrics) and handle.plugin.meter_provider is not None:
-            return handle.plugin.meter_provider
+        provider: MeterProvider | None = getattr(handle.plugin, "meter_provider", None)
+        if isinstance(handle.plugin, Metrics) and provider is not None:
+            return provider
     return None
 
 

@@ -30,7 +30,7 @@ from guardstack.integrations.model_proxy.exchange import (
 )
 from guardstack.integrations.model_proxy.gemini import GEMINI
 from guardstack.integrations.model_proxy.guarding import Guard
-from guardstack.integrations.model_proxy.owners import ResponseOwners, unattributable
+from guardstack.integrations.model_proxy.owners import ResponseOwners, reaches_another
 from guardstack.integrations.model_proxy.responses import RESPONSES
 from guardstack.integrations.model_proxy.upstream import DEFAULT, Target, Upstream
 from guardstack.integrations.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
@@ -299,7 +299,7 @@ class ModelProxy:
         data = parse(body)
         wire.check(data)
         if tenant is not None:
-            refused = await self._reaches_another(wire, tenant, data)
+            refused = await reaches_another(self.owners, wire, tenant, data)
             if refused is not None:
                 return refused
         messages = wire.messages(data)
@@ -493,45 +493,6 @@ class ModelProxy:
         decided("stop", layer=plugin, decision="end_turn", reason=text)
         tenant = conversation.agent.tenant or "default"
         self.harness.loop.signals.add(STOPS, 1, {"layer": plugin, "tenant": tenant})
-
-    async def _reaches_another(
-        self, wire: Wire, tenant: str, data: Mapping[str, Any]
-    ) -> Any | None:
-        """The answer to a request that names provider-side state that is not its
-        tenant's (``owners``), or ``None``: a stored response of another tenant is one
-        the provider does not know (404); state the proxy cannot attribute, a 400."""
-        field = unattributable(data)
-        if field is not None:
-            return self._error(
-                wire,
-                400,
-                "invalid_request",
-                f"{field} names state stored at the provider, which this gateway cannot "
-                "tell is yours; send the content itself",
-            )
-        previous = data.get("previous_response_id")
-        if wire is not RESPONSES or not isinstance(previous, str) or not previous:
-            return None
-        try:
-            owned = self.owners is not None and await self.owners.owns(previous, tenant)
-        except Exception:
-            logger.warning("model-proxy: the store did not say whose response %s is", previous)
-            return self._error(
-                wire, 503, "overloaded", "the gateway cannot check this response id now"
-            )
-        if owned:
-            return None
-        from starlette.responses import JSONResponse
-
-        missing = {
-            "error": {
-                "message": f"Previous response with id '{previous}' not found.",
-                "type": "invalid_request_error",
-                "param": "previous_response_id",
-                "code": "previous_response_not_found",
-            }
-        }
-        return JSONResponse(missing, 404)
 
 
 class _KeyRing(Mapping[str, str]):

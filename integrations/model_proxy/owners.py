@@ -22,13 +22,16 @@ every process on one shared store sees them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from guardstack.pipeline.contract import Window, new_token, store_key
 from guardstack.pipeline.ledger import Ledger
 
-__all__ = ["OWNER_TTL_S", "ResponseOwners", "unattributable"]
+logger = logging.getLogger("guardstack")
+
+__all__ = ["OWNER_TTL_S", "ResponseOwners", "reaches_another", "unattributable"]
 
 #: How long the provider keeps a stored response (OpenAI: 30 days), and so the record.
 OWNER_TTL_S: Final = 30 * 86_400.0
@@ -80,3 +83,45 @@ def _file_ids(value: Any, at: str) -> Iterator[str]:
                     stack.append((inner, named))
         elif isinstance(item, list):
             stack.extend((inner, f"{where}[{index}]") for index, inner in enumerate(item))
+
+
+async def reaches_another(
+    owners: ResponseOwners | None, wire: Any, tenant: str, data: Mapping[str, Any]
+) -> Any | None:
+    """The answer to a request that names provider-side state that is not its tenant's,
+    or ``None``: a stored response of another tenant is one the provider does not know
+    (404, in OpenAI's words); state the proxy cannot attribute, a 400."""
+    from guardstack.integrations.model_proxy.exchange import error_response
+
+    field = unattributable(data)
+    if field is not None:
+        return error_response(
+            wire,
+            400,
+            "invalid_request",
+            f"{field} names state stored at the provider, which this gateway cannot "
+            "tell is yours; send the content itself",
+        )
+    previous = data.get("previous_response_id")
+    if wire.name != "responses" or not isinstance(previous, str) or not previous:
+        return None
+    try:
+        owned = owners is not None and await owners.owns(previous, tenant)
+    except Exception:
+        logger.warning("model-proxy: the store did not say whose response %s is", previous)
+        return error_response(
+            wire, 503, "overloaded", "the gateway cannot check this response id now"
+        )
+    if owned:
+        return None
+    from starlette.responses import JSONResponse
+
+    missing = {
+        "error": {
+            "message": f"Previous response with id '{previous}' not found.",
+            "type": "invalid_request_error",
+            "param": "previous_response_id",
+            "code": "previous_response_not_found",
+        }
+    }
+    return JSONResponse(missing, 404)

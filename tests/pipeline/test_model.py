@@ -150,6 +150,7 @@ async def test_model_stage_metrics_record_duration_and_token_usage() -> None:
     [duration] = rig.points(MODEL_DURATION_METRIC)
     assert duration.attributes == {
         "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "_OTHER",  # the model names no provider
         "gen_ai.request.model": "named-model",
         "gen_ai.response.model": "named-model-2026",
     }
