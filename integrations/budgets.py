@@ -413,7 +413,10 @@ class Budgets:
                     self._remember(f"{scope.kind}:{scope.label}", name, limit - used)
                 if alerting and alert_at is not None and used >= alert_at * limit:
                     self._alerted.add(window.key)
-                    self._alert(scope, name, used, limit, alert_at)
+                    # once a window across every gateway process on the store
+                    first, _ = await self.store.add(f"{window.key}:alerted", 1, limit=1)
+                    if first:
+                        self._alert(scope, name, used, limit, alert_at)
 
     def _remember(self, scope: str, window: str, left: float) -> None:
         remaining = self.remaining

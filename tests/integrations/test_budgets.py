@@ -283,3 +283,50 @@ async def test_a_store_that_fails_refuses_in_the_apis_shape_and_sends_nothing(
     assert refused.headers["retry-after"] == "5"
     assert "the budgets' store is not answering (StoreError)" in refused.json()["error"]["message"]
     assert runaway.model_requests() == []
+
+
+async def test_a_budgets_alert_is_said_once_a_window() -> None:
+    """``alert_at: 0.5``: the request that takes a scope past half its day leaves one
+    decision-log line and one event; the next ones none; the next day's window may
+    alert again."""
+    import logging
+
+    from guardstack.integrations.budgets import Budgets
+    from guardstack.pipeline import MemoryStore, Usage
+    from guardstack.pipeline.signals import Signals
+
+    tenants = tenants_of({
+        "keys": {CI: {"tenant": "acme", "team": "ci", "name": "ci"}},
+        "tenants": {"acme": {"teams": {"ci": {"budget": {"usd_per_day": 0.01,
+                                                         "alert_at": 0.5}}}}},
+        "prices": {"gpt-x": [10, 30]},
+    })  # fmt: skip
+    now = [1_796_515_200.0]  # a day's start, UTC
+    signals, events = Signals(), []
+    signals.listen(lambda name, attributes, severity: events.append((name, dict(attributes))))
+    budgets = Budgets(tenants, MemoryStore(), wall_clock=lambda: now[0], signals=signals)
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("guardstack.decisions")
+    handler, level = Lines(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # as a gateway's decision log sets it
+    try:
+        entry = tenants.keys[CI]
+        for _day in range(2):
+            for _ in range(5):  # $0.00155 each: the 4th passes half of $0.01
+                held = await budgets.reserve(entry, "c", "gpt-x", 5, 50)
+                await budgets.settle(held, Usage(5, 50))  # type: ignore[arg-type]
+            now[0] += 86_400
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    alerts = [line for line in lines if '"budget_alert"' in line]
+    assert len(alerts) == 2  # one each day
+    assert "team 'acme/ci' has used 0.0062 of 0.01 (usd_per_day), past 50%" in alerts[0]
+    assert [name for name, _ in events] == ["guardstack.budget_alert"] * 2
+    assert events[0][1]["guardstack.scope"] == "team:acme/ci"
