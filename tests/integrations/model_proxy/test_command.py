@@ -312,3 +312,74 @@ def test_watch_serves_a_changed_tenants_file_and_keeps_one_that_does_not_load(
     [mistake] = [line for line in said.splitlines() if "not reloaded" in line]
     assert "usd_per_dya" in mistake
     assert "did you mean" in mistake
+
+
+def test_the_decision_log_on_standard_error_has_one_line_each_and_no_secret(
+    tmp_path: Path,
+) -> None:
+    """Through the console script: a shadow decision, a stop, a reload and an admin
+    action each leave exactly one JSON line with the documented fields on standard
+    error — and the client key and the message text planted in the requests never."""
+    import time
+
+    import httpx
+
+    from guardstack.pipeline.decisions import FIELDS
+    from tests.integrations.model_proxy.command import started
+    from tests.integrations.runaway import Runaway
+
+    secret_text = "the launch code is 0000-PLANTED"
+    key = "sk-acme-alice-0123456789"
+    admin = "an-admin-key-of-some-length"
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(
+        "- name: tool-call-limit\n  config: {per_turn: 1, shadow: true}\n"
+        "- name: model-call-limit\n  config: {per_turn: 3}\n",
+        "utf-8",
+    )
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS.replace("usd_per_day: 0.004", "usd_per_day: 10"), "utf-8")
+    tools = [{"type": "function", "function": {"name": "run", "parameters": {}}}]
+    with Runaway(bound=10, usage=(5, 50), tool="run") as upstream:
+        arguments = ["--upstream", upstream.url, "--tenants", str(tenants), "--config",
+                     str(stack), "--watch", "--admin-key-env", "ADMIN"]  # fmt: skip
+        with started(arguments, tmp_path, environment={"ADMIN": admin}) as proxy:
+            messages: list[dict[str, Any]] = [{"role": "user", "content": secret_text}]
+            for _ in range(4):  # the turn: one call allowed in shadow, three model calls
+                answer = httpx.post(
+                    f"{proxy.url}/v1/chat/completions",
+                    json={"model": "gpt-x", "max_tokens": 50, "messages": messages,
+                          "tools": tools},
+                    headers={"authorization": f"Bearer {key}"}, timeout=30,
+                )  # fmt: skip
+                message = answer.json()["choices"][0]["message"]
+                calls = message.get("tool_calls") or []
+                if not calls:
+                    break
+                messages = [*messages, message] + [
+                    {"role": "tool", "tool_call_id": c["id"], "content": secret_text} for c in calls
+                ]
+            httpx.post(
+                f"{proxy.url}/admin/control",
+                json={"action": "set_limit", "layer": "model-call-limit",
+                      "values": {"per_turn": 5}},
+                headers={"authorization": f"Bearer {admin}"}, timeout=30,
+            ).raise_for_status()  # fmt: skip
+            stack.write_text(stack.read_text("utf-8").replace("per_turn: 3", "per_turn: 4"))
+            deadline = time.monotonic() + 15
+            while '"reload"' not in proxy.said():
+                assert time.monotonic() < deadline, proxy.said()
+                time.sleep(0.1)
+            said = proxy.said()
+    lines = [json.loads(line) for line in said.splitlines() if line.startswith("{")]
+    assert all(tuple(line) == FIELDS for line in lines)
+    kinds = [(line["event"], line["layer"], line["decision"]) for line in lines]
+    # the 2nd and 3rd calls of the turn would have been denied: one line each
+    assert kinds.count(("shadow", "tool-call-limit", "would deny")) == 2
+    assert kinds.count(("stop", "model-call-limit", "end_turn")) == 1
+    assert kinds.count(("admin", "model-call-limit", "set_limit")) == 1
+    assert kinds.count(("reload", "harness", "reloaded")) == 1
+    stop = next(line for line in lines if line["event"] == "stop")
+    assert (stop["tenant"], stop["key_name"], stop["model"]) == ("acme", "alice", "gpt-x")
+    assert key not in said
+    assert "PLANTED" not in said
