@@ -58,6 +58,7 @@ __all__ = [
     "SPEND_USD",
     "STOPS",
     "STORE_ERRORS",
+    "STREAM_CUTS",
     "USAGE_TOKENS",
     "USAGE_USD",
     "MetricSpec",
@@ -79,6 +80,7 @@ STOPS: Final = "guardstack.stops"
 SPEND_USD: Final = "guardstack.spend.usd"
 BUDGET_REMAINING_USD: Final = "guardstack.budget.remaining.usd"
 PROXY_OVERHEAD: Final = "guardstack.proxy.overhead"
+STREAM_CUTS: Final = "guardstack.stream.cuts"
 STORE_ERRORS: Final = "guardstack.store.errors"
 SHADOW_DECISIONS: Final = "guardstack.shadow.decisions"
 CONTROL_OVERRIDES: Final = "guardstack.control.overrides"
@@ -182,6 +184,11 @@ METRICS: Final[dict[str, MetricSpec]] = {
         "The model proxy's own time on a request, the upstream's excluded (its "
         "x-guardstack-overhead-ms header), by wire",
         OVERHEAD_BUCKETS,
+    ),
+    "guardstack.stream.cuts": MetricSpec(
+        "counter", "{stream}",
+        "Upstream streams that broke off after their first byte (the client got the API's "
+        "error event), by wire"
     ),
     "guardstack.control.overrides": MetricSpec(
         "gauge", "{override}",

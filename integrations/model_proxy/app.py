@@ -40,7 +40,7 @@ from guardstack.pipeline.contract import input_estimate
 from guardstack.pipeline.decisions import about, decided
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import Ledger
-from guardstack.pipeline.signals import STOPS
+from guardstack.pipeline.signals import STOPS, STREAM_CUTS
 from guardstack.pipeline.validate import in_ms, integer, number
 
 __all__ = ["CONVERSATION_HEADER", "STOPPED_HEADER", "ModelProxy"]
@@ -163,8 +163,13 @@ class ModelProxy:
             await target.client.aclose()
 
     def count_cut(self, wire: Wire) -> None:
+        """An upstream stream broke off after its first byte (the client got the API's
+        error event): counted, logged, a decision-log line."""
         self.cuts[wire.name] = self.cuts.get(wire.name, 0) + 1
         logger.warning("model-proxy: an upstream %s stream broke off mid-answer", wire.name)
+        why = "the upstream's stream broke off mid-answer; the client got the API's error event"
+        decided("stream_cut", layer="upstream", decision="error_event", reason=why)
+        self.harness.loop.signals.add(STREAM_CUTS, 1, {"wire": wire.name})
 
     def attempts_allowed(self) -> int:
         """How many upstream calls one request may make: the model stage's ``Retry``."""

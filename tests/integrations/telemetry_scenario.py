@@ -154,9 +154,11 @@ async def _gateway(meter_provider: Any) -> None:
     from tests.integrations.runaway import Runaway
 
     tenants = tenants_of({
-        "keys": {"sk-acme-ci-0123456789abc": {"tenant": "acme", "team": "ci", "name": "ci"}},
+        "keys": {"sk-acme-ci-0123456789abc": {"tenant": "acme", "team": "ci", "name": "ci"},
+                 "sk-acme-al-0123456789abc": {"tenant": "acme", "team": "research"}},
         "tenants": {"acme": {"budget": {"usd_per_day": 1.0},
-                             "teams": {"ci": {"budget": {"usd_per_day": 0.004}}}}},
+                             "teams": {"ci": {"budget": {"usd_per_day": 0.004}},
+                                       "research": {}}}},
         "prices": {"gpt-test": [10, 30]},
     })  # fmt: skip
     harness = Harness()
@@ -173,6 +175,13 @@ async def _gateway(meter_provider: Any) -> None:
                               "messages": [{"role": "user", "content": f"build {n}"}]},
                         headers={"authorization": "Bearer sk-acme-ci-0123456789abc"},
                     )  # fmt: skip
+                upstream.cut_after = 1  # a stream the upstream breaks off mid-answer
+                await c.post(
+                    "/v1/chat/completions",
+                    json={"model": "gpt-test", "max_tokens": 50, "stream": True,
+                          "messages": [{"role": "user", "content": "cut"}]},
+                    headers={"authorization": "Bearer sk-acme-al-0123456789abc"},
+                )  # fmt: skip
         finally:
             await proxy.aclose()
 

@@ -87,7 +87,7 @@ FIRST_CONTENT = {"anthropic": 3, "chat": 1, "responses": 4, "gemini": 1}
 @pytest.mark.filterwarnings("ignore:Inheritance class AiohttpClientSession:DeprecationWarning")
 @pytest.mark.parametrize("api", sorted(CLIENTS))
 async def test_an_upstream_that_dies_mid_answer_is_an_error_to_the_official_client(
-    runaway: Runaway, api: str
+    runaway: Runaway, api: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Reported elsewhere: a stream cut after its first byte ends as a clean 200 (no
     error, no fallback). Here the client raises or reports the error; it never gets a
@@ -103,6 +103,8 @@ async def test_an_upstream_that_dies_mid_answer_is_an_error_to_the_official_clie
         assert "broke off mid-answer" in str(raised.value)
     wire = {"chat": "openai"}.get(api, api)
     assert cuts == {wire: 1}
+    cut_lines = [r for r in caplog.records if r.name == "guardstack.decisions"]
+    assert ['"stream_cut"' in r.getMessage() for r in cut_lines] == [True]
 
 
 async def test_every_answer_says_the_proxys_own_time_and_a_useless_retry_is_said(
