@@ -48,13 +48,18 @@ def _parts(content: Any) -> list[Mapping[str, Any]]:
 
 def gemini_usage(reported: Any) -> Usage | None:
     """``usageMetadata`` as guardstack counts it: the thoughts are output (and its
-    reasoning tokens), the cached content is input already counted in the prompt."""
+    reasoning tokens), the cached content is input already counted in the prompt, a
+    tool's prompt (``toolUsePromptTokenCount``) is input too."""
     if not isinstance(reported, Mapping):
         return usage_reported(None, None, source="the upstream (no usageMetadata)")
     thoughts = reported.get("thoughtsTokenCount") or 0
     candidates = reported.get("candidatesTokenCount") or 0
+    prompt, tool_use = reported.get("promptTokenCount"), reported.get("toolUsePromptTokenCount")
     return usage_reported(
-        reported.get("promptTokenCount"),
+        # a tool's prompt (search grounding's results) is input the API bills as such
+        prompt + tool_use
+        if isinstance(prompt, int) and isinstance(tool_use, int) and tool_use > 0
+        else prompt,
         candidates + thoughts
         if isinstance(candidates, int) and isinstance(thoughts, int)
         else None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -294,8 +294,7 @@ class Upstream:
         (``answers.Editor``) may hold its tool calls until they are decided."""
         wire = self.wire
         pending = b""
-        usage: Usage | None = None
-        seen_usage = False
+        tally = StreamTally(wire)
         editor = None
         if self.decide is not None:
             from guardstack.integrations.model_proxy.answers import editor_for
@@ -326,9 +325,7 @@ class Upstream:
                         if stored is not None:
                             self.response_id = stored
                             await self._owned(stored)
-                        before = usage
-                        usage = wire.usage_in(event, usage)
-                        seen_usage = seen_usage or usage is not before
+                        tally.add(event)
                         if self.strip_usage and wire.is_usage_only(event):
                             continue
                     out.append(raw if editor is None else await editor.feed(raw, event))
@@ -341,9 +338,61 @@ class Upstream:
             ) from error
         rest = (await editor.finish() if editor is not None else b"") + pending
         await self._emit(rest)
-        if not seen_usage:  # a stream that never said what it cost: charged its reservation
-            usage = None
-        return ModelReply("", usage=usage, model=self.model)
+        return ModelReply("", usage=tally.usage, model=tally.model or self.model)
+
+
+class StreamTally:
+    """What a stream's events say it cost, by its wire's ``usage_in`` over each event in
+    turn; ``usage`` is ``None`` when no event said (charged its reservation). ``model``
+    is the model the events say answered (priced as the unstreamed answer's is)."""
+
+    __slots__ = ("_said", "_seen", "model", "wire")
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self._said: Usage | None = None
+        self._seen = False
+        self.model: str | None = None
+
+    def add(self, event: Any) -> None:
+        before = self._said
+        self._said = self.wire.usage_in(event, before)
+        self._seen = self._seen or self._said is not before
+        if self.model is None:
+            self.model = _answering_model(event)
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._said if self._seen else None
+
+
+def _answering_model(event: Any) -> str | None:
+    """The model an event names: a chat chunk's ``model``, Anthropic's ``message_start``,
+    a Responses event's ``response``, a Gemini chunk's ``modelVersion``."""
+    if not isinstance(event, Mapping):
+        return None
+    for holder in (event, event.get("message"), event.get("response")):
+        if isinstance(holder, Mapping):
+            name = holder.get("model") or holder.get("modelVersion")
+            if isinstance(name, str) and name:
+                return name
+    return None
+
+
+def stream_usage(wire: Wire, pieces: Iterable[bytes]) -> Usage | None:
+    """What a stream arriving in ``pieces`` (cut anywhere) is charged: as the proxy's
+    relay reads it, event by event."""
+    tally, pending = StreamTally(wire), b""
+    for piece in pieces:
+        pending += piece
+        while True:
+            raw, pending = _next_event(pending)
+            if raw is None:
+                break
+            event = _event_in(raw)
+            if event is not None:
+                tally.add(event)
+    return tally.usage
 
 
 def _next_event(buffer: bytes) -> tuple[bytes | None, bytes]:

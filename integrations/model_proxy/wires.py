@@ -456,18 +456,19 @@ class AnthropicMessages(Wire):
         reported = event.get("usage")
         if not isinstance(reported, Mapping):
             return so_far
-        if so_far is not None and "input_tokens" not in reported:
-            output = usage_reported(0, reported.get("output_tokens"), source="the upstream")
-            if output is None:
-                return None
-            return Usage(
-                so_far.input_tokens,
-                output.output_tokens,
-                so_far.cached_input_tokens,
-                so_far.reasoning_tokens,
-                so_far.cache_write_tokens,
-            )
-        return anthropic_usage(reported)
+        if so_far is None:
+            return anthropic_usage(reported)
+        # the delta's counts are cumulative, and say only what changed (a server tool's
+        # results add input and cache use after message_start): over the start's
+        start = {
+            "input_tokens": so_far.input_tokens
+            - so_far.cached_input_tokens
+            - so_far.cache_write_tokens,
+            "cache_read_input_tokens": so_far.cached_input_tokens,
+            "cache_creation_input_tokens": so_far.cache_write_tokens,
+        }
+        merged = {**start, **{k: v for k, v in reported.items() if v is not None}}
+        return anthropic_usage(merged)
 
     def stop_body(self, model: str, text: str) -> dict[str, Any]:
         return {

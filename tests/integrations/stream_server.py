@@ -1,0 +1,103 @@
+"""A loopback upstream that plays a recorded stream (``tests/fixtures/streams/``).
+
+Every model request is answered with the fixture set in ``name``: its unstreamed twin
+(``NAME.json``) when the request does not stream, else its events (``NAME.sse``), cut
+into pieces at ``cuts`` (byte offsets) and written one piece at a time — so what the
+client reads arrives as a real connection may deliver it, an event split anywhere.
+Runs in a thread with its own event loop (the clients under test may run on trio).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "streams"
+
+
+def manifest() -> dict[str, Any]:
+    """Each recording: its wire, the usage it reports, what it shows."""
+    loaded: dict[str, Any] = json.loads((FIXTURES / "manifest.json").read_text("utf-8"))
+    return loaded
+
+
+class Recorded:
+    """The upstream (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.cuts: list[int] = []
+        self.port = 0
+        self.requests: list[dict[str, Any]] = []
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def stream_bytes(self) -> bytes:
+        return (FIXTURES / f"{self.name}.sse").read_bytes()
+
+    def twin_bytes(self) -> bytes:
+        return (FIXTURES / f"{self.name}.json").read_bytes()
+
+    def pieces(self) -> list[bytes]:
+        data = self.stream_bytes()
+        edges = [0, *sorted({cut for cut in self.cuts if 0 < cut < len(data)}), len(data)]
+        return [data[start:end] for start, end in itertools.pairwise(edges)]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response, StreamingResponse
+        from starlette.routing import Route
+
+        async def handle(request: Request) -> Response:
+            body = json.loads(await request.body() or b"{}")
+            self.requests.append(body)
+            streamed = bool(body.get("stream")) or request.url.path.endswith(
+                ":streamGenerateContent"
+            )
+            if not streamed:
+                return Response(self.twin_bytes(), media_type="application/json")
+
+            async def play() -> Any:
+                for piece in self.pieces():
+                    yield piece
+
+            return StreamingResponse(play(), media_type="text/event-stream")
+
+        paths = ["/v1/chat/completions", "/v1/responses", "/v1/messages",
+                 "/v1beta/models/{target}"]  # fmt: skip
+        return Starlette(routes=[Route(path, handle, methods=["POST"]) for path in paths])
+
+    def __enter__(self) -> Recorded:
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = int(probe.getsockname()[1])
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the recorded upstream did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
