@@ -88,6 +88,8 @@ PRINTS = {
         "thread-a after reset None",
         'Potential loop detected: the sequence "read" → "edit" repeated 3 times',
         "deadline - turn-deadline: the turn's 50 ms ran out",
+        "completed - 'Plan: read the config.\\nI will check the config file once more to "
+        "be sure. '",
     ],
     "docs/order.md": [
         "warning: retry waits for TOOL_TIMOUT, which no layer in this stack produces"

@@ -382,7 +382,17 @@ def main(argv: list[str] | None = None) -> None:
         action="append",
     )
     parser.add_argument("--tune", action="store_true", help="score the grid on the tuning set")
+    parser.add_argument(
+        "--text",
+        action="store_true",
+        help="loops inside an answer's text (benchmarks/loops/text.py)",
+    )
     options = parser.parse_args(argv)
+    if options.text:
+        from benchmarks.loops.text import main as text_main
+
+        text_main()
+        return
     if options.tune:
         chosen, results = anyio.run(tune)
         ranked = sorted(

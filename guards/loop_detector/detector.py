@@ -22,6 +22,7 @@ from guardstack.guards.loop_detector.patterns import (
     same_failures,
     walk_length,
 )
+from guardstack.guards.loop_detector.text_watch import TextWatch
 from guardstack.guards.loop_detector.watcher import Watcher
 from guardstack.pipeline.contract import Scope
 from guardstack.pipeline.validate import (
@@ -38,6 +39,12 @@ from guardstack.pipeline.values import (
 
 if TYPE_CHECKING:
     pass
+
+
+#: The text-loop defaults, chosen on the tuning corpus (``benchmarks.loops --text``).
+TEXT_REPEATS = 3
+TEXT_MIN_BLOCK = 12
+TEXT_MIN_CHARS = 80
 
 
 def _threshold(key: str) -> Any:
@@ -104,6 +111,19 @@ class LoopDetector:
     monologue: int | None = attrs.field(default=None, validator=_threshold("monologue"))
     continue_prompts: tuple[str, ...] = attrs.field(default=(), converter=_prompts)
     across_turns: bool = attrs.field(default=True, validator=_flag("across_turns"))
+    #: Watch each answer's text (and reasoning) for a block that keeps repeating: cut it
+    #: there, a note the first time, the end of the turn the next (``text_watch``).
+    text: bool = attrs.field(default=False, validator=_flag("text"))
+    #: A text loop: ``text_repeats`` copies of a block of ``text_min_block`` characters
+    #: or more, ``text_min_chars`` in all (chosen on a tuning corpus: ``benchmarks.loops
+    #: --text``).
+    text_repeats: int = attrs.field(default=TEXT_REPEATS, validator=_threshold("text_repeats"))
+    text_min_block: int = attrs.field(
+        default=TEXT_MIN_BLOCK, validator=optional_integer(PLUGIN, "text_min_block")
+    )
+    text_min_chars: int = attrs.field(
+        default=TEXT_MIN_CHARS, validator=optional_integer(PLUGIN, "text_min_chars")
+    )
     #: Detect as usual, record what it would have done (remind, deny, end the turn), act
     #: on nothing.
     shadow: bool = attrs.field(default=False, validator=_flag("shadow"), kw_only=True)
@@ -122,7 +142,7 @@ class LoopDetector:
             self.walking,
             self.poll,
         )
-        if not any(tool_patterns) and not self.monologue:
+        if not any(tool_patterns) and not self.monologue and not self.text:
             raise invalid(PLUGIN, "identical", None, "set (or another pattern): all are off")
         if self.monologue and not self.continue_prompts:
             raise invalid(
@@ -168,6 +188,9 @@ class LoopDetector:
         scope.use(scope.loop.prompt_submit, watcher.prompt_submit, name=PLUGIN)
         if self.monologue:
             scope.use(scope.loop.model_call, watcher.model_call, name=PLUGIN)
+        if self.text:
+            texts = TextWatch(self, scope.signals, watcher.shadow)
+            scope.use(scope.loop.model_call, texts.model_call, name=PLUGIN)
 
     # -- comparing calls ------------------------------------------------------------------
 
@@ -310,7 +333,7 @@ class LoopDetector:
                     return Detection("cycle", names, repeats, 0)
         return None
 
-    def text(self, found: Detection) -> str:
+    def advice(self, found: Detection) -> str:
         """The advisory message for a detection."""
         tools = " → ".join(f'"{name}"' for name in found.tools)
         besides = (

@@ -102,7 +102,7 @@ class Watcher:
         found, monologue.pending = monologue.pending, None
         if found is not None and config.remind is not None and found.number == config.remind:
             if self.shadow is None:
-                text = f"{text}\n\n{config.text(found)}"
+                text = f"{text}\n\n{config.advice(found)}"
             else:
                 self.shadow.would("remind", f"agent {agent.session_id}", found.pattern)
         return await call_next(agent, text)
@@ -118,7 +118,7 @@ class Watcher:
             if stops and monologue.detections >= min(stops):
                 found = Detection("monologue", (), len(monologue.replies), monologue.detections)
                 if self.shadow is None:
-                    raise TurnBlocked(f"{PLUGIN}: {config.text(found)} (turn ended)")
+                    raise TurnBlocked(f"{PLUGIN}: {config.advice(found)} (turn ended)")
                 self.shadow.would("end the turn", f"agent {agent.session_id}", found.pattern)
         reply = await call_next(request)
         if reply.tool_calls:
@@ -167,7 +167,7 @@ class Watcher:
         ends = config.end_turn is not None and number >= config.end_turn
         if ends or (config.deny is not None and number >= config.deny):
             what = "turn ended" if ends else "call denied"
-            reason = f"{config.name}: {config.text(found)} ({what}: this loop was not broken)"
+            reason = f"{config.name}: {config.advice(found)} ({what}: this loop was not broken)"
             if self.shadow is None:
                 return Deny(reason, end_turn=ends)
             decision = "end the turn" if ends else "deny"
@@ -206,7 +206,7 @@ class Watcher:
         if self.shadow is not None:
             self.shadow.would("remind", f'tool "{call.name}"', f"{found.pattern} loop")
             return decision
-        reminder = ContextMessage(config.text(found), SOURCE)
+        reminder = ContextMessage(config.advice(found), SOURCE)
         self.signals.add(REMINDERS, 1, {"pattern": found.pattern})
         return attrs.evolve(decision, additional_contexts=(reminder, *decision.additional_contexts))
 
