@@ -145,7 +145,9 @@ def score(
     settings: tuple[int, int, int], good: list[str], bad: list[tuple[str, str, int]]
 ) -> dict[str, Any]:
     alarms = sum(fires(text, settings) is not None for text in good)
-    caught, late, missed = 0, [], {}
+    caught = 0
+    late: list[int] = []
+    missed: dict[str, int] = {}
     for shape, text, third in bad:
         at = fires(text, settings)
         if at is None:
