@@ -52,6 +52,7 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
         "tests/guards/loop_detector/test_generalises.py",
     ),
     "guards/loop_detector/watcher.py": ("tests/guards/loop_detector/test_real_traffic.py",),
+    "guards/loop_detector/text_watch.py": ("tests/guards/loop_detector/test_text.py",),
     # A usage limit's parts: through the limit.
     "guards/usage_downgrade.py": ("tests/guards/test_model_call_limit.py",),
     "guards/usage_windows.py": ("tests/guards/test_model_call_limit.py",),
