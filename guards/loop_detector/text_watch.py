@@ -13,7 +13,7 @@ does not loop starts the ladder again.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import anyio
 import attrs
@@ -28,7 +28,11 @@ if TYPE_CHECKING:
     from guardstack.guards.loop_detector.detector import LoopDetector
     from guardstack.pipeline.contract import Agent
 
-__all__ = ["TextWatch"]
+__all__ = ["LOOP_CUT", "TextWatch"]
+
+#: The ``finish_reason`` of an answer cut where it started repeating (a host that
+#: relays the stream itself — the model proxy — ends the client's stream cleanly on it).
+LOOP_CUT: Final = "loop"
 
 
 class _Conversation:
@@ -102,7 +106,8 @@ class TextWatch:
             reply = await call_next(attrs.evolve(request, on_chunk=on_chunk))
         if cut.cancelled_caught and found:  # cut as it looped: what it said once is kept
             text = "".join(pieces)
-            answer = ModelReply(text[: found[0].kept], model=getattr(agent.model, "model", None))
+            model = getattr(agent.model, "model", None)
+            answer = ModelReply(text[: found[0].kept], model=model, finish_reason=LOOP_CUT)
             return self._looped(state, found[0], text, answer)
         hit = found[0] if found else self._found(reply.text)
         looped_in = reply.text

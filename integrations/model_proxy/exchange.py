@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
+from guardstack.guards.loop_detector.text_watch import LOOP_CUT
 from guardstack.integrations.model_proxy.conversations import Conversation
 from guardstack.integrations.model_proxy.guarding import plugin_of
 from guardstack.integrations.model_proxy.upstream import Upstream
@@ -306,10 +307,17 @@ class Exchange:
             (name.encode(), value.encode()) for name, value in self.headers().items()
         ]
         instead: Any = None
+        stop: str | None = None  # a guard's stop after the stream began: a clean end
         try:
-            await self.until_done(receive)
+            reply = await self.until_done(receive)
+            if reply is not None and reply.finish_reason == LOOP_CUT:
+                stop = "Stopped by loop-detector: the answer started repeating itself and was cut"
         except TurnBlocked as blocked:
-            instead = self.stopped(blocked)
+            if upstream.started:
+                stop = f"Stopped by {plugin_of(str(blocked))}: {blocked}"
+                self.proxy.stopped(plugin_of(str(blocked)), str(blocked), self.conversation)
+            else:
+                instead = self.stopped(blocked)
         except ModelError as error:
             instead = self.failed(error)
         except Exception:
@@ -326,7 +334,9 @@ class Exchange:
             await instead(scope, receive, send)
             return
         ending = b""
-        if instead is not None:  # the upstream's stream broke after its first bytes went out
+        if stop is not None and not upstream.read_to_end:  # stopped partway: a clean end
+            ending = upstream.closing.close(f"\n\n{stop}")
+        elif instead is not None:  # the upstream's stream broke after its first bytes went out
             self.proxy.count_cut(upstream.wire)
             ending = upstream.wire.cut_events(
                 "the upstream's stream broke off mid-answer", upstream.response_id

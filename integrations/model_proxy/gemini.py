@@ -186,6 +186,15 @@ class Gemini(Wire):
             model=model if isinstance(model, str) else None,
         )
 
+    def text_in(self, event: Any) -> str:
+        if not isinstance(event, Mapping):
+            return ""
+        candidates = event.get("candidates")
+        candidate = candidates[0] if isinstance(candidates, list) and candidates else None
+        if not isinstance(candidate, Mapping):
+            return ""
+        return "".join(str(part.get("text", "")) for part in _parts(candidate.get("content")))
+
     def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
         """Each chunk's ``usageMetadata`` is the stream's so far (the last one whole)."""
         reported = event.get("usageMetadata")

@@ -145,6 +145,14 @@ class Responses(Wire):
         event = {"type": "response.failed", "sequence_number": 1_000_000, "response": failed}
         return f"event: response.failed\ndata: {json.dumps(event)}\n\n".encode()
 
+    def text_in(self, event: Any) -> str:
+        kinds = ("response.output_text.delta", "response.reasoning_text.delta",
+                 "response.reasoning_summary_text.delta")  # fmt: skip
+        if not isinstance(event, Mapping) or event.get("type") not in kinds:
+            return ""
+        delta = event.get("delta")
+        return delta if isinstance(delta, str) else ""
+
     def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
         if event.get("type") not in ("response.completed", "response.incomplete"):
             return so_far

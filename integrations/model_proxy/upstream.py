@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from guardstack.integrations._provider import status_error
+from guardstack.integrations.model_proxy.closing import Closing, closing_for
 from guardstack.integrations.model_proxy.wires import Wire
 from guardstack.pipeline import (
     MODEL_FAILED,
@@ -95,6 +96,10 @@ class Upstream:
         self.send: Any = None
         self.started = False  # a byte of a streamed reply has reached the client
         self.gone = False  # the client left: read on for the usage, send nothing
+        #: The upstream's stream was read to its end (not stopped partway by a layer).
+        self.read_to_end = False
+        #: What went out of the stream, to end it cleanly if a guard stops it partway.
+        self.closing: Closing = Closing()
         #: Whose request it is (``None``: the proxy has no tenants): a reply the provider
         #: stores is recorded as this tenant's.
         self.tenant: str | None = None
@@ -284,7 +289,8 @@ class Upstream:
         if self.gone:
             return
         try:
-            await self.send(message)
+            with anyio.CancelScope(shield=True):  # whole events, or none: never half a one
+                await self.send(message)
         except OSError:  # the client went away under us
             self.gone = True
 
@@ -295,6 +301,7 @@ class Upstream:
         wire = self.wire
         pending = b""
         tally = StreamTally(wire)
+        closing = self.closing = closing_for(wire.name)
         editor = None
         if self.decide is not None:
             from guardstack.integrations.model_proxy.answers import editor_for
@@ -329,6 +336,11 @@ class Upstream:
                         if self.strip_usage and wire.is_usage_only(event):
                             continue
                     out.append(raw if editor is None else await editor.feed(raw, event))
+                    closing.see(event)
+                    if on_chunk is not None and event is not None:
+                        text = wire.text_in(event)
+                        if text:
+                            on_chunk(text)  # a layer reading the text (a loop in it) sees it
                 if out:
                     await self._emit(b"".join(out))
         except self.proxy.httpx.TransportError as error:
@@ -338,6 +350,7 @@ class Upstream:
             ) from error
         rest = (await editor.finish() if editor is not None else b"") + pending
         await self._emit(rest)
+        self.read_to_end = True  # the upstream's own ending went out
         return ModelReply("", usage=tally.usage, model=tally.model or self.model)
 
 

@@ -180,6 +180,10 @@ class Wire:
         """What a JSON reply says (text and usage); unknown usage when it cannot say."""
         raise NotImplementedError
 
+    def text_in(self, event: Any) -> str:
+        """The answer's text (or reasoning) a streamed event carries, ``""`` if none."""
+        return ""
+
     def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
         """The usage a stream has reported, after one more of its events."""
         return so_far
@@ -302,6 +306,15 @@ class OpenAIChat(Wire):
             usage=_openai_usage(data.get("usage")),
             model=model if isinstance(model, str) else None,
         )
+
+    def text_in(self, event: Any) -> str:
+        choices = event.get("choices") if isinstance(event, Mapping) else None
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        delta = choice.get("delta") if isinstance(choice, Mapping) else None
+        if not isinstance(delta, Mapping):
+            return ""
+        pieces = (delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning"))
+        return "".join(piece for piece in pieces if isinstance(piece, str))
 
     def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
         if "usage" not in event or event.get("usage") is None:
@@ -443,6 +456,15 @@ class AnthropicMessages(Wire):
             usage=anthropic_usage(data.get("usage")),
             model=model if isinstance(model, str) else None,
         )
+
+    def text_in(self, event: Any) -> str:
+        if not isinstance(event, Mapping) or event.get("type") != "content_block_delta":
+            return ""
+        delta = event.get("delta")
+        if not isinstance(delta, Mapping):
+            return ""
+        piece = delta.get("text") if delta.get("type") == "text_delta" else delta.get("thinking")
+        return piece if isinstance(piece, str) else ""
 
     def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
         """``message_start`` carries the input tokens, each ``message_delta`` the output

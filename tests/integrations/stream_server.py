@@ -30,6 +30,12 @@ class Recorded:
 
     def __init__(self) -> None:
         self.name = ""
+        #: A stream to play instead of a recording's (``name`` then only picks its twin).
+        self.raw: bytes | None = None
+        #: Seconds between two pieces (a model that writes as it thinks).
+        self.delay_s = 0.0
+        #: How many streams were played to their end.
+        self.finished = 0
         self.cuts: list[int] = []
         self.port = 0
         self.requests: list[dict[str, Any]] = []
@@ -37,6 +43,8 @@ class Recorded:
         self._thread: threading.Thread | None = None
 
     def stream_bytes(self) -> bytes:
+        if self.raw is not None:
+            return self.raw
         return (FIXTURES / f"{self.name}.sse").read_bytes()
 
     def twin_bytes(self) -> bytes:
@@ -68,8 +76,13 @@ class Recorded:
                 return Response(self.twin_bytes(), media_type="application/json")
 
             async def play() -> Any:
+                import asyncio
+
                 for piece in self.pieces():
+                    if self.delay_s:
+                        await asyncio.sleep(self.delay_s)
                     yield piece
+                self.finished += 1
 
             return StreamingResponse(play(), media_type="text/event-stream")
 
