@@ -57,9 +57,7 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "guards/usage_downgrade.py": ("tests/guards/test_model_call_limit.py",),
     "guards/usage_windows.py": ("tests/guards/test_model_call_limit.py",),
     "integrations/_sqlite_rows.py": ("tests/integrations/test_sqlite.py",),
-    "integrations/model_proxy/closing.py": (
-        "tests/integrations/model_proxy/test_text_loops.py",
-    ),
+    "integrations/model_proxy/closing.py": ("tests/integrations/model_proxy/test_text_loops.py",),
     "integrations/spend.py": ("tests/cli/test_spend.py", "tests/integrations/test_budgets.py"),
     # Integration internals: through the integration, against the real peer.
     "integrations/_admin.py": ("tests/integrations/model_proxy/test_gateway.py",),

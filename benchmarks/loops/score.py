@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.loops")
     parser.add_argument(
         "--set",
-        choices=["shipped", "tuning", "validation", "real-tuning", "real-validation"],
+        choices=["shipped", "tuning", "validation", "real-tuning", "real-validation", "fresh"],
         action="append",
     )
     parser.add_argument("--tune", action="store_true", help="score the grid on the tuning set")
