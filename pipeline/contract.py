@@ -70,7 +70,14 @@ from guardstack.pipeline.model import (
     model_error_code,
     stated_output_limit,
 )
-from guardstack.pipeline.onion import Instrumentation, Layer, LayerInfo, Pipeline, Registration
+from guardstack.pipeline.onion import (
+    Instrumentation,
+    Layer,
+    LayerInfo,
+    LayerT,
+    Pipeline,
+    Registration,
+)
 from guardstack.pipeline.outcome import (
     DISPATCH,
     MODEL,
@@ -116,6 +123,7 @@ __all__ = [
     "Control",
     "ControlStore",
     "Decision",
+    "DispatchLayer",
     "DispatchNext",
     "Edit",
     "Execute",
@@ -129,6 +137,7 @@ __all__ = [
     "MemoryStore",
     "Model",
     "ModelError",
+    "ModelLayer",
     "ModelNext",
     "ModelReply",
     "ModelRequest",
@@ -141,8 +150,11 @@ __all__ = [
     "PendingApproval",
     "Pipeline",
     "Plugin",
+    "PostLayer",
     "PostNext",
+    "PreLayer",
     "PreNext",
+    "PromptLayer",
     "PromptNext",
     "Refusal",
     "Registration",
@@ -191,6 +203,12 @@ DispatchNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]
 PostNext: TypeAlias = Callable[[ToolCall, ToolResult], Awaitable[PostDecision]]
 PromptNext: TypeAlias = Callable[["Agent", str], Awaitable[str]]
 ModelNext: TypeAlias = Callable[[ModelRequest], Awaitable[ModelReply]]
+#: A layer typed for each stage: what ``use()`` takes there.
+PreLayer: TypeAlias = Callable[[ToolCall, PreNext], Awaitable[PreDecision | Pending]]
+DispatchLayer: TypeAlias = Callable[[ToolCall, DispatchNext], Awaitable[ToolResult]]
+PostLayer: TypeAlias = Callable[[ToolCall, ToolResult, PostNext], Awaitable[PostDecision]]
+PromptLayer: TypeAlias = Callable[["Agent", str, PromptNext], Awaitable[str]]
+ModelLayer: TypeAlias = Callable[[ModelRequest, ModelNext], Awaitable[ModelReply]]
 #: A whole agent turn: what ``loop.instrument_turn`` hooks wrap.
 TurnRun: TypeAlias = Callable[["Agent", str], Awaitable["TurnResult"]]
 
@@ -277,7 +295,9 @@ class Scope:
             found = self._kept[name] = make()
         return found  # type: ignore[return-value]
 
-    def use(self, stage: Pipeline[Any], layer: Layer, *, name: str | None = None) -> Registration:
+    def use(
+        self, stage: Pipeline[Any, LayerT], layer: LayerT, *, name: str | None = None
+    ) -> Registration:
         """Add ``layer`` to ``stage`` (e.g. ``scope.tools.dispatch``) for this plugin."""
         return self.adopt(stage.use(layer, name=name))
 

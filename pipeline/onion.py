@@ -36,6 +36,11 @@ __all__ = ["Instrumentation", "LayerInfo", "Pipeline", "Registration", "layer_na
 
 NextT = TypeVar("NextT", bound=Callable[..., Awaitable[Any]])
 Layer = Callable[..., Awaitable[Any]]
+#: A layer typed for one stage: ``(call, call_next) -> answer`` in that stage's types.
+LayerT = TypeVar("LayerT", bound=Callable[..., Awaitable[Any]], contravariant=True)
+#: The stages a layer object says it is for (``stage="model"``), by the name a
+#: ``Pipeline`` is given.
+_LAYER_STAGES = {"dispatch": "dispatch", "model": "model"}
 
 
 @attrs.frozen
@@ -157,8 +162,13 @@ class _Entry:
     name: str
 
 
-class Pipeline(Generic[NextT]):
-    """A generic onion: ``use(layer)``, ``describe()``, ``await pipeline(*args)``."""
+class Pipeline(Generic[NextT, LayerT]):
+    """A generic onion: ``use(layer)``, ``describe()``, ``await pipeline(*args)``.
+
+    Typed by its chain (``NextT``: what a layer's ``call_next`` is) and by the layers it
+    takes (``LayerT``): a layer built for another stage is a type error at ``use``, and
+    a layer object that says which stage it is for (``Retry(stage="dispatch")``) is
+    refused at run time too, with what to write instead."""
 
     def __init__(self, terminal: NextT, *, stage: str) -> None:
         self.stage = stage
@@ -173,10 +183,23 @@ class Pipeline(Generic[NextT]):
         #: read it at each call, since ``use`` composes a new one.
         self.entry: NextT = terminal
 
-    def use(self, layer: Layer, *, name: str | None = None) -> Registration:
+    def use(self, layer: LayerT, *, name: str | None = None) -> Registration:
         """Add ``layer`` inside every layer registered before it."""
         if not callable(layer):
             raise TypeError(f"{self.stage}: a layer must be callable, got {layer!r}")
+        built_for = getattr(layer, "stage", None)
+        if built_for in _LAYER_STAGES and self.stage in _LAYER_STAGES and built_for != self.stage:
+            from guardstack.pipeline.errors import ConfigError
+
+            kind = type(layer).__name__
+            raise ConfigError(
+                f"{self.stage} stage: {kind} is built for the {built_for} stage "
+                f"(stage={built_for!r}); use {kind}(stage={self.stage!r}) here, or register "
+                f"it on the {built_for} stage",
+                plugin=getattr(layer, "name", None),
+                key="stage",
+                value=built_for,
+            )
         entry = _Entry(layer, name or layer_name(layer))
         self._entries.append(entry)
         self._compose()

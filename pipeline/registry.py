@@ -35,7 +35,15 @@ from guardstack.pipeline.approval import (
     as_pre_decision,
 )
 from guardstack.pipeline.arguments import check_arguments, short_repr
-from guardstack.pipeline.contract import DispatchNext, Execute, PostNext, PreNext
+from guardstack.pipeline.contract import (
+    DispatchLayer,
+    DispatchNext,
+    Execute,
+    PostLayer,
+    PostNext,
+    PreLayer,
+    PreNext,
+)
 from guardstack.pipeline.control import Control
 from guardstack.pipeline.decisions import decided, layer_of
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
@@ -149,9 +157,11 @@ class ToolRegistry:
         self._tools: dict[str, ToolDefinition] = {}
         self._schemas: list[dict[str, Any]] | None = None
         self._runner = ToolRunner(integer("ToolRegistry", "thread_limit", thread_limit))
-        self.pre_execute: Pipeline[PreNext] = Pipeline(_allow, stage="pre_execute")
-        self.dispatch: Pipeline[DispatchNext] = Pipeline(self._runner.run, stage="dispatch")
-        self.post_execute: Pipeline[PostNext] = Pipeline(_accept, stage="post_execute")
+        self.pre_execute: Pipeline[PreNext, PreLayer] = Pipeline(_allow, stage="pre_execute")
+        self.dispatch: Pipeline[DispatchNext, DispatchLayer] = Pipeline(
+            self._runner.run, stage="dispatch"
+        )
+        self.post_execute: Pipeline[PostNext, PostLayer] = Pipeline(_accept, stage="post_execute")
         self._operation_hooks: list[Callable[[Execute], Execute]] = []
         #: The whole ``execute`` wrapped by its hooks (``None`` without hooks: ``_run`` is
         #: called directly, and the registry holds no bound method of its own).
@@ -535,7 +545,7 @@ class ToolRegistry:
             return ToolOutcome(failure, (), ends_turn)
         return ToolOutcome(result, decision.additional_contexts, ends_turn)
 
-    def _final_failure(self, stage: Pipeline[Any], error: Exception) -> _Early:
+    def _final_failure(self, stage: Pipeline[Any, Any], error: Exception) -> _Early:
         layer = stage.blame(error)
         where = f'{stage.stage} layer "{layer}"' if layer else f"{stage.stage} stage"
         logger.error("%s raised; the call gets a final TOOL_FAILED result", where, exc_info=error)

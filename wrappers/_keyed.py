@@ -137,8 +137,10 @@ def refuse_names_without_names(plugin: str, stage: str, **patterns: tuple[str, .
 
 def register(scope: Scope, stage: str, layer: Layer, name: str) -> None:
     """Register ``layer`` on the stage a plugin names: ``dispatch`` or ``model``."""
-    pipeline = scope.loop.model_call if adapter_for(stage) is MODEL else scope.tools.dispatch
-    scope.use(pipeline, layer, name=name)
+    if adapter_for(stage) is MODEL:
+        scope.use(scope.loop.model_call, layer, name=name)
+    else:
+        scope.use(scope.tools.dispatch, layer, name=name)
 
 
 class _Keyed(Protocol):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from guardstack.pipeline.contract import ModelNext, PromptNext, TurnRun
+from guardstack.pipeline.contract import ModelLayer, ModelNext, PromptLayer, PromptNext, TurnRun
 from guardstack.pipeline.errors import (
     ConfigError,
 )
@@ -75,9 +75,11 @@ class AgentLoop:
         )
         self.system = _system_prompt(system)
         #: ``async (agent, text, call_next) -> text``: sees every new person's prompt.
-        self.prompt_submit: Pipeline[PromptNext] = Pipeline(submit, stage="prompt_submit")
+        self.prompt_submit: Pipeline[PromptNext, PromptLayer] = Pipeline(
+            submit, stage="prompt_submit"
+        )
         #: ``async (request, call_next) -> ModelReply``: every model call of every agent.
-        self.model_call: Pipeline[ModelNext] = Pipeline(complete, stage="model")
+        self.model_call: Pipeline[ModelNext, ModelLayer] = Pipeline(complete, stage="model")
         self.turn_hooks: list[Callable[[TurnRun], TurnRun]] = []
         self._model_hooks: list[Callable[[ModelNext], ModelNext]] = []
         # the stage's own bound ``__call__``, not one of the loop's: no reference cycle

@@ -27,7 +27,7 @@ async def _terminal(value: str) -> str:
 
 async def test_first_registered_layer_is_outermost() -> None:
     log: list[tuple[str, str]] = []
-    pipeline = Pipeline(_terminal, stage="test")
+    pipeline: Pipeline[Any, Any] = Pipeline(_terminal, stage="test")
     for name in ("a", "b", "c"):
         pipeline.use(RecordingLayer(name, log))
     assert await pipeline("x") == "<x>"
@@ -43,7 +43,7 @@ async def test_first_registered_layer_is_outermost() -> None:
 
 async def test_dispose_removes_exactly_that_layer_and_is_idempotent() -> None:
     log: list[tuple[str, str]] = []
-    pipeline = Pipeline(_terminal, stage="test")
+    pipeline: Pipeline[Any, Any] = Pipeline(_terminal, stage="test")
     registrations = [pipeline.use(RecordingLayer(name, log)) for name in "abc"]
     registrations[1].dispose()
     registrations[1].dispose()
@@ -76,7 +76,7 @@ def test_describe_names_function_and_object_layers_outermost_first() -> None:
         def __repr__(self) -> str:
             return "Anonymous()"
 
-    pipeline = Pipeline(_terminal, stage="test")
+    pipeline: Pipeline[Any, Any] = Pipeline(_terminal, stage="test")
     assert pipeline.describe() == "(no layers)"
     pipeline.use(audit)
     pipeline.use(Named())
@@ -97,7 +97,7 @@ async def test_chain_is_composed_per_change_not_per_call() -> None:
         composed.append(info)
         return layer
 
-    pipeline = Pipeline(_terminal, stage="test")
+    pipeline: Pipeline[Any, Any] = Pipeline(_terminal, stage="test")
     pipeline.instrument(hook)
     pipeline.use(RecordingLayer("a"))
     pipeline.use(RecordingLayer("b"))
@@ -118,7 +118,7 @@ async def test_instrumentation_wraps_every_layer_until_disposed() -> None:
 
         return wrapped
 
-    pipeline = Pipeline(_terminal, stage="test")
+    pipeline: Pipeline[Any, Any] = Pipeline(_terminal, stage="test")
     pipeline.use(RecordingLayer("a"))
     registration = pipeline.instrument(hook)
     pipeline.use(RecordingLayer("b"))

@@ -19,7 +19,7 @@ from guardstack.pipeline.contract import (
     Outcome,
     ToolStage,
 )
-from guardstack.wrappers import Hedge
+from guardstack.wrappers import Hedge, Retry
 
 
 def _never_called(harness: Harness, request: ModelRequest, call: ToolCall) -> None:
@@ -48,6 +48,42 @@ async def _layer_bodies(
     await hedge(request, tools)  # type: ignore[arg-type]
     wrong: Next[ToolCall, ToolResult] = harness.loop.model_call.entry  # type: ignore[assignment]
     del wrong
+
+
+async def _tool_only(call: ToolCall, call_next: DispatchNext) -> ToolResult:
+    return await call_next(call)
+
+
+async def _model_only(request: ModelRequest, call_next: ModelNext) -> ModelReply:
+    return await call_next(request)
+
+
+def _registered_by_stage(harness: Harness) -> None:
+    """``use()`` takes only a layer typed for its stage (reported: a tool-stage ``Retry``
+    on the model stage passed ``mypy --strict`` and failed every turn)."""
+    harness.tools.dispatch.use(_tool_only)
+    harness.loop.model_call.use(_model_only)
+    harness.tools.dispatch.use(Retry())
+    harness.loop.model_call.use(Retry())  # type: ignore[arg-type]
+    harness.loop.model_call.use(_tool_only)  # type: ignore[arg-type]
+    harness.tools.dispatch.use(_model_only)  # type: ignore[arg-type]
+
+
+def test_a_layer_for_the_other_stage_is_refused_at_use() -> None:
+    """At run time too, before any turn: a layer object that says its stage."""
+    import pytest
+
+    from guardstack.pipeline import ConfigError
+
+    harness = Harness()
+    with pytest.raises(ConfigError) as refused:
+        harness.loop.model_call.use(Retry())  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert "Retry is built for the dispatch stage" in message
+    assert "use Retry(stage='model') here" in message
+    assert not harness.loop.model_call.layered  # nothing was registered
+    harness.loop.model_call.use(Retry(stage="model"))  # type: ignore[arg-type]
+    assert callable(_registered_by_stage)
 
 
 def test_the_stage_adapters_are_the_stages_types() -> None:
