@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,36 +68,19 @@ class Runaway:
         self.cut_after: int | None = None
         self.calls_made = 0
         self._lock = threading.Lock()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
         self.port = 0
 
     # -- running -------------------------------------------------------------------------
 
     def __enter__(self) -> Runaway:
-        import socket
+        from tests.integrations.thread_server import ThreadServer
 
-        import uvicorn
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = int(probe.getsockname()[1])
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
-        self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the fake upstream did not start")
-            time.sleep(0.01)
+        self._served = ThreadServer(self.app, "the fake upstream")
+        self.port = self._served.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(10)
+        self._served.stop()
 
     @property
     def url(self) -> str:

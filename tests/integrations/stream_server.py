@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +37,6 @@ class Recorded:
         self.cuts: list[int] = []
         self.port = 0
         self.requests: list[dict[str, Any]] = []
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
 
     def stream_bytes(self) -> bytes:
         if self.raw is not None:
@@ -91,26 +87,11 @@ class Recorded:
         return Starlette(routes=[Route(path, handle, methods=["POST"]) for path in paths])
 
     def __enter__(self) -> Recorded:
-        import socket
+        from tests.integrations.thread_server import ThreadServer
 
-        import uvicorn
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = int(probe.getsockname()[1])
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
-        self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the recorded upstream did not start")
-            time.sleep(0.01)
+        self._served = ThreadServer(self.app, "the recorded upstream")
+        self.port = self._served.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(10)
+        self._served.stop()
