@@ -59,7 +59,8 @@ from guardstack.pipeline.contract import (
 )
 from guardstack.pipeline.signals import Shadow, Signals
 from guardstack.pipeline.validate import compile_patterns, flag, integer, invalid
-from guardstack.pipeline.values import Allow, Ask, PreDecision, ToolCall
+from guardstack.pipeline.values import ToolCall
+from guardstack.pipeline.verdicts import Allow, Ask, PreDecision
 
 if TYPE_CHECKING:
     import re

@@ -50,13 +50,8 @@ from guardstack.guards.canonical import canonical_json, utf16_length, utf16_pref
 from guardstack.pipeline.contract import PostNext, Scope
 from guardstack.pipeline.signals import REMINDERS, Shadow, Signals
 from guardstack.pipeline.validate import compile_patterns, cut, flag, invalid, patterns, rejected
-from guardstack.pipeline.values import (
-    ContextMessage,
-    MessageSource,
-    PostDecision,
-    ToolCall,
-    ToolResult,
-)
+from guardstack.pipeline.values import ContextMessage, MessageSource, ToolCall, ToolResult
+from guardstack.pipeline.verdicts import PostDecision
 
 __all__ = ["DETAILED_TEMPLATE", "GENTLE_TEXT", "SOURCE", "RepeatToolReminder"]
 

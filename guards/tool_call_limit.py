@@ -59,7 +59,8 @@ from guardstack.pipeline.contract import (
 )
 from guardstack.pipeline.signals import Shadow
 from guardstack.pipeline.validate import compile_patterns, flag, integer, invalid
-from guardstack.pipeline.values import TOOL_DENIED, Deny, PreDecision, ToolCall
+from guardstack.pipeline.values import TOOL_DENIED, ToolCall
+from guardstack.pipeline.verdicts import Deny, PreDecision
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent

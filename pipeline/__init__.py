@@ -85,20 +85,15 @@ from guardstack.pipeline.values import (
     TOOL_TIMEOUT,
     TOOL_UNAVAILABLE,
     UNKNOWN_TOOL,
-    Accept,
-    Allow,
-    Ask,
-    Block,
     ContextMessage,
-    Deny,
     MessageSource,
     ToolCall,
     ToolDefinition,
     ToolError,
-    ToolOutcome,
     ToolResult,
     timeout_result,
 )
+from guardstack.pipeline.verdicts import Accept, Allow, Ask, Block, Deny, ToolOutcome
 
 __all__ = [
     "AGENT_STOPPED",

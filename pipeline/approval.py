@@ -26,7 +26,8 @@ import attrs
 
 if TYPE_CHECKING:
     from guardstack.pipeline.registry import PhaseOrder
-    from guardstack.pipeline.values import Allow, Deny, PreDecision, ToolCall
+    from guardstack.pipeline.values import ToolCall
+    from guardstack.pipeline.verdicts import Allow, Deny, PreDecision
 
 __all__ = [
     "ApprovalService",
@@ -124,7 +125,8 @@ class ApprovalService(Protocol):
 def as_pre_decision(decision: Decision) -> Allow | Deny:
     """What a decision means to the registry: run (perhaps with edited arguments), or a
     ``TOOL_REJECTED`` denial the model reads."""
-    from guardstack.pipeline.values import TOOL_REJECTED, Allow, Deny
+    from guardstack.pipeline.values import TOOL_REJECTED
+    from guardstack.pipeline.verdicts import Allow, Deny
 
     if isinstance(decision, Reject):
         return Deny(f"rejected: {decision.reason}", code=TOOL_REJECTED)

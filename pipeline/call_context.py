@@ -3,18 +3,32 @@
 A ``ToolCall`` and a ``ModelRequest`` differ in what they carry (a tool's name and
 arguments; a conversation's messages), but the resilience layers ask both the same
 questions — which attempt and which hedge this is, where it stands in an admission
-queue, whose it is. ``CallContext`` is that common part, so a ``StageAdapter``
-answers those questions once for both stages and keeps only what really differs.
+queue, whose it is, what its state key is, how a message names it, what budget it
+declares, whether it may run twice, who hears of its progress. ``CallContext`` is
+that common part: each call answers it about itself, so a ``StageAdapter`` keeps only
+what really differs between the stages — how an outcome fails.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent
 
-__all__ = ["CallContext"]
+__all__ = ["DEFAULT_TENANT", "UNKNOWN_KEY", "CallContext", "ProgressListener"]
+
+#: The one key every call to a tool no registry holds shares: names a model makes up
+#: cannot fill a layer's state.
+UNKNOWN_KEY: Final = "<unknown>"
+#: The tenant of a call that names none, and whose agent names none.
+DEFAULT_TENANT: Final = "default"
+
+#: Told of a call's progress: a tool's reports (``""``), a stream's pieces (their text).
+ProgressListener = Callable[[str], None]
+
+_Self = TypeVar("_Self", bound="CallContext")
 
 
 class CallContext(Protocol):
@@ -43,4 +57,56 @@ class CallContext(Protocol):
     @property
     def agent(self) -> Agent | None:
         """The agent that made it, if any."""
+        ...
+
+    @property
+    def key(self) -> str:
+        """The state key: the tool's name (``<unknown>`` for none), the model's name."""
+        ...
+
+    @property
+    def label(self) -> str:
+        """How a message names what was called: ``tool "grep"``, ``model gpt-x``."""
+        ...
+
+    @property
+    def budget_ms(self) -> int | None:
+        """The budget the called thing declares (a tool's ``timeout_ms``; a model none)."""
+        ...
+
+    @property
+    def may_repeat(self) -> bool:
+        """Whether running it twice is allowed (not declared ``idempotent=False``)."""
+        ...
+
+    @property
+    def tool_name(self) -> str | None:
+        """The tool's name, for name patterns (``None`` for a model request)."""
+        ...
+
+    @property
+    def queue_priority(self) -> int:
+        """Its place in an admission queue: its own priority, else its agent's, else 0."""
+        ...
+
+    @property
+    def owner(self) -> str:
+        """Whose call it is, for fair shares: its own tenant, its agent's, or ``default``."""
+        ...
+
+    @property
+    def listener(self) -> ProgressListener | None:
+        """What is told of its progress (a tool's reports, a stream's pieces) already."""
+        ...
+
+    def with_listener(self: _Self, listener: ProgressListener) -> _Self:
+        """The call with ``listener`` told of its progress instead (the caller chains)."""
+        ...
+
+    def with_attempt(self: _Self, attempt: int) -> _Self:
+        """The call as attempt ``attempt`` (itself when it already is)."""
+        ...
+
+    def with_hedge(self: _Self, hedge: int) -> _Self:
+        """The call as hedge ``hedge`` (itself when it already is)."""
         ...

@@ -98,7 +98,8 @@ from guardstack.pipeline.outcome import (
 )
 from guardstack.pipeline.signals import Signals
 from guardstack.pipeline.store import Admission, BreakerState, MemoryStore, StateStore, StoreError
-from guardstack.pipeline.values import PostDecision, PreDecision, ToolCall, ToolOutcome, ToolResult
+from guardstack.pipeline.values import ToolCall, ToolResult
+from guardstack.pipeline.verdicts import PostDecision, PreDecision, ToolOutcome
 
 if TYPE_CHECKING:
     from guardstack.pipeline.loop import Agent as Agent

@@ -25,7 +25,7 @@ from opentelemetry import trace  # the API only: a no-op without an SDK
 
 from guardstack.pipeline.call_context import CallContext
 from guardstack.pipeline.model import ModelReply, ModelRequest
-from guardstack.pipeline.outcome import DISPATCH, MODEL, StageAdapter
+from guardstack.pipeline.outcome import DISPATCH, MODEL, StageAdapter, timed_out
 from guardstack.pipeline.runtime import now, scope_after
 from guardstack.pipeline.values import TOOL_TIMEOUT, ToolCall, ToolResult
 
@@ -70,7 +70,7 @@ def timed(
     no coroutine of its own: nothing to cancel, nothing to pay.
     """
     if ms is None:
-        ms = stage.budget_ms(item)
+        ms = item.budget_ms
         if ms is None:
             return call_next(item)
     return within(stage, item, call_next, ms, code, layer)
@@ -111,8 +111,8 @@ async def within(
     # A call that ignored our cancel may also have outlived the caller's: then the
     # caller's cancellation wins and propagates; it is never turned into a result.
     await anyio.lowlevel.checkpoint_if_cancelled()
-    _report_overrun(stage.label(item), ms, now() - started)
-    return stage.deliver(stage.timed_out(item, ms, code, layer))
+    _report_overrun(item.label, ms, now() - started)
+    return stage.deliver(timed_out(stage, item, ms, code, layer))
 
 
 async def within_budget(
@@ -238,24 +238,24 @@ async def watched(
     ``within``; a stream cut after its first piece carries the text that arrived."""
     declared = ms is None
     if declared:
-        ms = stage.budget_ms(item)
+        ms = item.budget_ms
     started = now()
     whole = started + ms / 1000 if ms is not None else math.inf
     after_first = math.inf if declared and idle_ms is not None else whole
     scope = anyio.CancelScope(deadline=whole)
     watch = Watch(scope, after_first, None if idle_ms is None else idle_ms / 1000,
-                  stage.listener_of(item))  # fmt: skip
+                  item.listener)  # fmt: skip
     if first_byte_ms is not None and started + first_byte_ms / 1000 < whole:
         scope.deadline = started + first_byte_ms / 1000
         watch.phase = "first_byte"
     with scope:
-        outcome = await stage.attempt(call_next, stage.with_listener(item, watch))
+        outcome = await stage.attempt(call_next, item.with_listener(watch))
     if not scope.cancel_called:
         return stage.deliver(outcome)
     await anyio.lowlevel.checkpoint_if_cancelled()  # the caller's cancel wins, as in ``within``
-    tool = stage.has_names
+    tool = stage.calls_tools
     why = watch.why(first_byte_ms, idle_ms, tool)
     partial = "".join(watch.text) if watch.pieces and not tool else None
     return stage.deliver(
-        stage.timed_out(item, ms or 0, code, layer, why=why, partial=partial or None)
+        timed_out(stage, item, ms or 0, code, layer, why=why, partial=partial or None)
     )

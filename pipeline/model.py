@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, runtime_check
 
 import attrs
 
+from guardstack.pipeline.call_context import DEFAULT_TENANT
 from guardstack.pipeline.frozen import copy_with, passes, quick_init
 from guardstack.pipeline.values import message_of
 
@@ -351,6 +352,58 @@ class ModelRequest:
         """A model request names no tenant of its own: its agent's counts (``CallContext``).
         Not a field: one more slot to fill costs every model call ~50 ns."""
         return None
+
+    # -- the rest of the call context every layer reads (``CallContext``) ---------------
+
+    @property
+    def key(self) -> str:
+        return self.model_name
+
+    @property
+    def label(self) -> str:
+        return f"model {self.model_name}"
+
+    @property
+    def model_name(self) -> str:
+        """The model it goes to — its own (a child's, the model proxy's upstream), else its
+        agent's — by that model's ``model`` attribute, else ``model``."""
+        answering = self.model if self.model is not None else self.agent.model
+        name = getattr(answering, "model", None)
+        return name if isinstance(name, str) and name else "model"
+
+    @property
+    def budget_ms(self) -> int | None:
+        return None  # a model declares no budget: a model-stage timeout names its own
+
+    @property
+    def may_repeat(self) -> bool:
+        return True
+
+    @property
+    def tool_name(self) -> str | None:
+        return None
+
+    @property
+    def queue_priority(self) -> int:
+        priority = self.priority
+        return priority if priority is not None else self.agent.priority
+
+    @property
+    def owner(self) -> str:
+        return self.agent.tenant or DEFAULT_TENANT
+
+    @property
+    def listener(self) -> ChunkListener | None:
+        return self.on_chunk
+
+    def with_listener(self, listener: ChunkListener) -> ModelRequest:
+        return attrs.evolve(self, on_chunk=listener)
+
+    def with_attempt(self, attempt: int) -> ModelRequest:
+        return self if self.attempt == attempt else attrs.evolve(self, attempt=attempt)
+
+    def with_hedge(self, hedge: int) -> ModelRequest:
+        return self if self.hedge == hedge else attrs.evolve(self, hedge=hedge)
 
 
 #: What a streamed reply's pieces are told to: a plain callable taking each piece's text.

@@ -25,11 +25,11 @@ the inner chain's own awaitable, so the outcome core adds no coroutine there.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar, cast
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import attrs
 
-from guardstack.pipeline.call_context import CallContext
+from guardstack.pipeline.call_context import DEFAULT_TENANT, UNKNOWN_KEY, CallContext
 from guardstack.pipeline.errors import GuardstackError
 from guardstack.pipeline.model import (
     MODEL_FAILED,
@@ -57,7 +57,6 @@ from guardstack.pipeline.values import (
     ToolError,
     ToolResult,
     failure_from_exception,
-    timeout_result,
 )
 
 __all__ = [
@@ -65,6 +64,7 @@ __all__ = [
     "DISPATCH",
     "MODEL",
     "UNKNOWN_KEY",
+    "Failed",
     "FailureKind",
     "ItemT",
     "Lost",
@@ -78,6 +78,8 @@ __all__ = [
     "ValueT",
     "adapter_for",
     "never_reached",
+    "refusal",
+    "timed_out",
 ]
 
 ItemT = TypeVar("ItemT", bound=CallContext)
@@ -98,9 +100,6 @@ Next: TypeAlias = Callable[[ItemT], Awaitable[ValueT]]
 #: The kinds of failure a layer reports in its stage's own code (``TOOL_*`` / ``MODEL_*``).
 FailureKind: TypeAlias = Literal["UNAVAILABLE", "OVERLOADED", "RATE_LIMITED", "TIMEOUT", "FAILED"]
 
-#: The one key every call to a tool no registry holds shares: names a model makes up
-#: cannot fill a layer's state.
-UNKNOWN_KEY: Final = "<unknown>"
 
 _TOOL_CODES: Final = {
     "UNAVAILABLE": TOOL_UNAVAILABLE,
@@ -116,8 +115,6 @@ _MODEL_CODES: Final = {
     "TIMEOUT": MODEL_TIMEOUT,
     "FAILED": MODEL_FAILED,
 }
-#: The tenant of a call that names none, and whose agent names none.
-DEFAULT_TENANT: Final = "default"
 #: Results the loop and the registry make for guardstack's own reasons, never a tool's failure.
 _CONTROL_CODES: Final = frozenset({TOOL_DENIED, TOOL_ABORTED, TOOL_ABORTED_BEFORE_DISPATCH})
 
@@ -143,15 +140,31 @@ class Refusal:
     retry_after_s: float | None = None
 
 
+@attrs.frozen
+class Failed:
+    """What a failed outcome says, read once (``StageAdapter.failure_of``): the same on
+    both stages, whatever form the failure takes there."""
+
+    #: The failure's code (``TOOL_*`` / ``MODEL_*``; ``None`` for an error without one).
+    code: str | None
+    #: guardstack's own control flow or refusal: never a provider's failure.
+    control: bool = False
+    #: A guardstack layer's refusal (part of ``control``): it carries a code to act on.
+    refused: bool = False
+    #: How long the failure said to wait before trying again, if it said.
+    retry_after_s: float | None = None
+
+
 class StageAdapter(Generic[ItemT, ValueT, OutcomeT]):
-    """What a layer needs to know about its stage, and nothing else."""
+    """What really differs between the stages: the form an outcome takes, and how it
+    fails. What a call knows of itself, its call context answers (``CallContext``)."""
 
     #: ``"dispatch"`` or ``"model"``: the names users read in config and spans.
     name: str
-    #: A fixed budget must be given (a model declares none).
-    needs_budget: bool
-    #: Calls carry a tool name (name patterns such as ``tools=`` apply).
-    has_names: bool
+    #: Calls are tool calls: they carry a tool's name (name patterns such as ``tools=``
+    #: apply) and may declare a budget. A model call declares none, so a model-stage
+    #: timeout must name its own.
+    calls_tools: bool
     #: A call fails by raising (a model), not by answering an error result (a tool): an
     #: exception out of a layer is then a failure, not a bug in the layer.
     fails_by_raising: bool
@@ -166,54 +179,25 @@ class StageAdapter(Generic[ItemT, ValueT, OutcomeT]):
         """Hand an outcome on in the stage's form: return the value, or raise the error."""
         raise NotImplementedError
 
-    def failed(self, outcome: OutcomeT) -> bool:
+    def failure_of(self, outcome: OutcomeT) -> Failed | None:
+        """What the outcome's failure says (``None``: it succeeded)."""
         raise NotImplementedError
 
-    def code(self, outcome: OutcomeT) -> str | None:
-        """The failure's code (``None`` for a success)."""
-        raise NotImplementedError
-
-    def is_control(self, outcome: OutcomeT) -> bool:
-        """guardstack's own control flow or refusal: never a provider's failure."""
-        raise NotImplementedError
-
-    def is_refusal(self, outcome: OutcomeT) -> bool:
-        """A guardstack layer's refusal (part of ``is_control``): it carries a code to act on."""
-        raise NotImplementedError
-
-    def retry_after_s(self, outcome: OutcomeT) -> float | None:
-        """How long the failure said to wait before trying again, if it said."""
-        raise NotImplementedError
-
-    def refusal(
+    def failure(
         self,
         item: ItemT,
-        kind: FailureKind,
+        code: str,
         message: str,
         *,
-        layer: str,
-        name: str,
+        name: str | None = None,
+        layer: str | None = None,
+        refused: bool = False,
         retry_after_s: float | None = None,
-    ) -> OutcomeT:
-        """A layer's own refusal (an open breaker, a full limit), marked as guardstack's."""
-        raise NotImplementedError
-
-    def timed_out(
-        self,
-        item: ItemT,
-        ms: int,
-        code: str,
-        layer: str,
-        *,
-        why: str | None = None,
         partial: str | None = None,
     ) -> OutcomeT:
-        """What a call gets when a timeout layer's own deadline fired: after ``ms`` in
-        all, or ``why`` (no first byte, a stalled stream), with the text that arrived."""
-        raise NotImplementedError
-
-    def failure(self, item: ItemT, code: str, message: str, name: str) -> OutcomeT:
-        """A failure with ``code``, as if the provider had answered with it (chaos)."""
+        """A failure with ``code`` in the stage's form: as if the provider had answered
+        with it, or — ``refused`` — a guardstack layer's own refusal (an open breaker, a
+        full limit), marked as such. ``partial`` is the text a cut stream had sent."""
         raise NotImplementedError
 
     def fault(self, item: ItemT, error: Exception) -> OutcomeT:
@@ -221,81 +205,56 @@ class StageAdapter(Generic[ItemT, ValueT, OutcomeT]):
         raise NotImplementedError
 
     def explained(self, outcome: OutcomeT, note: str) -> OutcomeT:
-        """The same failure, saying why nothing more was tried (``"… (not retried: …)"``)."""
+        """The same failure, saying why nothing more was tried (``"… (not retried: …)"``):
+        the note is added to the outcome, which keeps everything else it carries."""
         raise NotImplementedError
 
     def code_for(self, kind: FailureKind) -> str:
         """The stage's code for a kind of failure (``TOOL_RATE_LIMITED``…)."""
         raise NotImplementedError
 
-    def key(self, item: ItemT) -> str:
-        """The state key: the tool's name (``<unknown>`` for none), the model's name."""
-        raise NotImplementedError
 
-    def label(self, item: ItemT) -> str:
-        """How a message names what was called: ``tool "grep"``, ``model gpt-x``."""
-        raise NotImplementedError
-
-    def budget_ms(self, item: ItemT) -> int | None:
-        """The budget the called thing declares (a tool's ``timeout_ms``)."""
-        raise NotImplementedError
-
-    def may_repeat(self, item: ItemT) -> bool:
-        """Whether running it twice is allowed (not declared ``idempotent=False``)."""
-        raise NotImplementedError
-
-    def name_of(self, item: ItemT) -> str | None:
-        """The tool's name, for name patterns (``None`` on a stage without names)."""
-        raise NotImplementedError
-
-    # -- what both stages' calls share (``CallContext``): answered once, here ----------
-
-    def attempt_of(self, item: ItemT) -> int:
-        return item.attempt
-
-    def with_attempt(self, item: ItemT, attempt: int) -> ItemT:
-        return item if item.attempt == attempt else attrs.evolve(cast(Any, item), attempt=attempt)
-
-    def hedge_of(self, item: ItemT) -> int:
-        return item.hedge
-
-    def with_hedge(self, item: ItemT, hedge: int) -> ItemT:
-        return item if item.hedge == hedge else attrs.evolve(cast(Any, item), hedge=hedge)
-
-    def priority_of(self, item: ItemT) -> int:
-        """Its place in an admission queue: its own priority, else its agent's, else 0."""
-        priority = item.priority
-        if priority is not None:
-            return priority
-        agent = item.agent
-        return agent.priority if agent is not None else 0
-
-    def tenant_of(self, item: ItemT) -> str:
-        """Whose call it is, for fair shares: its own tenant, its agent's, or ``default``."""
-        agent = item.agent
-        return item.tenant or (agent.tenant if agent is not None else None) or DEFAULT_TENANT
-
-    # -- what differs ------------------------------------------------------------------
-
-    def listener_of(self, item: ItemT) -> Callable[[str], None] | None:
-        """What is told of its progress (a tool's reports, a stream's pieces) already."""
-        raise NotImplementedError
-
-    def with_listener(self, item: ItemT, listener: Callable[[str], None]) -> ItemT:
-        """The item with ``listener`` told of its progress instead (the caller chains)."""
-        raise NotImplementedError
+def refusal(
+    stage: StageAdapter[ItemT, Any, OutcomeT],
+    item: ItemT,
+    kind: FailureKind,
+    message: str,
+    *,
+    layer: str,
+    name: str,
+    retry_after_s: float | None = None,
+) -> OutcomeT:
+    """A layer's own refusal (an open breaker, a full limit), marked as guardstack's."""
+    code = stage.code_for(kind)
+    return stage.failure(
+        item, code, message, name=name, layer=layer, refused=True, retry_after_s=retry_after_s
+    )
 
 
-def _result_error(message: str, name: str, code: str, retry_after_s: float | None) -> ToolError:
-    return ToolError(message, name, code, retry_after_s=retry_after_s)
+def timed_out(
+    stage: StageAdapter[ItemT, Any, OutcomeT],
+    item: ItemT,
+    ms: int,
+    code: str,
+    layer: str,
+    *,
+    why: str | None = None,
+    partial: str | None = None,
+) -> OutcomeT:
+    """What a call gets when a timeout layer's own deadline fired: after ``ms`` in all,
+    or ``why`` (no first byte, a stalled stream), with the text that had arrived."""
+    noun = "tool" if stage.calls_tools else "model"
+    message = (
+        f"{noun} call timed out after {ms}ms" if why is None else f"{noun} call timed out: {why}"
+    )
+    return stage.failure(item, code, message, name="ToolTimeoutError", layer=layer, partial=partial)
 
 
 class ToolStage(StageAdapter[ToolCall, ToolResult, ToolResult]):
     """The dispatch stage: outcomes are ``ToolResult`` values; failures are error results."""
 
     name = "dispatch"
-    needs_budget = False
-    has_names = True
+    calls_tools = True
     fails_by_raising = False
 
     def attempt(
@@ -307,64 +266,36 @@ class ToolStage(StageAdapter[ToolCall, ToolResult, ToolResult]):
         result: ToolResult = outcome
         return result
 
-    def failed(self, outcome: ToolResult) -> bool:
-        return bool(outcome.is_error)
-
-    def code(self, outcome: ToolResult) -> str | None:
+    def failure_of(self, outcome: ToolResult) -> Failed | None:
         if not outcome.is_error:
             return None
+        value, error = outcome.value, outcome.error
+        refused = isinstance(value, Refusal)
         code: str | None = outcome.code
-        return code
-
-    def is_control(self, outcome: ToolResult) -> bool:
-        value = outcome.value
-        return isinstance(value, Refusal) or (
-            outcome.is_error and outcome.code in _CONTROL_CODES and not isinstance(value, Lost)
-        )
-
-    def is_refusal(self, outcome: ToolResult) -> bool:
-        return isinstance(outcome.value, Refusal)
-
-    def retry_after_s(self, outcome: ToolResult) -> float | None:
-        error = outcome.error
+        control = refused or (code in _CONTROL_CODES and not isinstance(value, Lost))
         wait: float | None = error.retry_after_s if error is not None else None
-        return wait
+        return Failed(code, control, refused, wait)
 
-    def refusal(
+    def failure(
         self,
         item: ToolCall,
-        kind: FailureKind,
+        code: str,
         message: str,
         *,
-        layer: str,
-        name: str,
+        name: str | None = None,
+        layer: str | None = None,
+        refused: bool = False,
         retry_after_s: float | None = None,
-    ) -> ToolResult:
-        error = _result_error(message, name, _TOOL_CODES[kind], retry_after_s)
-        return ToolResult(f"Error: {message}", True, error, Refusal(layer, retry_after_s))
-
-    def timed_out(
-        self,
-        item: ToolCall,
-        ms: int,
-        code: str,
-        layer: str,
-        *,
-        why: str | None = None,
         partial: str | None = None,
     ) -> ToolResult:
-        if why is None:
-            return timeout_result(ms, code)
-        return ToolResult.failure(f"tool call timed out: {why}", name="ToolTimeoutError", code=code)
-
-    def failure(self, item: ToolCall, code: str, message: str, name: str) -> ToolResult:
-        return ToolResult.failure(message, name=name, code=code)
+        error = ToolError(message, name, code, retry_after_s=retry_after_s)
+        value = Refusal(layer or "", retry_after_s) if refused else None
+        return ToolResult(f"Error: {message}", True, error, value)
 
     def fault(self, item: ToolCall, error: Exception) -> ToolResult:
         return failure_from_exception(error)
 
     def explained(self, outcome: ToolResult, note: str) -> ToolResult:
-        # the note is added to the outcome, which keeps everything else it carries
         error = outcome.error
         if error is None:
             error = ToolError(outcome.content, None, outcome.code)
@@ -378,32 +309,6 @@ class ToolStage(StageAdapter[ToolCall, ToolResult, ToolResult]):
     def code_for(self, kind: FailureKind) -> str:
         return _TOOL_CODES[kind]
 
-    def key(self, item: ToolCall) -> str:
-        return item.name if item.tool is not None else UNKNOWN_KEY
-
-    def label(self, item: ToolCall) -> str:
-        return f'tool "{item.name}"'
-
-    def budget_ms(self, item: ToolCall) -> int | None:
-        tool = item.tool
-        return tool.timeout_ms if tool is not None else None
-
-    def may_repeat(self, item: ToolCall) -> bool:
-        tool = item.tool
-        return tool is None or tool.idempotent is not False
-
-    def name_of(self, item: ToolCall) -> str | None:
-        return item.name
-
-    def listener_of(self, item: ToolCall) -> Callable[[str], None] | None:
-        reported = item.on_progress
-        if reported is None:
-            return None
-        return lambda _: reported()
-
-    def with_listener(self, item: ToolCall, listener: Callable[[str], None]) -> ToolCall:
-        return attrs.evolve(item, on_progress=lambda: listener(""))
-
 
 async def _caught(
     call_next: Callable[[ModelRequest], Awaitable[ModelReply]], request: ModelRequest
@@ -415,19 +320,15 @@ async def _caught(
 
 
 def model_name(request: ModelRequest) -> str:
-    """The model a request goes to — the request's own (a child's, the model proxy's
-    upstream), else its agent's — by its ``model`` attribute, else ``model``."""
-    answering = request.model if request.model is not None else request.agent.model
-    name = getattr(answering, "model", None)
-    return name if isinstance(name, str) and name else "model"
+    """The model a request goes to (``ModelRequest.model_name``)."""
+    return request.model_name
 
 
 class ModelStage(StageAdapter[ModelRequest, ModelReply, ModelReply | Exception]):
     """The model stage: outcomes are replies or the exceptions calls raised."""
 
     name = "model"
-    needs_budget = True
-    has_names = False
+    calls_tools = False
     fails_by_raising = True
 
     def attempt(
@@ -441,54 +342,29 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply, ModelReply | Exception])
         reply: ModelReply = outcome
         return reply
 
-    def failed(self, outcome: ModelReply | Exception) -> bool:
-        return isinstance(outcome, BaseException)
-
-    def code(self, outcome: ModelReply | Exception) -> str | None:
-        return model_error_code(outcome) if isinstance(outcome, BaseException) else None
-
-    def is_control(self, outcome: ModelReply | Exception) -> bool:
+    def failure_of(self, outcome: ModelReply | Exception) -> Failed | None:
+        if not isinstance(outcome, BaseException):
+            return None
         if isinstance(outcome, ModelError):
-            return outcome.refused
-        return isinstance(outcome, GuardstackError)
-
-    def is_refusal(self, outcome: ModelReply | Exception) -> bool:
-        return isinstance(outcome, ModelError) and outcome.refused
-
-    def retry_after_s(self, outcome: ModelReply | Exception) -> float | None:
-        return outcome.retry_after_s if isinstance(outcome, ModelError) else None
-
-    def refusal(
-        self,
-        item: ModelRequest,
-        kind: FailureKind,
-        message: str,
-        *,
-        layer: str,
-        name: str,
-        retry_after_s: float | None = None,
-    ) -> ModelReply | Exception:
-        return ModelError(message, _MODEL_CODES[kind], retry_after_s, layer=layer, refused=True)
-
-    def timed_out(
-        self,
-        item: ModelRequest,
-        ms: int,
-        code: str,
-        layer: str,
-        *,
-        why: str | None = None,
-        partial: str | None = None,
-    ) -> ModelReply | Exception:
-        message = (
-            f"model call timed out after {ms}ms" if why is None else f"model call timed out: {why}"
-        )
-        return ModelError(message, code, layer=layer, partial=partial)
+            refused = outcome.refused
+            return Failed(model_error_code(outcome), refused, refused, outcome.retry_after_s)
+        return Failed(model_error_code(outcome), isinstance(outcome, GuardstackError))
 
     def failure(
-        self, item: ModelRequest, code: str, message: str, name: str
+        self,
+        item: ModelRequest,
+        code: str,
+        message: str,
+        *,
+        name: str | None = None,
+        layer: str | None = None,
+        refused: bool = False,
+        retry_after_s: float | None = None,
+        partial: str | None = None,
     ) -> ModelReply | Exception:
-        return ModelError(message, code)
+        return ModelError(
+            message, code, retry_after_s, layer=layer, refused=refused, partial=partial
+        )
 
     def fault(self, item: ModelRequest, error: Exception) -> ModelReply | Exception:
         return error
@@ -500,27 +376,6 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply, ModelReply | Exception])
 
     def code_for(self, kind: FailureKind) -> str:
         return _MODEL_CODES[kind]
-
-    def key(self, item: ModelRequest) -> str:
-        return model_name(item)
-
-    def label(self, item: ModelRequest) -> str:
-        return f"model {model_name(item)}"
-
-    def budget_ms(self, item: ModelRequest) -> int | None:
-        return None
-
-    def may_repeat(self, item: ModelRequest) -> bool:
-        return True
-
-    def name_of(self, item: ModelRequest) -> str | None:
-        return None
-
-    def listener_of(self, item: ModelRequest) -> Callable[[str], None] | None:
-        return item.on_chunk
-
-    def with_listener(self, item: ModelRequest, listener: Callable[[str], None]) -> ModelRequest:
-        return attrs.evolve(item, on_chunk=listener)
 
 
 DISPATCH: Final = ToolStage()

@@ -54,6 +54,14 @@ from guardstack.pipeline.tree import TREE_CAPS, RunKey, ancestor_caps
 from guardstack.pipeline.validate import integer
 from guardstack.pipeline.values import (
     TOOL_DENIED,
+    ToolCall,
+    ToolDefinition,
+    ToolError,
+    ToolResult,
+    denied_result,
+    failure_from_exception,
+)
+from guardstack.pipeline.verdicts import (
     Accept,
     Allow,
     Ask,
@@ -61,13 +69,7 @@ from guardstack.pipeline.values import (
     Deny,
     PostDecision,
     PreDecision,
-    ToolCall,
-    ToolDefinition,
-    ToolError,
     ToolOutcome,
-    ToolResult,
-    denied_result,
-    failure_from_exception,
 )
 
 __all__ = ["Phase", "PhaseOrder", "ToolRegistry"]

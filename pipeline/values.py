@@ -13,17 +13,17 @@ import json
 import traceback
 import types
 import weakref
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import attrs
 
+from guardstack.pipeline.call_context import DEFAULT_TENANT, UNKNOWN_KEY, ProgressListener
 from guardstack.pipeline.errors import ConfigError
-from guardstack.pipeline.frozen import open_twin, passes, quick_init
+from guardstack.pipeline.frozen import open_twin, quick_init
 from guardstack.pipeline.validate import invalid
 
 if TYPE_CHECKING:
-    from guardstack.pipeline.approval import PendingApproval
     from guardstack.pipeline.loop import Agent
 
 __all__ = [
@@ -40,18 +40,12 @@ __all__ = [
     "TOOL_TIMEOUT",
     "TOOL_UNAVAILABLE",
     "UNKNOWN_TOOL",
-    "Accept",
-    "Allow",
-    "Ask",
-    "Block",
     "ContextMessage",
-    "Deny",
     "MessageSource",
     "RaisedException",
     "ToolCall",
     "ToolDefinition",
     "ToolError",
-    "ToolOutcome",
     "ToolResult",
     "aborted_result",
     "denied_result",
@@ -496,6 +490,59 @@ class ToolCall:
         if listener is not None:
             listener()
 
+    # -- the call context every layer reads (``CallContext``) ----------------------------
+
+    @property
+    def key(self) -> str:
+        return self.name if self.tool is not None else UNKNOWN_KEY
+
+    @property
+    def label(self) -> str:
+        return f'tool "{self.name}"'
+
+    @property
+    def budget_ms(self) -> int | None:
+        tool = self.tool
+        return tool.timeout_ms if tool is not None else None
+
+    @property
+    def may_repeat(self) -> bool:
+        tool = self.tool
+        return tool is None or tool.idempotent is not False
+
+    @property
+    def tool_name(self) -> str | None:
+        return self.name
+
+    @property
+    def queue_priority(self) -> int:
+        priority = self.priority
+        if priority is not None:
+            return priority
+        agent = self.agent
+        return agent.priority if agent is not None else 0
+
+    @property
+    def owner(self) -> str:
+        agent = self.agent
+        return self.tenant or (agent.tenant if agent is not None else None) or DEFAULT_TENANT
+
+    @property
+    def listener(self) -> ProgressListener | None:
+        reported = self.on_progress
+        if reported is None:
+            return None
+        return lambda _: reported()
+
+    def with_listener(self, listener: ProgressListener) -> ToolCall:
+        return attrs.evolve(self, on_progress=lambda: listener(""))
+
+    def with_attempt(self, attempt: int) -> ToolCall:
+        return self if self.attempt == attempt else attrs.evolve(self, attempt=attempt)
+
+    def with_hedge(self, hedge: int) -> ToolCall:
+        return self if self.hedge == hedge else attrs.evolve(self, hedge=hedge)
+
     def resolved(self, tool: ToolDefinition | None) -> ToolCall:
         """The same call with ``tool`` set: every field copied as it is (nothing to
         convert again), without an ``__init__`` call — once per call on the hot path."""
@@ -511,81 +558,3 @@ class ToolCall:
 
 _OPEN_TOOL_CALL: Final[type[Any]] = open_twin(ToolCall)
 _new: Final = object.__new__
-
-
-def _contexts(contexts: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:
-    return tuple(contexts)
-
-
-passes(tuple, _contexts)
-
-
-@quick_init
-@attrs.frozen
-class Allow:
-    """Pre-execute decision: run the call (with ``arguments`` instead of the model's,
-    when a person edited them: ``Approval``'s ``Edit``)."""
-
-    arguments: Mapping[str, Any] | None = None
-
-
-@quick_init
-@attrs.frozen
-class Deny:
-    """Pre-execute decision: do not run the call; the model reads ``Error: <reason>``.
-
-    ``end_turn=True`` also ends the agent's turn after this step (reason ``blocked``);
-    ``code`` is the result's code (``TOOL_DENIED``; ``TOOL_REJECTED`` for a person's no).
-    """
-
-    reason: str
-    end_turn: bool = False
-    code: str = attrs.field(default=TOOL_DENIED, kw_only=True)
-
-
-@quick_init
-@attrs.frozen
-class Ask:
-    """Pre-execute decision: run the call only if a person approves it (the original
-    system's ``{kind: 'ask'}``). The harness's approval service (``guards.Approval``)
-    resolves it; with none, the call is denied with ``reason`` or the original's text.
-    A layer that asks should ask after ``call_next`` allowed the call, so the layers
-    inside it have had their say."""
-
-    reason: str | None = None
-
-
-@quick_init
-@attrs.frozen
-class Accept:
-    """Post-execute decision: keep the result, or replace its value (``value`` not None)."""
-
-    value: object = None
-    additional_contexts: tuple[ContextMessage, ...] = attrs.field(default=(), converter=_contexts)
-
-
-@quick_init
-@attrs.frozen
-class Block:
-    """Post-execute decision: replace the result by an error whose content is ``feedback``."""
-
-    feedback: str
-    additional_contexts: tuple[ContextMessage, ...] = attrs.field(default=(), converter=_contexts)
-    end_turn: bool = False
-
-
-PreDecision: TypeAlias = Allow | Deny | Ask
-PostDecision: TypeAlias = Accept | Block
-
-
-@quick_init
-@attrs.frozen
-class ToolOutcome:
-    """What ``registry.execute`` returns: the final result and the contexts to inject."""
-
-    result: ToolResult
-    contexts: tuple[ContextMessage, ...] = ()
-    ends_turn: bool = False
-    #: Set when the call waits for a person's decision (a durable pause): ``result``
-    #: is then only a placeholder, and the loop ends the turn with reason ``approval``.
-    pending: PendingApproval | None = None

@@ -95,6 +95,9 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "pipeline/contract.py": ("tests/pipeline/test_typing.py", "tests/test_public_api.py"),
     "pipeline/deadline.py": ("tests/wrappers/test_timeout.py",),
     "pipeline/plugin_config.py": ("tests/pipeline/test_harness.py", "tests/cli/test_check.py"),
+    # The decisions a pre- or post-execute layer returns: observable as what the registry
+    # does with them.
+    "pipeline/verdicts.py": ("tests/pipeline/test_registry.py",),
     # The loop's and the log's parts: observable only as a turn and its log.
     "pipeline/loop/paused.py": ("tests/guards/test_approval.py",),
     "pipeline/loop/step_order.py": ("tests/pipeline/loop/test_agent_loop.py",),

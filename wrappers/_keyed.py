@@ -128,7 +128,7 @@ def check_codes(plugin: str, key: str, stage: str, codes: object) -> None:
 
 def refuse_names_without_names(plugin: str, stage: str, **patterns: tuple[str, ...]) -> None:
     """``tools=``/``exclude=`` on a stage whose calls carry no tool name: a mistake."""
-    if adapter_for(stage).has_names:
+    if adapter_for(stage).calls_tools:
         return
     for key, value in patterns.items():
         if value:
@@ -246,7 +246,7 @@ class StateKeys:
     def __call__(self, item: Any) -> str:
         if self.fixed is not None:
             return self.fixed
-        return self.of(self.stage.key(item))
+        return self.of(item.key)
 
     def of(self, name: str) -> str:
         """The key of the tool or model ``name`` (the shared key, if the layer has one)."""

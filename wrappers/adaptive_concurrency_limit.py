@@ -410,7 +410,7 @@ class _Limits(Generic[ItemT, ValueT, OutcomeT]):
     async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         config, stage = self.config, self.stage
         key = self.keys(item)
-        name = config.key if config.key is not None else stage.key(item)
+        name = config.key if config.key is not None else item.key
         state = self._state(name)
         wait = state.paused_until - anyio.current_time()
         if wait > 0:
@@ -470,9 +470,7 @@ class _Limits(Generic[ItemT, ValueT, OutcomeT]):
             self.failures.fails_open(error)
             lease = None
         if lease is None:
-            self.shadow.would(
-                "wait", stage.label(item), f"{limit} calls are running, its limit now"
-            )
+            self.shadow.would("wait", item.label, f"{limit} calls are running, its limit now")
         version = state.version
         state.inflight += 1
         inflight = state.inflight
@@ -499,13 +497,13 @@ class _Limits(Generic[ItemT, ValueT, OutcomeT]):
         inflight: int,
         version: int,
     ) -> None:
-        stage = self.stage
-        if stage.is_control(outcome):
+        failed = self.stage.failure_of(outcome)
+        if failed is not None and failed.control:
             return  # guardstack's own answer says nothing about the provider
-        code = stage.code(outcome) if stage.failed(outcome) else None
+        code = failed.code if failed is not None else None
         bare = code.split("_", 1)[1] if code and "_" in code else code
         overloaded = code is not None and (bare in self.signals or code in self.signals)
-        wait = stage.retry_after_s(outcome)
+        wait = failed.retry_after_s if failed is not None else None
         if wait is not None and wait > 0:
             state.paused_until = max(state.paused_until, anyio.current_time() + wait)
         if version < state.version:

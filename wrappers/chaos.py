@@ -103,7 +103,7 @@ class _ChaosRun(Generic[ItemT, ValueT, OutcomeT]):
             return stage.deliver(stage.fault(item, ChaosError("chaos: injected exception")))
         assert self.code is not None
         return stage.deliver(
-            stage.failure(item, self.code, f"chaos: injected {self.code}", "ChaosFault")
+            stage.failure(item, self.code, f"chaos: injected {self.code}", name="ChaosFault")
         )
 
     def __repr__(self) -> str:

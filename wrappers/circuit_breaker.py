@@ -50,6 +50,7 @@ from guardstack.pipeline.contract import (
     ValueT,
     adapter_for,
 )
+from guardstack.pipeline.outcome import refusal
 from guardstack.pipeline.signals import BREAKER_STATE, BREAKER_TRANSITIONS, Shadow, Signals
 from guardstack.pipeline.store import BreakerState
 from guardstack.pipeline.validate import StageName, codes, flag, integer, stage
@@ -287,7 +288,7 @@ class _Breakers(Generic[ItemT, ValueT, OutcomeT]):
             if held is not None:  # forced open, or isolated
                 reason = "an operator holds it open"
                 if self.shadow is not None:
-                    self.shadow.would("refuse", stage.label(item), reason)
+                    self.shadow.would("refuse", item.label, reason)
                     return await call_next(item)
                 wait_s = control.wait_s(self.plugin_id, self.keys.name_of(key))
                 return stage.deliver(self._refusal(item, wait_s, f"{reason}. {_back(wait_s)}"))
@@ -300,7 +301,7 @@ class _Breakers(Generic[ItemT, ValueT, OutcomeT]):
         if not admission.admitted:
             self._seen_open(key, admission.wait_s)
             if self.shadow is not None:  # it would answer at once; the call goes on, uncounted
-                self.shadow.would("refuse", stage.label(item), "the breaker is open")
+                self.shadow.would("refuse", item.label, "the breaker is open")
                 return await call_next(item)
             return stage.deliver(self._refusal(item, admission.wait_s))
         if admission.probe:
@@ -311,11 +312,12 @@ class _Breakers(Generic[ItemT, ValueT, OutcomeT]):
             if admission.probe:
                 await self._release_probe(key)
             raise
-        if stage.is_control(outcome):
+        failure = stage.failure_of(outcome)
+        if failure is not None and failure.control:
             if admission.probe:  # guardstack's own answer says nothing about the backend
                 await self._release_probe(key)
         else:
-            failed = stage.failed(outcome) and stage.code(outcome) in config.on
+            failed = failure is not None and failure.code in config.on
             try:
                 changed = await store.record(
                     key,
@@ -340,9 +342,10 @@ class _Breakers(Generic[ItemT, ValueT, OutcomeT]):
             self.failures.fails_open(error)
 
     def _refusal(self, item: ItemT, wait_s: float, why: str | None = None) -> OutcomeT:
-        what = self.stage.label(item)
+        what = item.label
         message = f"{what} is unavailable: {why}" if why else _why(what, wait_s)
-        return self.stage.refusal(
+        return refusal(
+            self.stage,
             item,
             "UNAVAILABLE",
             message,

@@ -47,6 +47,7 @@ from guardstack.pipeline.contract import (
     ValueT,
     adapter_for,
 )
+from guardstack.pipeline.outcome import refusal
 from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
 from guardstack.pipeline.validate import StageName, flag, integer, optional_integer, stage
 from guardstack.wrappers._keyed import (
@@ -185,7 +186,7 @@ class SlotQueue:
         if stage is None:
             waiter = waiting.join(0, "default")
         else:
-            waiter = waiting.join(stage.priority_of(item), stage.tenant_of(item))
+            waiter = waiting.join(item.queue_priority, item.owner)
         started = anyio.current_time()
         admitted = False
         try:
@@ -261,7 +262,7 @@ class _Limits(Generic[ItemT, ValueT, OutcomeT]):
         limit = config.max_concurrent
         control = self.control
         if control is not None and control.limits:
-            changed = control.limit(self.plugin_id, stage.key(item), "max_concurrent")
+            changed = control.limit(self.plugin_id, item.key, "max_concurrent")
             if changed is not None:
                 limit = max(1, int(changed))
         try:
@@ -277,7 +278,7 @@ class _Limits(Generic[ItemT, ValueT, OutcomeT]):
         except QueueFull as overloaded:
             if shadow is not None:  # it would have waited (or refused): runs without a slot
                 full = f"{config.max_concurrent} calls are running, the most allowed"
-                shadow.would("wait" if config.queue else "refuse", stage.label(item), full)
+                shadow.would("wait" if config.queue else "refuse", item.label, full)
                 return await call_next(item)
             return stage.deliver(self._refusal(item, overloaded.reason))
         except Exception as error:
@@ -301,10 +302,11 @@ def overloaded(
 ) -> OutcomeT:
     """The ``*_OVERLOADED`` refusal a full limit answers (a concurrency limit's, adaptive
     or not)."""
-    return stage.refusal(
+    return refusal(
+        stage,
         item,
         "OVERLOADED",
-        f"{stage.label(item)} is overloaded: {reason}",
+        f"{item.label} is overloaded: {reason}",
         layer=layer,
         name="OverloadedError",
     )

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar, Final, Generic, TypeAlias
 
 import anyio
@@ -61,6 +61,7 @@ from guardstack.pipeline.contract import (
     ValueT,
     adapter_for,
 )
+from guardstack.pipeline.outcome import Failed, refusal
 from guardstack.pipeline.validate import StageName, codes, cut, invalid, optional_integer, stage
 from guardstack.pipeline.values import (
     ToolCall,
@@ -148,7 +149,7 @@ class Fallback:
 
     def _check(self, target: Any) -> None:
         # Without tools on the stage (model calls), the answer instead can only be a model.
-        if not adapter_for(self.stage).has_names:
+        if not adapter_for(self.stage).calls_tools:
             if isinstance(target, Mapping):
                 _check_upstream(target)
             elif not callable(getattr(target, "complete", None)):
@@ -188,7 +189,7 @@ class Fallback:
                 return other.complete(list(request.messages), list(request.tools))  # type: ignore[no-any-return]
 
             return other_upstream
-        if not adapter_for(self.stage).has_names:
+        if not adapter_for(self.stage).calls_tools:
 
             def other_model(request: ModelRequest, _: Any) -> Awaitable[ModelReply]:
                 return target.complete(list(request.messages), list(request.tools))  # type: ignore[no-any-return]
@@ -241,16 +242,18 @@ class _Fallback(Generic[ItemT, ValueT, OutcomeT]):
     async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         stage = self.stage
         outcome = await stage.attempt(call_next, item)
-        if (
-            not stage.failed(outcome)
-            or stage.code(outcome) not in self.config.on
-            or (stage.is_control(outcome) and not stage.is_refusal(outcome))
-        ):
+        if not _falls_back(stage.failure_of(outcome), self.config.on):
             return stage.deliver(outcome)
         return await self.instead(item, call_next)
 
     def __repr__(self) -> str:
         return repr(self.config)
+
+
+def _falls_back(failed: Failed | None, on: Collection[str]) -> bool:
+    """A failure with a code to fall back on: a provider's, or a layer's refusal (an open
+    breaker), never guardstack's other control flow (a cap, a denial)."""
+    return failed is not None and failed.code in on and (failed.refused or not failed.control)
 
 
 def _name_of(target: Any) -> str:
@@ -290,12 +293,7 @@ class _Healthy(Generic[ItemT, ValueT, OutcomeT]):
         self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(config.stage)
 
     def _failed(self, outcome: Any) -> bool:
-        stage = self.stage
-        return (
-            stage.failed(outcome)
-            and stage.code(outcome) in self.config.on
-            and not (stage.is_control(outcome) and not stage.is_refusal(outcome))
-        )
+        return _falls_back(self.stage.failure_of(outcome), self.config.on)
 
     async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         stage = self.stage
@@ -319,10 +317,11 @@ class _Healthy(Generic[ItemT, ValueT, OutcomeT]):
             await anyio.sleep(wait)  # the earliest half-opens: its probe is this call
             return await instead(item, call_next)
         return stage.deliver(
-            stage.refusal(
+            refusal(
+                stage,
                 item,
                 "UNAVAILABLE",
-                f"{stage.label(item)} and every fallback ({', '.join(n for _, n, _ in waits)}) "
+                f"{item.label} and every fallback ({', '.join(n for _, n, _ in waits)}) "
                 f"are unavailable: their circuit breakers are open. Try again in "
                 f"{math.ceil(wait) if math.isfinite(wait) else 'a while'}s, or do without it.",
                 layer=PLUGIN,

@@ -103,9 +103,9 @@ class Hedge:
 
     def hedges(self, item: CallContext) -> bool:
         """Whether a call may be hedged: not declared non-idempotent, and named if limited."""
-        if not self._stage.may_repeat(item):
+        if not item.may_repeat:
             return False
-        name = self._stage.name_of(item)
+        name = item.tool_name
         return self._tools is None or name is None or bool(self._tools.fullmatch(name))
 
     def apply(self, scope: Scope) -> None:
@@ -134,7 +134,7 @@ class Hedge:
         self, item: ItemT, call_next: Next[ItemT, ValueT], stage: StageAdapter[ItemT, ValueT, Any]
     ) -> tuple[_Kind, Any]:
         """Start the call, hedge it; the first win (or exception) ends the race."""
-        first = stage.hedge_of(item)
+        first = item.hedge
         finished: list[tuple[_Kind, Any]] = []
         running = 0
         changed = anyio.Event()
@@ -143,13 +143,14 @@ class Hedge:
             nonlocal running
             kind: _Kind
             try:
-                outcome = await stage.attempt(call_next, stage.with_hedge(item, number))
+                outcome = await stage.attempt(call_next, item.with_hedge(number))
             except Exception as error:
                 kind, outcome = "raised", error
             else:
-                if not stage.failed(outcome):
+                failed = stage.failure_of(outcome)
+                if failed is None:
                     kind = "won"
-                elif stage.is_control(outcome):
+                elif failed.control:
                     kind = "control"
                 else:
                     kind = "failed"

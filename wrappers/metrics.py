@@ -147,7 +147,7 @@ class Metrics:
             self._model_points if self._stage is MODEL else self._tool_points
         )
         self._error_type: Callable[[Any], str | None] = (
-            self._stage.code if self._stage is MODEL else result_error_type
+            self._failure_code if self._stage is MODEL else result_error_type
         )
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("guardstack", VERSION)
         self._duration = meter.create_histogram(
@@ -210,9 +210,13 @@ class Metrics:
         except BaseException as error:  # cancelled from outside
             self._points(item, anyio.current_time() - started, None, exception_error_type(error))
             raise
-        error_type = self._error_type(outcome) if stage.failed(outcome) else None
+        error_type = self._error_type(outcome) if stage.failure_of(outcome) else None
         self._points(item, anyio.current_time() - started, outcome, error_type)
         return stage.deliver(outcome)
+
+    def _failure_code(self, outcome: Any) -> str | None:
+        failed = self._stage.failure_of(outcome)
+        return failed.code if failed is not None else None
 
     def _tool_points(
         self, call: ToolCall, seconds: float, result: ToolResult | None, error_type: str | None

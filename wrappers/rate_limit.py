@@ -43,6 +43,7 @@ from guardstack.pipeline.contract import (
     ValueT,
     adapter_for,
 )
+from guardstack.pipeline.outcome import refusal
 from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
 from guardstack.pipeline.validate import StageName, boolean, flag, integer, stage
 from guardstack.wrappers._keyed import (
@@ -193,12 +194,12 @@ class _Buckets(Generic[ItemT, ValueT, OutcomeT]):
                 wait_s = 0.0
             if wait_s > 0:  # no token: the call would have waited (or been refused)
                 decision = "wait" if self.config.wait else "refuse"
-                self.shadow.would(decision, stage.label(item), f"no token for {wait_s:.3g}s")
+                self.shadow.would(decision, item.label, f"no token for {wait_s:.3g}s")
             return await call_next(item)
         try:
             queue = self.queues.get(key)
             if queue is not None:  # others are waiting: join the line
-                await self._wait_in_line(key, queue, stage.priority_of(item), stage.tenant_of(item))
+                await self._wait_in_line(key, queue, item.queue_priority, item.owner)
             else:
                 wait_s = await self._take(key)
                 if wait_s > 0:
@@ -210,9 +211,7 @@ class _Buckets(Generic[ItemT, ValueT, OutcomeT]):
                         queue = self.queues.get(key)
                         if queue is None:
                             queue = self.queues[key] = WaitLine(self.config.fair)
-                        await self._wait_in_line(
-                            key, queue, stage.priority_of(item), stage.tenant_of(item)
-                        )
+                        await self._wait_in_line(key, queue, item.queue_priority, item.owner)
         except Exception as error:
             if not self.failures.fails_open(error):
                 refusal = self._refusal(item, 0.0, self.failures.reason())
@@ -221,7 +220,7 @@ class _Buckets(Generic[ItemT, ValueT, OutcomeT]):
         return await call_next(item)
 
     def _refusal(self, item: ItemT, wait_s: float, why: str | None = None) -> OutcomeT:
-        what = self.stage.label(item)
+        what = item.label
         if why is None:
             rate = f"{self.config.per_second:g} calls per second"
             message = (
@@ -229,7 +228,8 @@ class _Buckets(Generic[ItemT, ValueT, OutcomeT]):
             )
         else:
             message = f"{what} is rate limited: {why}"
-        return self.stage.refusal(
+        return refusal(
+            self.stage,
             item,
             "RATE_LIMITED",
             message,

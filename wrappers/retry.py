@@ -325,9 +325,9 @@ class Retry:
 
     def may_retry(self, call: CallContext, stage: StageAdapter[Any, Any, Any] = DISPATCH) -> bool:
         """Whether ``call`` may run again at all (its idempotency, ``tools``, ``exclude``)."""
-        if not stage.may_repeat(call):
+        if not call.may_repeat:
             return False
-        name = stage.name_of(call)
+        name = call.tool_name
         if name is None:
             return True
         if self._tools is not None and not self._tools.fullmatch(name):
@@ -338,13 +338,14 @@ class Retry:
         self, outcome: Outcome[Any], stage: StageAdapter[Any, Any, Any] = DISPATCH
     ) -> bool:
         """Whether ``outcome`` (a result, or a model call's exception) is one to retry."""
-        if not stage.failed(outcome):
+        failed = stage.failure_of(outcome)
+        if failed is None:
             return False
-        if stage.is_control(outcome) and stage.retry_after_s(outcome) is None:
+        if failed.control and failed.retry_after_s is None:
             return False  # guardstack's own answer; only a refusal that says when may retry
         if callable(self.retry_on):
             return bool(self.retry_on(outcome))
-        return stage.code(outcome) in self.retry_on
+        return failed.code in self.retry_on
 
     def ceiling_s(self, attempt: int) -> float:
         """The longest wait after failed attempt number ``attempt`` (1-based)."""
@@ -414,10 +415,11 @@ class _RetryRun(Generic[ItemT, ValueT, OutcomeT]):
                 await budget.deposit_shared()
         attempt = 1
         while True:
-            outcome = await stage.attempt(call_next, stage.with_attempt(item, attempt))
+            outcome = await stage.attempt(call_next, item.with_attempt(attempt))
+            failed = stage.failure_of(outcome)
             if (
                 attempt >= policy.attempts
-                or not stage.failed(outcome)  # the usual: it worked (``should_retry`` asks too)
+                or failed is None  # the usual: it worked (``should_retry`` asks too)
                 or not policy.should_retry(outcome, stage)
             ):
                 if attempt == 1:
@@ -425,8 +427,8 @@ class _RetryRun(Generic[ItemT, ValueT, OutcomeT]):
                 return self._done(item, attempt, stage.deliver(outcome))
             if attempt == 1 and not policy.may_retry(item, stage):
                 return self._done(item, attempt, stage.deliver(outcome))
-            retry_after = stage.retry_after_s(outcome)
-            stop = self._deadline_stop(attempt, stage.budget_ms(item), retry_after)
+            retry_after = failed.retry_after_s
+            stop = self._deadline_stop(attempt, item.budget_ms, retry_after)
             if stop is not None:
                 return self._done(item, attempt, stage.deliver(stage.explained(outcome, stop)))
             if not await self._pause(attempt, retry_after):
@@ -438,7 +440,7 @@ class _RetryRun(Generic[ItemT, ValueT, OutcomeT]):
         that worked first time costs nothing here: ``Metrics`` counts the calls), then its
         answer."""
         if attempts > 1 and self.signals is not None:
-            attributes = {"key": self.stage.key(item), "guardstack.stage": self.stage.name}
+            attributes = {"key": item.key, "guardstack.stage": self.stage.name}
             self.signals.add(RETRY_ATTEMPTS, attempts, attributes)
         return delivered
 

@@ -105,7 +105,7 @@ class Timeout:
     def __attrs_post_init__(self) -> None:
         adapter = adapter_for(self.stage)
         watches = self.first_byte_ms is not None or self.idle_ms is not None
-        if adapter.needs_budget and self.ms is None and not watches:
+        if not adapter.calls_tools and self.ms is None and not watches:
             raise invalid(
                 PLUGIN,
                 "ms",

@@ -58,6 +58,7 @@ from guardstack.pipeline.contract import (
     stated_output_limit,
     store_key,
 )
+from guardstack.pipeline.outcome import refusal
 from guardstack.pipeline.signals import Shadow
 from guardstack.pipeline.validate import (
     StageName,
@@ -232,7 +233,7 @@ class _Minutes(Generic[ItemT, ValueT, OutcomeT]):
     async def __call__(self, item: ItemT, call_next: Next[ItemT, ValueT]) -> ValueT:
         stage = self.stage
         key = self.keys(item)
-        windows = self.windows(key, self.stage.key(item))
+        windows = self.windows(key, item.key)
         amounts = self.estimate(item)
         op_id = self.operation + new_token()
         if self.shadow is not None:
@@ -267,7 +268,7 @@ class _Minutes(Generic[ItemT, ValueT, OutcomeT]):
             decision = "wait" if self.config.wait and reservation.retry_after_s else "refuse"
             shadow = self.shadow
             assert shadow is not None
-            shadow.would(decision, self.stage.label(item), self._why(reservation))
+            shadow.would(decision, item.label, self._why(reservation))
             return await call_next(item)
         return self.stage.deliver(await self._attempt(item, call_next, op_id))
 
@@ -285,10 +286,10 @@ class _Minutes(Generic[ItemT, ValueT, OutcomeT]):
         return outcome
 
     async def _settle(self, op_id: str, outcome: OutcomeT) -> None:
-        stage = self.stage
-        if stage.failed(outcome):
+        failed = self.stage.failure_of(outcome)
+        if failed is not None:
             error = outcome if isinstance(outcome, BaseException) else None
-            if (error is not None and never_reached(error)) or stage.is_control(outcome):
+            if (error is not None and never_reached(error)) or failed.control:
                 await self.ledger.release(op_id)
             else:
                 await self.ledger.settle(op_id, {})  # it may have been billed: as reserved
@@ -338,8 +339,7 @@ class _Minutes(Generic[ItemT, ValueT, OutcomeT]):
         amounts: dict[str, float],
         windows: list[Window],
     ) -> OutcomeT | None:
-        stage = self.stage
-        waiter = line.join(stage.priority_of(item), stage.tenant_of(item))
+        waiter = line.join(item.queue_priority, item.owner)
         try:
             while True:
                 while line.head() is not waiter:
@@ -371,10 +371,11 @@ class _Minutes(Generic[ItemT, ValueT, OutcomeT]):
 
     def _refusal(self, item: ItemT, wait_s: float | None, why: str) -> OutcomeT:
         stage = self.stage
-        message = f"{stage.label(item)} is rate limited: {why}"
+        message = f"{item.label} is rate limited: {why}"
         if wait_s is not None:
             message += f". Try again in {math.ceil(wait_s * 10) / 10:g}s."
-        return stage.refusal(
+        return refusal(
+            stage,
             item,
             "RATE_LIMITED",
             message,

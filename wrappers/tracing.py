@@ -79,10 +79,10 @@ from guardstack.pipeline.values import (
     RaisedException,
     ToolCall,
     ToolDefinition,
-    ToolOutcome,
     ToolResult,
     message_of,
 )
+from guardstack.pipeline.verdicts import ToolOutcome
 from guardstack.wrappers._genai import as_json, genai_input, genai_output
 from guardstack.wrappers._otel import (
     VERSION,

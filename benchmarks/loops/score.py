@@ -60,7 +60,7 @@ from guardstack.pipeline import (
 )
 from guardstack.pipeline.contract import Scope
 from guardstack.pipeline.session import ToolCallEvent
-from guardstack.pipeline.values import PostDecision
+from guardstack.pipeline.verdicts import PostDecision
 
 
 def _key(call: ToolCall) -> str:

@@ -24,15 +24,8 @@ from guardstack.guards.loop_detector.patterns import alike, step_of
 from guardstack.pipeline.contract import ModelNext, PostNext, PreNext, PromptNext
 from guardstack.pipeline.errors import TurnBlocked
 from guardstack.pipeline.signals import LOOP_DETECTIONS, REMINDERS, Shadow, Signals
-from guardstack.pipeline.values import (
-    TOOL_DENIED,
-    ContextMessage,
-    Deny,
-    PostDecision,
-    PreDecision,
-    ToolCall,
-    ToolResult,
-)
+from guardstack.pipeline.values import TOOL_DENIED, ContextMessage, ToolCall, ToolResult
+from guardstack.pipeline.verdicts import Deny, PostDecision, PreDecision
 
 if TYPE_CHECKING:
     from guardstack.guards.loop_detector.detector import LoopDetector

@@ -73,11 +73,11 @@ from guardstack.pipeline.values import (
     WRAP_UP_SOURCE,
     MessageSource,
     ToolCall,
-    ToolOutcome,
     ToolResult,
     aborted_result,
     message_of,
 )
+from guardstack.pipeline.verdicts import ToolOutcome
 
 if TYPE_CHECKING:
     from guardstack.pipeline.loop.agent_loop import AgentLoop

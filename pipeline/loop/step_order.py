@@ -15,7 +15,8 @@ from guardstack.pipeline.model import (
 )
 from guardstack.pipeline.registry import Phase
 from guardstack.pipeline.runtime import cancel_pending, deliver_pending
-from guardstack.pipeline.values import ToolCall, ToolOutcome
+from guardstack.pipeline.values import ToolCall
+from guardstack.pipeline.verdicts import ToolOutcome
 
 if TYPE_CHECKING:
     pass

@@ -1,4 +1,5 @@
-"""The outcome core's stage adapters: what both stages' calls share is answered once."""
+"""The outcome core: what both stages' calls share each call answers itself (``CallContext``);
+the stage adapters answer only how an outcome fails."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import pytest
 
 from guardstack.pipeline import Agent, Harness, ModelRequest, ScriptedModel, ToolCall
+from guardstack.pipeline.call_context import CallContext
 from guardstack.pipeline.contract import DISPATCH, MODEL, StageAdapter
 
 
@@ -16,7 +18,7 @@ def an_agent() -> Agent:
     return agent
 
 
-def stage_and_item(stage: str) -> tuple[StageAdapter[Any, Any, Any], Any]:
+def stage_and_item(stage: str) -> tuple[StageAdapter[Any, Any, Any], CallContext]:
     agent = an_agent()
     if stage == "model":
         return MODEL, ModelRequest(agent, [], [])
@@ -25,32 +27,32 @@ def stage_and_item(stage: str) -> tuple[StageAdapter[Any, Any, Any], Any]:
 
 @pytest.mark.parametrize("stage", ["dispatch", "model"])
 def test_a_call_without_its_own_tenant_or_priority_takes_its_agents(stage: str) -> None:
-    adapter, item = stage_and_item(stage)
-    assert (adapter.tenant_of(item), adapter.priority_of(item)) == ("team-a", 3)
+    _, item = stage_and_item(stage)
+    assert (item.owner, item.queue_priority) == ("team-a", 3)
 
 
 def test_a_calls_own_tenant_and_priority_come_before_its_agents() -> None:
     agent = an_agent()
-    assert DISPATCH.tenant_of(ToolCall("x", {}, "c", agent, tenant="team-b")) == "team-b"
-    assert MODEL.tenant_of(ModelRequest(agent, [], [])) == "team-a"  # its agent's, always
-    assert MODEL.priority_of(ModelRequest(agent, [], [], priority=9)) == 9
-    assert DISPATCH.priority_of(ToolCall("x", {}, "c", agent, priority=0)) == 0
+    assert ToolCall("x", {}, "c", agent, tenant="team-b").owner == "team-b"
+    assert ModelRequest(agent, [], []).owner == "team-a"  # its agent's, always
+    assert ModelRequest(agent, [], [], priority=9).queue_priority == 9
+    assert ToolCall("x", {}, "c", agent, priority=0).queue_priority == 0
 
 
 def test_a_call_of_no_agent_is_the_default_tenants_at_priority_zero() -> None:
     call = ToolCall("x", {}, "c")
-    assert (DISPATCH.tenant_of(call), DISPATCH.priority_of(call)) == ("default", 0)
+    assert (call.owner, call.queue_priority) == ("default", 0)
 
 
 @pytest.mark.parametrize("stage", ["dispatch", "model"])
 def test_attempt_and_hedge_change_only_a_copy_and_only_when_they_differ(stage: str) -> None:
-    adapter, item = stage_and_item(stage)
-    assert adapter.with_attempt(item, 1) is item
-    second = adapter.with_attempt(item, 2)
-    assert (adapter.attempt_of(second), adapter.attempt_of(item)) == (2, 1)
-    hedged = adapter.with_hedge(second, 1)
-    assert (adapter.hedge_of(hedged), adapter.attempt_of(hedged)) == (1, 2)
-    assert adapter.with_hedge(hedged, 1) is hedged
+    _, item = stage_and_item(stage)
+    assert item.with_attempt(1) is item
+    second = item.with_attempt(2)
+    assert (second.attempt, item.attempt) == (2, 1)
+    hedged = second.with_hedge(1)
+    assert (hedged.hedge, hedged.attempt) == (1, 2)
+    assert hedged.with_hedge(1) is hedged
 
 
 # -- a note is added to an outcome, never a new outcome made that forgets ---------------
@@ -58,7 +60,7 @@ def test_attempt_and_hedge_change_only_a_copy_and_only_when_they_differ(stage: s
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from guardstack.pipeline import ModelError, ToolError, ToolResult  # noqa: E402
+from guardstack.pipeline import ModelError, ModelReply, ToolError, ToolResult  # noqa: E402
 
 _codes = st.sampled_from(["MODEL_RATE_LIMITED", "MODEL_UNAVAILABLE", "MODEL_FAILED", "X"])
 _waits = st.none() | st.floats(0, 1e6, allow_nan=False)
@@ -131,3 +133,47 @@ def test_a_subclass_that_cannot_be_copied_is_explained_with_its_fields() -> None
     explained = MODEL.explained(Strict("busy", 1), "not retried")
     assert isinstance(explained, ModelError)
     assert (explained.refused, explained.retry_after_s) == (True, 3.0)
+
+
+# -- what differs between the stages, and only that ---------------------------------------
+
+
+def test_the_stage_adapter_keeps_at_most_ten_members() -> None:
+    members = {name for name in vars(StageAdapter) if not name.startswith("_")}
+    members |= set(StageAdapter.__annotations__)
+    assert len(members) <= 10, sorted(members)
+
+
+@pytest.mark.parametrize("stage", ["dispatch", "model"])
+@given(
+    kind=st.sampled_from(["UNAVAILABLE", "OVERLOADED", "RATE_LIMITED", "TIMEOUT", "FAILED"]),
+    retry_after_s=_waits,
+)
+def test_a_refusal_reads_back_the_same_on_both_stages(
+    stage: str, kind: Any, retry_after_s: float | None
+) -> None:
+    from guardstack.pipeline.outcome import Failed, refusal
+
+    adapter, item = stage_and_item(stage)
+    made = refusal(adapter, item, kind, "full", layer="rate-limit", name="Full",
+                   retry_after_s=retry_after_s)  # fmt: skip
+    code = adapter.code_for(kind)
+    assert adapter.failure_of(made) == Failed(code, True, True, retry_after_s)
+    provider = adapter.failure(item, code, "busy", retry_after_s=retry_after_s)
+    assert adapter.failure_of(provider) == Failed(code, False, False, retry_after_s)
+
+
+@pytest.mark.parametrize("stage", ["dispatch", "model"])
+def test_a_success_has_no_failure_and_a_timeout_names_its_stage(stage: str) -> None:
+    from guardstack.pipeline.outcome import timed_out
+
+    adapter, item = stage_and_item(stage)
+    success = ModelReply("ok") if stage == "model" else ToolResult("ok")
+    assert adapter.failure_of(success) is None
+    late = timed_out(adapter, item, 250, adapter.code_for("TIMEOUT"), "timeout")
+    noun = "model" if stage == "model" else "tool"
+    failed = adapter.failure_of(late)
+    assert failed is not None
+    assert failed.code == adapter.code_for("TIMEOUT")
+    assert not failed.control
+    assert f"{noun} call timed out after 250ms" in str(late if stage == "model" else late.content)

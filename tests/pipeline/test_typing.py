@@ -19,6 +19,7 @@ from guardstack.pipeline.contract import (
     Outcome,
     ToolStage,
 )
+from guardstack.pipeline.outcome import Failed
 from guardstack.wrappers import Hedge, Retry
 
 
@@ -31,9 +32,11 @@ def _never_called(harness: Harness, request: ModelRequest, call: ToolCall) -> No
     assert_type(DISPATCH.deliver(ToolResult("ok")), ToolResult)
     assert_type(MODEL.deliver(ModelReply("ok")), ModelReply)
     MODEL.deliver(ToolResult("ok"))  # type: ignore[arg-type]
-    DISPATCH.with_attempt(request, 2)  # type: ignore[arg-type]
+    DISPATCH.failure(request, "TOOL_FAILED", "no")  # type: ignore[arg-type]
     outcome: Outcome[ModelReply] = ValueError("a model stage outcome may be an exception")
-    assert_type(MODEL.failed(outcome), bool)
+    assert_type(MODEL.failure_of(outcome), Failed | None)
+    assert_type(call.with_attempt(2), ToolCall)
+    assert_type(request.with_hedge(1), ModelRequest)
 
 
 async def _layer_bodies(
