@@ -149,8 +149,29 @@ def _of(name: str) -> Callable[[Mapping[str, float]], float]:
     return lambda run: run[name]
 
 
+def _attrs_init() -> None:
+    """Every ``quick_init`` class back on attrs' own ``__init__`` (what removing it costs)."""
+    from guardstack.pipeline.frozen import _TWINS
+
+    for kind in _TWINS:
+        type.__setattr__(kind, "__init__", vars(kind)["__init_by_attrs__"])
+
+
+def _public_anyio() -> None:
+    """``runtime`` on anyio's public calls only: no read of its asyncio backend's state."""
+    from guardstack.pipeline import runtime
+
+    runtime._STATES = runtime._SCOPE = None
+
+
+SWITCHES: Mapping[str, tuple[str, Callable[[], None]]] = {
+    "--without-quick-init": ("attrs' own __init__ for every value", _attrs_init),
+    "--public-anyio": ("anyio's public scope and cancel calls only", _public_anyio),
+}
+
+
 def main() -> None:
-    run_and_report(__doc__, measure, report)
+    run_and_report(__doc__, measure, report, SWITCHES)
 
 
 if __name__ == "__main__":

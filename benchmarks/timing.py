@@ -83,12 +83,20 @@ def run_and_report(
     doc: str | None,
     measure: Callable[[], Awaitable[dict[str, float]]],
     report: Callable[[list[dict[str, float]]], str],
+    switches: Mapping[str, tuple[str, Callable[[], None]]] | None = None,
 ) -> None:
-    """The command line every per-call benchmark shares: ``--runs N``, then its report."""
+    """The command line every per-call benchmark shares: ``--runs N``, then its report.
+    ``switches`` maps a flag (``--without-x``) to its help and what it turns off first."""
     import argparse
 
     import anyio
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     parser.add_argument("--runs", type=int, default=3)
-    print(report(anyio.run(runs_of, measure, parser.parse_args().runs)))
+    for flag, (help_text, _) in (switches or {}).items():
+        parser.add_argument(flag, action="store_true", help=help_text)
+    arguments = parser.parse_args()
+    for flag, (_, turn_off) in (switches or {}).items():
+        if getattr(arguments, flag.lstrip("-").replace("-", "_")):
+            turn_off()
+    print(report(anyio.run(runs_of, measure, arguments.runs)))

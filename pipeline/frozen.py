@@ -28,6 +28,12 @@ most, 280 ns a value on average — about 3.4 µs of a guarded step that builds 
 The more fields, the more it saves: an eleven-field ``ToolCall`` costs 0.52x, 450 ns
 less. (Storing through each slot's descriptor, as it did before, bought 0.81–0.85x.)
 So it stays; it is the only ``__init__`` generator besides attrs'.
+
+**What removing it would cost** (DESIGN: code generation stays only above 5 % on
+``benchmarks.overhead``; ``--without-quick-init`` against none, three runs of three each,
+2026-12-06): an empty ``registry.execute`` 2,340–2,360 → 2,620–2,730 ns (+11–17 %; from
+22–23x a bare await to 25x, the goal's edge), ten pass-through layers +8–12 %, and an empty
+``model_call`` stage with its request built 691–694 → 1,055–1,059 ns (+52 %).
 """
 
 from __future__ import annotations

@@ -184,3 +184,24 @@ def test_no_single_change_to_the_defaults_scores_better_on_the_tuning_set() -> N
             )
     results = anyio.run(score.score_loaded, rows, labels, sessions)
     assert score.choose(results) == row()
+
+
+def test_the_overhead_benchmark_can_weigh_what_quick_init_and_the_private_reads_save() -> None:
+    """``--without-quick-init`` and ``--public-anyio`` really turn each off (in a child
+    process: the switches change classes and module state for good)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "from benchmarks import overhead\n"
+        "from guardstack.pipeline import ToolCall, runtime\n"
+        "before = ToolCall.__init__\n"
+        "overhead._attrs_init(); overhead._public_anyio()\n"
+        "by_attrs = vars(ToolCall)['__init_by_attrs__']\n"
+        "print(ToolCall.__init__ is not before, ToolCall.__init__ is by_attrs,\n"
+        "      runtime._STATES is None, runtime._SCOPE is None, ToolCall('t', {}, 'c').name)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["True", "True", "True", "True", "t"]
