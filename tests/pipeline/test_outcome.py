@@ -177,3 +177,115 @@ def test_a_success_has_no_failure_and_a_timeout_names_its_stage(stage: str) -> N
     assert failed.code == adapter.code_for("TIMEOUT")
     assert not failed.control
     assert f"{noun} call timed out after 250ms" in str(late if stage == "model" else late.content)
+
+
+# -- every layer passes an outcome on: a refusal keeps what it carries, whatever the stack --
+
+from guardstack.pipeline.outcome import Failed, Refusal, refusal  # noqa: E402
+from guardstack.pipeline.testing import ScriptedTool  # noqa: E402
+from guardstack.wrappers import (  # noqa: E402
+    AdaptiveConcurrencyLimit,
+    CircuitBreaker,
+    ConcurrencyLimit,
+    Hedge,
+    Metrics,
+    RateLimit,
+    Retry,
+    Timeout,
+    Tracing,
+)
+from tests.helpers import call  # noqa: E402
+
+_KINDS: Any = ("UNAVAILABLE", "OVERLOADED", "RATE_LIMITED")
+
+
+def _refused_codes(stage: str) -> list[str]:
+    adapter = MODEL if stage == "model" else DISPATCH
+    return [adapter.code_for(kind) for kind in _KINDS]
+
+
+#: Every layer that serves both stages, built for one: each must hand a refusal on as
+#: it came, a note at most added to its message.
+LAYERS: dict[str, Any] = {
+    "retry": lambda stage: Retry(
+        attempts=3,
+        retry_on=_refused_codes(stage),
+        backoff_ms=1,
+        jitter=False,
+        respect_deadline=True,
+        stage=stage,
+    ),
+    "breaker": lambda stage: CircuitBreaker(minimum_calls=1, stage=stage),
+    "concurrency": lambda stage: ConcurrencyLimit(4, stage=stage),
+    "adaptive": lambda stage: AdaptiveConcurrencyLimit(stage=stage),
+    "rate": lambda stage: RateLimit(1000, burst=10, stage=stage),
+    "deadline": lambda stage: Timeout(ms=15_000, stage=stage),
+    "hedge": lambda stage: Hedge(delay_ms=1, stage=stage),
+    "metrics": lambda stage: Metrics(stage=stage),
+    "tracing": lambda stage: Tracing(),
+}
+
+_stacks = st.lists(st.sampled_from(sorted(LAYERS)), unique=True, max_size=len(LAYERS))
+
+
+@pytest.mark.parametrize("stage", ["dispatch", "model"])
+@given(
+    stack=_stacks,
+    kind=st.sampled_from(_KINDS),
+    retry_after_s=st.none() | st.integers(0, 60).map(float),
+    partial=st.none() | st.text(min_size=1, max_size=20),
+)
+async def test_every_layer_passes_a_refusal_on_with_all_it_carries(
+    stage: str, stack: list[str], kind: Any, retry_after_s: float | None, partial: str | None
+) -> None:
+    """Defect 7 as a class: a layer that stops early (a ``Retry`` near its deadline) or
+    times, counts, traces or hedges a call adds a note at most; it never makes a new
+    outcome that forgets ``refused``, ``retry_after_s``, the refusing layer or the
+    partial reply."""
+    harness = Harness(ScriptedModel([]))
+    ScriptedTool("t", ["ok"] * 10).register(harness.tools)
+    for name in stack:
+        harness.plugin(LAYERS[name](stage))
+    adapter: StageAdapter[Any, Any, Any] = MODEL if stage == "model" else DISPATCH
+    code = adapter.code_for(kind)
+
+    async def refuse(item: Any, call_next: Any) -> Any:
+        made = adapter.failure(item, code, "the inner layer is full", name="Full",
+                               layer="inner", refused=True, retry_after_s=retry_after_s,
+                               partial=partial)  # fmt: skip
+        return adapter.deliver(made)
+
+    expected = Failed(code, True, True, retry_after_s)
+    # A deadline (15 s) outside the retry stops it early when a second wait of the
+    # refusal's own length (capped at Retry's 10 s) would not fit in what is left.
+    stopped = (
+        "deadline" in stack
+        and "retry" in stack
+        and stack.index("deadline") < stack.index("retry")
+        and (retry_after_s or 0) >= 7.5
+    )
+    if stage == "dispatch":
+        harness.tools.dispatch.use(refuse, name="inner")
+        result = (await harness.tools.execute(call("t"))).result
+        assert DISPATCH.failure_of(result) == expected
+        assert result.value == Refusal("inner", retry_after_s)
+        assert result.content.startswith("Error: the inner layer is full")
+        assert ("(not retried:" in result.content) is stopped
+        return
+    harness.loop.model_call.use(refuse, name="inner")
+    request = ModelRequest(harness.loop.create("s"), [], [])
+    with pytest.raises(ModelError) as raised:
+        await harness.loop.model_call.entry(request)
+    assert MODEL.failure_of(raised.value) == expected
+    assert (raised.value.layer, raised.value.partial) == ("inner", partial)
+    assert raised.value.message.startswith("the inner layer is full")
+    assert ("(not retried:" in raised.value.message) is stopped
+
+
+def test_a_refusal_made_by_the_helper_is_what_a_layer_makes() -> None:
+    agent = an_agent()
+    made = refusal(MODEL, ModelRequest(agent, [], []), "OVERLOADED", "full",
+                   layer="concurrency-limit", name="Full")  # fmt: skip
+    assert isinstance(made, ModelError)
+    assert (made.refused, made.layer, made.code) == (True, "concurrency-limit", "MODEL_OVERLOADED")
+    assert not isinstance(made, ModelReply)
