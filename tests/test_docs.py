@@ -116,6 +116,12 @@ PRINTS = {
     "docs/model-proxy.md": [],
     "docs/temporal.md": [],
     "docs/shared-limits.md": [],
+    "docs/plugins.md": [
+        "print('hello')\nread_file's result held a secret and was withheld\n"
+        "Error: write_file is not allowed in read-only mode\nNothing to change.\n"
+        "model calls: 1\nwrites - read-only: `writes` must be a list of tool names, "
+        "got 'write_file'",
+    ],
     "docs/team-budgets.md": [
         "refused after 4: team 'acme/research' has used $0.0440 of its $0.0500 this day",
         "$0.2871 spent\nname              spent_usd      tokens  requests\n"

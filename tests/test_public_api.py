@@ -14,6 +14,7 @@ import pytest
 PACKAGES = ["guardstack.pipeline", "guardstack.guards", "guardstack.wrappers"]
 #: The other modules whose ``__all__`` is public API (docs/releases.md).
 MODULES = [
+    "guardstack.pipeline.plugin",
     "guardstack.pipeline.contract",
     *(
         f"guardstack.integrations.{name}"
