@@ -43,6 +43,7 @@ from guardstack.guards import (
 )
 from guardstack.pipeline.agent_tool import is_agent_tool
 from guardstack.pipeline.harness import Harness
+from guardstack.pipeline.model_members import model_name_of
 from guardstack.pipeline.values import (
     INVALID_ARGUMENTS,
     TOOL_ABORTED,
@@ -205,7 +206,7 @@ def _explain(plugin: object, inside: bool, outside: bool, stage: str) -> str:
         )
     if isinstance(plugin, UsageLimit) and plugin.downgrade is not None:
         to = plugin.downgrade["to"]
-        name = to if isinstance(to, str) else getattr(to, "model", None) or repr(to)
+        name = to if isinstance(to, str) else model_name_of(to) or repr(to)
         return (
             f"{plugin.name}: past {plugin.downgrade['at']:.0%} of a window the cheaper model "
             f"{name} answers; ends the turn blocked at its limit, before the next model request"

@@ -19,6 +19,7 @@ from opentelemetry import trace
 
 from guardstack.pipeline.contract import Model, ModelRequest, Window
 from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.model_members import model_name_of, switchable
 from guardstack.pipeline.validate import cut, invalid
 
 if TYPE_CHECKING:
@@ -54,8 +55,7 @@ def answering(request: ModelRequest) -> object:
 
 def model_name(model: object) -> str | None:
     """A model's name, when it has one."""
-    name = getattr(model, "model", None)
-    return name if isinstance(name, str) and name else None
+    return model_name_of(model)
 
 
 def _cheaper_model(to: object, answering: object) -> object:
@@ -63,8 +63,8 @@ def _cheaper_model(to: object, answering: object) -> object:
     switched to the name ``to`` (``with_model``)."""
     if not isinstance(to, str):
         return to
-    switch = getattr(answering, "with_model", None)
-    if not callable(switch):
+    switch = switchable(answering)
+    if switch is None:
         raise ConfigError(
             f"{PLUGIN}: downgrade.to names the model {to!r}, but {cut(answering)} cannot switch "
             "to another model (it has no with_model); give a Model instead",

@@ -90,6 +90,7 @@ from guardstack.pipeline.contract import (
     store_key,
 )
 from guardstack.pipeline.errors import GuardstackWarning, TurnBlocked
+from guardstack.pipeline.model_members import observes_estimates
 from guardstack.pipeline.signals import USAGE_USD, Shadow
 from guardstack.pipeline.validate import flag, invalid, number, optional_integer
 
@@ -275,8 +276,7 @@ class UsageLimit:
         model = answering(request)
         output = output_tokens or stated_output_limit(model) or self.estimate_output_tokens
         observing = output_tokens is None and (
-            self.estimate == "observed"
-            or (self.estimate == "auto" and getattr(model, "observed_estimates", False) is True)
+            self.estimate == "observed" or (self.estimate == "auto" and observes_estimates(model))
         )
         if observed is not None and observing:
             output = min(output, observed)

@@ -48,6 +48,14 @@ from guardstack.pipeline.model import (
     ToolCallRequest,
     Usage,
 )
+from guardstack.pipeline.model_members import (
+    BoundedModel,
+    NamedModel,
+    ObservedModel,
+    ProvidedModel,
+    StreamingModel,
+    SwitchableModel,
+)
 from guardstack.pipeline.onion import Instrumentation, LayerInfo, Pipeline, Registration
 from guardstack.pipeline.outcome import Refusal
 from guardstack.pipeline.registry import Phase, PhaseOrder, ToolRegistry
@@ -129,6 +137,7 @@ __all__ = [
     "Ask",
     "AssistantMessage",
     "Block",
+    "BoundedModel",
     "ChunkListener",
     "ConfigError",
     "ContextDeferred",
@@ -152,6 +161,8 @@ __all__ = [
     "ModelNext",
     "ModelReply",
     "ModelRequest",
+    "NamedModel",
+    "ObservedModel",
     "PendingApproval",
     "Phase",
     "PhaseOrder",
@@ -161,6 +172,7 @@ __all__ = [
     "PostNext",
     "PreNext",
     "PromptNext",
+    "ProvidedModel",
     "Recording",
     "Refusal",
     "Registration",
@@ -175,6 +187,8 @@ __all__ = [
     "StateStore",
     "StepEnd",
     "StepStart",
+    "StreamingModel",
+    "SwitchableModel",
     "SystemMessage",
     "ToolCall",
     "ToolCallEvent",

@@ -36,6 +36,7 @@ from guardstack.pipeline.approval import (
 )
 from guardstack.pipeline.errors import AgentLimitExceeded
 from guardstack.pipeline.model import ModelReply, ModelRequest
+from guardstack.pipeline.model_members import model_name_of, stated_output_limit
 from guardstack.pipeline.tree import ChildPolicy
 from guardstack.pipeline.values import (
     AGENT_STOPPED,
@@ -67,8 +68,8 @@ class _ThroughParent:
     def __init__(self, parent: Agent, model: Model) -> None:
         self.parent = parent
         self.inner = model
-        self.model = getattr(model, "model", None)
-        self.max_tokens = getattr(model, "max_tokens", None)
+        self.model = model_name_of(model)
+        self.max_tokens = stated_output_limit(model)
 
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]

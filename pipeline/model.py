@@ -23,6 +23,7 @@ import attrs
 
 from guardstack.pipeline.call_context import DEFAULT_TENANT
 from guardstack.pipeline.frozen import copy_with, passes, quick_init
+from guardstack.pipeline.model_members import model_name_of, reports_chunks, stated_output_limit
 from guardstack.pipeline.values import message_of
 
 if TYPE_CHECKING:
@@ -368,8 +369,7 @@ class ModelRequest:
         """The model it goes to — its own (a child's, the model proxy's upstream), else its
         agent's — by that model's ``model`` attribute, else ``model``."""
         answering = self.model if self.model is not None else self.agent.model
-        name = getattr(answering, "model", None)
-        return name if isinstance(name, str) and name else "model"
+        return model_name_of(answering) or "model"
 
     @property
     def budget_ms(self) -> int | None:
@@ -434,16 +434,3 @@ def input_estimate(messages: Iterable[Mapping[str, Any]]) -> int:
     """A request's input tokens before a provider counts them: a token per four
     characters of its messages' content, plus one (the stated rule caps reserve by)."""
     return sum(len(str(message.get("content") or "")) for message in messages) // 4 + 1
-
-
-def stated_output_limit(model: object) -> int | None:
-    """The output limit a model states for its requests (its ``max_tokens``), if any."""
-    stated = getattr(model, "max_tokens", None)
-    if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
-        return stated
-    return None
-
-
-def reports_chunks(model: object) -> bool:
-    """Whether ``model`` takes ``on_chunk=`` and reports the pieces of its reply."""
-    return getattr(model, "reports_chunks", False) is True

@@ -19,6 +19,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from guardstack.pipeline.contract import ModelRequest
+from guardstack.pipeline.model_members import model_name_of, provider_of
 from guardstack.pipeline.signals import VERSION as VERSION  # re-exported: one version, read once
 from guardstack.pipeline.validate import invalid
 from guardstack.pipeline.values import ToolResult
@@ -46,9 +47,7 @@ def exception_error_type(error: BaseException) -> str:
 def request_model(request: ModelRequest) -> str | None:
     """The model name a request goes to: the ``model`` attribute, if text, of the request's
     own model (a child's, the proxy's upstream) or else its agent's."""
-    answering = request.model if request.model is not None else request.agent.model
-    name = getattr(answering, "model", None)
-    return name if isinstance(name, str) and name else None
+    return model_name_of(request.model if request.model is not None else request.agent.model)
 
 
 def provider_name(request: ModelRequest) -> str:
@@ -56,8 +55,7 @@ def provider_name(request: ModelRequest) -> str:
     ``provider`` (the adapters set it; the proxy's upstream names its wire), else
     ``_OTHER``, the conventions' value for a provider they do not list."""
     answering = request.model if request.model is not None else request.agent.model
-    provider = getattr(answering, "provider", None)
-    return provider if isinstance(provider, str) and provider else "_OTHER"
+    return provider_of(answering) or "_OTHER"
 
 
 _PROVIDED = {"get_tracer": "TracerProvider", "get_meter": "MeterProvider",

@@ -61,6 +61,7 @@ from guardstack.pipeline.contract import (
     ValueT,
     adapter_for,
 )
+from guardstack.pipeline.model_members import model_name_of
 from guardstack.pipeline.outcome import Failed, refusal
 from guardstack.pipeline.validate import StageName, codes, cut, invalid, optional_integer, stage
 from guardstack.pipeline.values import (
@@ -262,7 +263,7 @@ def _name_of(target: Any) -> str:
         return target
     if isinstance(target, Mapping):
         return str(target.get("model") or target["upstream"])
-    name = getattr(target, "model", None) or getattr(target, "__name__", None)
+    name = model_name_of(target) or getattr(target, "__name__", None)
     return name if isinstance(name, str) else repr(target)
 
 

@@ -22,6 +22,7 @@ from guardstack.guards.loop_detector.entry import PLUGIN, Detection
 from guardstack.guards.loop_detector.text import Repeat, TextRepeats, find_repeat
 from guardstack.pipeline.contract import ModelNext, ModelReply, ModelRequest
 from guardstack.pipeline.errors import TurnBlocked
+from guardstack.pipeline.model_members import model_name_of
 from guardstack.pipeline.signals import Shadow, Signals
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class TextWatch:
             reply = await call_next(attrs.evolve(request, on_chunk=on_chunk))
         if cut.cancelled_caught and found:  # cut as it looped: what it said once is kept
             text = "".join(pieces)
-            model = getattr(agent.model, "model", None)
+            model = model_name_of(agent.model)
             answer = ModelReply(text[: found[0].kept], model=model, finish_reason=LOOP_CUT)
             return self._looped(state, found[0], text, answer)
         hit = found[0] if found else self._found(reply.text)

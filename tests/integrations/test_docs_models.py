@@ -49,6 +49,11 @@ def test_the_models_guide_runs_against_real_servers(
     monkeypatch.chdir(tmp_path)
     run_page("docs/models.md", tmp_path)
     printed = capsys.readouterr().out
+    # your own model: a stream with no first byte is cut; one that streams is answered
+    assert (
+        "error - ModelError: MODEL_TIMEOUT: model call timed out: no first byte within 100ms\n"
+        "completed - all good"
+    ) in printed
     # Claude: three typed tools, thinking sent back signed, cache usage counted
     claude = "completed - pip install guardstack - Usage(input_tokens=1960, output_tokens=35"
     assert f"{claude}, cached_input_tokens=900" in printed

@@ -8,7 +8,21 @@ from __future__ import annotations
 
 from typing import assert_type
 
-from guardstack.pipeline import Harness, ModelReply, ModelRequest, ToolCall, ToolResult
+from guardstack.integrations.anthropic import AnthropicModel
+from guardstack.integrations.litellm import LiteLLMModel
+from guardstack.integrations.openai import OpenAIChatModel
+from guardstack.pipeline import (
+    BoundedModel,
+    Harness,
+    ModelReply,
+    ModelRequest,
+    NamedModel,
+    ProvidedModel,
+    StreamingModel,
+    SwitchableModel,
+    ToolCall,
+    ToolResult,
+)
 from guardstack.pipeline.contract import (
     DISPATCH,
     MODEL,
@@ -94,3 +108,27 @@ def test_the_stage_adapters_are_the_stages_types() -> None:
     assert isinstance(MODEL, ModelStage)
     assert callable(_never_called)
     assert callable(_layer_bodies)
+
+
+def _the_shipped_adapters_match_the_model_protocols(
+    openai: OpenAIChatModel, anthropic: AnthropicModel, litellm: LiteLLMModel
+) -> None:
+    """Each optional member an adapter has, it has in the protocol's shape."""
+    for streaming in (openai, anthropic, litellm):
+        _: StreamingModel = streaming
+    named: list[NamedModel] = [openai, anthropic, litellm]
+    provided: list[ProvidedModel] = [openai, anthropic, litellm]
+    switching: list[SwitchableModel] = [openai, anthropic, litellm]
+    bounded: BoundedModel = anthropic
+    del named, provided, switching, bounded
+    not_streaming: StreamingModel = _Plain()  # type: ignore[assignment]
+    del not_streaming
+
+
+class _Plain:
+    """A model with only ``complete(messages, tools)``: no ``StreamingModel``."""
+
+    async def complete(
+        self, messages: list[dict[str, str]], tools: list[dict[str, str]]
+    ) -> ModelReply:
+        return ModelReply("ok")
