@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import anyio
 import anyio.lowlevel
@@ -21,6 +21,7 @@ from guardstack.pipeline.model import (
     Usage,
     reports_chunks,
 )
+from guardstack.pipeline.model_members import StreamingModel
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.session import (
     Session,
@@ -47,7 +48,7 @@ async def complete(request: ModelRequest) -> ModelReply:
     model = request.model if request.model is not None else request.agent.model
     on_chunk = request.on_chunk
     if on_chunk is not None and reports_chunks(model):
-        streaming: Any = model
+        streaming = cast(StreamingModel, model)  # it says it reports chunks
         reply: ModelReply = await streaming.complete(
             request.messages, request.tools, on_chunk=on_chunk
         )
