@@ -24,8 +24,10 @@ the inner chain's own awaitable, so the outcome core adds no coroutine there.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import attrs
 
@@ -188,8 +190,8 @@ class StageAdapter(Generic[ItemT, ValueT, OutcomeT]):
         item: ItemT,
         code: str,
         message: str,
-        *,
         name: str | None = None,
+        *,
         layer: str | None = None,
         refused: bool = False,
         retry_after_s: float | None = None,
@@ -212,6 +214,61 @@ class StageAdapter(Generic[ItemT, ValueT, OutcomeT]):
     def code_for(self, kind: FailureKind) -> str:
         """The stage's code for a kind of failure (``TOOL_RATE_LIMITED``…)."""
         raise NotImplementedError
+
+    if not TYPE_CHECKING:  # 0.1's members, for one minor version; not typed, not listed
+
+        def __getattr__(self, name: str) -> Any:
+            old = _REMOVED_IN_0_3.get(name)
+            if old is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            instead, answer = old
+            warnings.warn(
+                f"StageAdapter.{name} is deprecated and goes in 0.3: {instead}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return answer(self) if name in _FLAGS else functools.partial(answer, self)
+
+
+def _failed(stage: StageAdapter[Any, Any, Any], outcome: Any) -> Failed | None:
+    return stage.failure_of(outcome)
+
+
+#: 0.1's adapter members: what to write instead, and how each is answered now.
+_REMOVED_IN_0_3: Final[dict[str, tuple[str, Callable[..., Any]]]] = {
+    "needs_budget": ("not calls_tools", lambda s: not s.calls_tools),
+    "has_names": ("calls_tools", lambda s: s.calls_tools),
+    "failed": ("failure_of(outcome) is not None", lambda s, o: _failed(s, o) is not None),
+    "code": ("failure_of(outcome).code", lambda s, o: getattr(_failed(s, o), "code", None)),
+    "is_control": (
+        "failure_of(outcome).control",
+        lambda s, o: getattr(_failed(s, o), "control", False),
+    ),
+    "is_refusal": (
+        "failure_of(outcome).refused",
+        lambda s, o: getattr(_failed(s, o), "refused", False),
+    ),
+    "retry_after_s": (
+        "failure_of(outcome).retry_after_s",
+        lambda s, o: getattr(_failed(s, o), "retry_after_s", None),
+    ),
+    "refusal": ("outcome.refusal(stage, item, …)", lambda s, *a, **k: refusal(s, *a, **k)),
+    "timed_out": ("outcome.timed_out(stage, item, …)", lambda s, *a, **k: timed_out(s, *a, **k)),
+    "key": ("item.key", lambda s, item: item.key),
+    "label": ("item.label", lambda s, item: item.label),
+    "budget_ms": ("item.budget_ms", lambda s, item: item.budget_ms),
+    "may_repeat": ("item.may_repeat", lambda s, item: item.may_repeat),
+    "name_of": ("item.tool_name", lambda s, item: item.tool_name),
+    "attempt_of": ("item.attempt", lambda s, item: item.attempt),
+    "hedge_of": ("item.hedge", lambda s, item: item.hedge),
+    "priority_of": ("item.queue_priority", lambda s, item: item.queue_priority),
+    "tenant_of": ("item.owner", lambda s, item: item.owner),
+    "listener_of": ("item.listener", lambda s, item: item.listener),
+    "with_attempt": ("item.with_attempt(n)", lambda s, item, n: item.with_attempt(n)),
+    "with_hedge": ("item.with_hedge(n)", lambda s, item, n: item.with_hedge(n)),
+    "with_listener": ("item.with_listener(f)", lambda s, item, f: item.with_listener(f)),
+}
+_FLAGS: Final = frozenset({"needs_budget", "has_names"})
 
 
 def refusal(
@@ -281,8 +338,8 @@ class ToolStage(StageAdapter[ToolCall, ToolResult, ToolResult]):
         item: ToolCall,
         code: str,
         message: str,
-        *,
         name: str | None = None,
+        *,
         layer: str | None = None,
         refused: bool = False,
         retry_after_s: float | None = None,
@@ -355,8 +412,8 @@ class ModelStage(StageAdapter[ModelRequest, ModelReply, ModelReply | Exception])
         item: ModelRequest,
         code: str,
         message: str,
-        *,
         name: str | None = None,
+        *,
         layer: str | None = None,
         refused: bool = False,
         retry_after_s: float | None = None,

@@ -289,3 +289,43 @@ def test_a_refusal_made_by_the_helper_is_what_a_layer_makes() -> None:
     assert isinstance(made, ModelError)
     assert (made.refused, made.layer, made.code) == (True, "concurrency-limit", "MODEL_OVERLOADED")
     assert not isinstance(made, ModelReply)
+
+
+# -- 0.1's adapter members keep working, warning, until 0.3 -------------------------------
+
+
+@pytest.mark.parametrize("stage", ["dispatch", "model"])
+def test_the_old_adapter_members_warn_and_answer_as_before(stage: str) -> None:
+    adapter, item = stage_and_item(stage)
+    made = refusal(adapter, item, "RATE_LIMITED", "full", layer="rate-limit", name="Full",
+                   retry_after_s=2.0)  # fmt: skip
+    old: Any = adapter
+    with pytest.warns(DeprecationWarning, match=r"StageAdapter\.failed .* failure_of"):
+        assert old.failed(made) is True
+    with pytest.warns(DeprecationWarning, match="goes in 0.3"):
+        answers = (
+            old.code(made), old.is_control(made), old.is_refusal(made), old.retry_after_s(made),
+            old.key(item), old.label(item), old.budget_ms(item), old.may_repeat(item),
+            old.name_of(item), old.tenant_of(item), old.priority_of(item),
+            old.attempt_of(old.with_attempt(item, 2)), old.hedge_of(old.with_hedge(item, 1)),
+            old.has_names, old.needs_budget,
+        )  # fmt: skip
+    assert answers == (
+        adapter.code_for("RATE_LIMITED"), True, True, 2.0,
+        item.key, item.label, item.budget_ms, item.may_repeat,
+        item.tool_name, "team-a", 3, 2, 1,
+        stage == "dispatch", stage == "model",
+    )  # fmt: skip
+    with pytest.warns(DeprecationWarning, match="goes in 0.3"):
+        again = old.refusal(item, "RATE_LIMITED", "full", layer="rate-limit", name="Full",
+                            retry_after_s=2.0)  # fmt: skip
+    assert adapter.failure_of(again) == adapter.failure_of(made)
+    with pytest.warns(DeprecationWarning, match="goes in 0.3"):
+        late = old.timed_out(item, 100, adapter.code_for("TIMEOUT"), "timeout")
+    assert adapter.failure_of(late) == Failed(adapter.code_for("TIMEOUT"))
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        old.nonsense  # noqa: B018
+    # 0.1's positional name still lands where it did
+    named = adapter.failure(item, adapter.code_for("FAILED"), "broke", "ChaosFault")
+    if stage == "dispatch":
+        assert named.error.name == "ChaosFault"
