@@ -143,7 +143,9 @@ class ModelProxy:
         )
         self.drain_s = drain_ms / 1000
         self.conversations = Conversations(
-            lambda session: self.harness.loop.create(session, model=_Nothing()),
+            lambda session, tenant: self.harness.loop.create(
+                session, model=_Nothing(), tenant=tenant
+            ),
             idle_s=idle_ms / 1000,
             most=max_conversations,
         )
@@ -317,8 +319,6 @@ class ModelProxy:
         conversation, fresh = self.conversations.get(
             tenant, name, history, resend=retried, call_ids=call_ids
         )
-        agent = conversation.agent
-        agent.tenant = tenant
         model = route.model or str(data.get("model") or "guardstack")
         if (
             entry is not None

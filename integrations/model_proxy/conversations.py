@@ -130,7 +130,9 @@ def identity(
 class Conversations:
     """(Tenant, identity) -> threads of ``Conversation``, freed when idle and past a bound."""
 
-    def __init__(self, make: Callable[[str], Agent], *, idle_s: float, most: int) -> None:
+    def __init__(
+        self, make: Callable[[str, str | None], Agent], *, idle_s: float, most: int
+    ) -> None:
         self.make = make
         self.idle_s = idle_s
         self.most = most
@@ -181,7 +183,7 @@ class Conversations:
             # the parts escaped one by one, never joined as text
             parts = [name] if not threads else [name, new_token()]
             session = store_key(*parts) if tenant is None else store_key(tenant, *parts)
-            found = Conversation(self.make(session), key)
+            found = Conversation(self.make(session, tenant), key)
             threads.insert(0, found)
             self._count += 1
             if len(threads) > MAX_THREADS:

@@ -29,7 +29,7 @@ from guardstack.pipeline.session import (
 )
 from guardstack.pipeline.signals import USAGE_TOKENS, Signals
 from guardstack.pipeline.tree import TreeLedger
-from guardstack.pipeline.validate import integer
+from guardstack.pipeline.validate import integer, invalid
 
 if TYPE_CHECKING:
     from guardstack.pipeline.registry import ToolRegistry
@@ -178,12 +178,21 @@ class AgentLoop:
         *,
         session: Session | None = None,
         system: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
     ) -> Agent:
         """A new agent. ``session`` resumes a loaded log; guard state starts fresh.
 
         ``system`` (else the loop's) is logged as a new session's first event; a
-        resumed session keeps its own, and naming a different one raises.
+        resumed session keeps its own, and naming a different one raises. ``tenant``
+        (whose windows and fair share its calls count in) and ``priority`` (its calls'
+        place in admission queues, higher first) are the agent's from the start, for
+        every layer that reads them (``agent.tenant``, ``agent.priority``).
         """
+        if tenant is not None and (not isinstance(tenant, str) or not tenant):
+            raise invalid("AgentLoop.create", "tenant", tenant, "a tenant's name (text)")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise invalid("AgentLoop.create", "priority", priority, "a whole number")
         chosen = model if model is not None else self.model
         if chosen is None:
             raise ConfigError(
@@ -194,6 +203,7 @@ class AgentLoop:
         log = session if session is not None else Session(session_id)
         _start_with_system(log, _system_prompt(system) or self.system)
         agent = Agent(self, log, chosen)
+        agent.tenant, agent.priority = tenant, priority
         for hook in list(self._create_hooks):
             hook(agent)
         return agent

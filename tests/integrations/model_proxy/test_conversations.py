@@ -60,7 +60,7 @@ def test_runs_of_one_prompt_never_share_a_conversation(
     harness = Harness(ScriptedModel([]))
     made: list[str] = []
 
-    def make(session: str) -> Any:
+    def make(session: str, tenant: str | None) -> Any:
         made.append(session)
         return harness.loop.create(session)
 
@@ -112,7 +112,9 @@ def test_the_system_prompt_is_part_of_the_identity_on_every_api() -> None:
 
 def test_a_history_that_does_not_continue_starts_a_new_conversation() -> None:
     harness = Harness(ScriptedModel([]))
-    conversations = Conversations(lambda s: harness.loop.create(s), idle_s=3600, most=100)
+    conversations = Conversations(
+        lambda s, t: harness.loop.create(s, tenant=t), idle_s=3600, most=100
+    )
     long = _run_history(0, 3)[-1]
 
     async def drive() -> tuple[Any, Any, Any]:

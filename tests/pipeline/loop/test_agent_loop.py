@@ -409,3 +409,20 @@ async def test_an_instrument_hook_behaves_the_same_in_parallel_and_sequential_st
     assert results == sorted(results)  # the model's order
     expected_runs = 0 if hook is _answering_hook else 6
     assert len(tool.runs) == expected_runs
+
+
+def test_an_agent_is_made_with_its_tenant_and_priority() -> None:
+    """What admission layers and tenant windows read is the agent's from the start: no
+    write from outside after ``create``."""
+    from guardstack.pipeline import ConfigError, ModelRequest, ToolCall
+
+    loop = Harness(ScriptedModel([])).loop
+    agent = loop.create("s", tenant="team-a", priority=4)
+    assert (agent.tenant, agent.priority) == ("team-a", 4)
+    assert ToolCall("t", {}, "c", agent).owner == "team-a"
+    assert ModelRequest(agent, [], []).queue_priority == 4
+    plain = loop.create("p")
+    assert (plain.tenant, plain.priority) == (None, 0)
+    for bad in ({"tenant": ""}, {"tenant": 3}, {"priority": "high"}, {"priority": True}):
+        with pytest.raises(ConfigError, match=r"AgentLoop\.create"):
+            loop.create("x", **bad)
