@@ -230,7 +230,7 @@ class _Service:
         if approver is None:
             return Pending(pending)
         started = anyio.current_time()
-        decision = await outside_call_order(self._ask(approver, pending))
+        decision = await outside_call_order(self._ask(approver, pending), call)
         waited = anyio.current_time() - started
         if decision is None:
             return Pending(pending)

@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from guardstack.pipeline.approval import (
-    CHILD_DECISIONS,
     Decision,
     Pending,
     PendingApproval,
@@ -126,7 +125,8 @@ def AgentTool(
                 code=INVALID_ARGUMENTS,
             )
         parent = call.agent
-        resumed = CHILD_DECISIONS.get()
+        scope = call.scope
+        resumed = scope.decisions if scope is not None else None
         if resumed is not None and parent is not None:
             return await _resume_child(parent, call, resumed)
         if parent is None:
@@ -155,7 +155,7 @@ def AgentTool(
         return _answer(name, call, child, await child.prompt(task))
 
     async def _resume_child(
-        parent: Agent, call: ToolCall, decisions: dict[str, Decision]
+        parent: Agent, call: ToolCall, decisions: Mapping[str, Decision]
     ) -> ToolResult:
         """A paused child, decided: its agent (this process's, or one rebuilt from its log)
         resumes with the decisions routed to it."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar
 
@@ -181,22 +182,30 @@ def canonical_arguments(arguments: Mapping[str, Any] | str) -> str:
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-#: While a parent's paused ``AgentTool`` call is resumed: the decisions for its child's
-#: calls (by the child's call ids), which the tool hands to the child's ``resume``.
-CHILD_DECISIONS: contextvars.ContextVar[dict[str, Decision] | None] = contextvars.ContextVar(
-    "guardstack_child_decisions", default=None
-)
-
-#: The running call's place in a parallel step's order, while its pre-execute runs.
+#: 0.2 only (goes in 0.3): the running call's place in a parallel step, for a layer
+#: that calls ``outside_call_order(waiting)`` without the call. The call carries it
+#: (``ToolCall.scope.order``).
 CALL_ORDER: contextvars.ContextVar[PhaseOrder | None] = contextvars.ContextVar(
     "guardstack_call_order", default=None
 )
 
 
-async def outside_call_order(waiting: Awaitable[T]) -> T:
-    """Await ``waiting`` (a person's decision) outside the step's pre-execute order, so
-    the other calls of a parallel step are asked meanwhile and run as each is decided."""
-    order = CALL_ORDER.get()
+async def outside_call_order(waiting: Awaitable[T], call: ToolCall | None = None) -> T:
+    """Await ``waiting`` (a person's decision about ``call``, the call the layer was
+    given) outside the step's pre-execute order, so the other calls of a parallel step
+    are asked meanwhile and run as each is decided. Without ``call`` (deprecated, goes
+    in 0.3) the order is looked up beside the call."""
+    if call is None:
+        warnings.warn(
+            "outside_call_order(waiting) without the call is deprecated and goes in 0.3: "
+            "pass the call the layer was given, outside_call_order(waiting, call)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        order = CALL_ORDER.get()
+    else:
+        scope = call.scope
+        order = scope.order if scope is not None else None
     if order is None:
         return await waiting
     order.leave("pre_execute")

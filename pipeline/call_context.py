@@ -11,13 +11,17 @@ what really differs between the stages — how an outcome fails.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+
+import attrs
 
 if TYPE_CHECKING:
+    from guardstack.pipeline.approval import Decision
     from guardstack.pipeline.contract import Agent
+    from guardstack.pipeline.registry import PhaseOrder
 
-__all__ = ["DEFAULT_TENANT", "UNKNOWN_KEY", "CallContext", "ProgressListener"]
+__all__ = ["DEFAULT_TENANT", "UNKNOWN_KEY", "CallContext", "CallScope", "ProgressListener"]
 
 #: The one key every call to a tool no registry holds shares: names a model makes up
 #: cannot fill a layer's state.
@@ -29,6 +33,25 @@ DEFAULT_TENANT: Final = "default"
 ProgressListener = Callable[[str], None]
 
 _Self = TypeVar("_Self", bound="CallContext")
+
+
+@attrs.frozen
+class CallScope:
+    """What a tool call's caller knows beside the call, handed inward with it (each
+    layer passes the call on, so whatever runs inside finds it on the call it is given):
+
+    * ``order`` — its place in a parallel step (the loop's ``PhaseOrder``), which a
+      pre-execute layer that waits for a person steps out of (``outside_call_order``),
+      so the step's other calls are asked meanwhile;
+    * ``decisions`` — a person's decisions for the calls of the child agent this call
+      resumes (``AgentTool``, by the child's call ids);
+    * ``progress`` — where the caller wants the tool's progress sent (the MCP proxy's
+      client: its session, its progress token, its request id).
+    """
+
+    order: PhaseOrder | None = None
+    decisions: Mapping[str, Decision] | None = None
+    progress: tuple[Any, str | int, Any] | None = None
 
 
 class CallContext(Protocol):

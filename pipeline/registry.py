@@ -294,8 +294,11 @@ class ToolRegistry:
         post = self.post_execute
         post_chain = post.entry if post.layered else None
         if order is not None:
+            # its place in the step travels with it: a layer that waits for a person
+            # steps out of the order (``outside_call_order``) by the call it was given
+            call = call.scoped(order=order)
             await order.enter("pre_execute")
-            placed = CALL_ORDER.set(order)
+            placed = CALL_ORDER.set(order)  # 0.2 only: outside_call_order(waiting)
         try:
             before = self._pre_executed(call, pre_chain)
             decided = before if before is None or isinstance(before, _Early) else await before

@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import attrs
 
-from guardstack.pipeline.call_context import DEFAULT_TENANT, UNKNOWN_KEY, ProgressListener
+from guardstack.pipeline.call_context import (
+    DEFAULT_TENANT,
+    UNKNOWN_KEY,
+    CallScope,
+    ProgressListener,
+)
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.frozen import open_twin, quick_init
 from guardstack.pipeline.validate import invalid
@@ -481,6 +486,9 @@ class ToolCall:
     #: What ``progress()`` tells: set by a ``Timeout`` with ``idle_ms`` for the layers
     #: and the tool inside it.
     on_progress: Callable[[], None] | None = attrs.field(default=None, repr=False)
+    #: What its caller knows beside the call (``CallScope``): its place in a parallel
+    #: step, a resumed child's decisions, where its progress goes.
+    scope: CallScope | None = attrs.field(default=None, kw_only=True, repr=False)
 
     def progress(self) -> None:
         """Say the tool is still working: a ``Timeout(idle_ms=…)`` around it then bounds
@@ -540,6 +548,16 @@ class ToolCall:
     def with_attempt(self, attempt: int) -> ToolCall:
         return self if self.attempt == attempt else attrs.evolve(self, attempt=attempt)
 
+    def scoped(self, **changes: Any) -> ToolCall:
+        """The call with its ``CallScope`` changed (``order=``, ``decisions=``,
+        ``progress=``); itself when nothing changes."""
+        scope = self.scope
+        if scope is None:
+            return attrs.evolve(self, scope=CallScope(**changes))
+        if all(getattr(scope, name) is value for name, value in changes.items()):
+            return self
+        return attrs.evolve(self, scope=attrs.evolve(scope, **changes))
+
     def with_hedge(self, hedge: int) -> ToolCall:
         return self if self.hedge == hedge else attrs.evolve(self, hedge=hedge)
 
@@ -550,7 +568,7 @@ class ToolCall:
         call.name, call.arguments, call.call_id = self.name, self.arguments, self.call_id
         call.agent, call.tool, call.attempt = self.agent, tool, self.attempt
         call.conversation, call.hedge, call.priority = self.conversation, self.hedge, self.priority
-        call.tenant, call.on_progress = self.tenant, self.on_progress
+        call.tenant, call.on_progress, call.scope = self.tenant, self.on_progress, self.scope
         call.__class__ = ToolCall
         sealed: ToolCall = call
         return sealed

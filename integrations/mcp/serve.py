@@ -21,7 +21,6 @@ from guardstack.integrations.mcp.gate import calls_of, checked_by_gate, gated
 from guardstack.integrations.mcp.relay import NotificationRelay
 from guardstack.integrations.mcp.tools import (
     EXTRA,
-    PROGRESS,
     SERVER_GONE,
     McpServerError,
     client_tracer,
@@ -241,7 +240,8 @@ async def serve_call(
     durations = operation_duration("server", metering_provider(harness))
     meta = ctx.meta or {}
     token = meta.get("progress_token", meta.get("progressToken"))
-    progress = PROGRESS.set((ctx.session, token, ctx.request_id)) if token is not None else None
+    if token is not None:  # where the downstream's progress goes: carried by the call
+        call = call.scoped(progress=(ctx.session, token, ctx.request_id))
     in_flight = id(call)
     if relay is not None:
         relay.calls[in_flight] = (ctx.session, ctx.request_id)
@@ -271,8 +271,6 @@ async def serve_call(
     finally:
         if calls is not None:
             calls.remove(left)
-        if progress is not None:
-            PROGRESS.reset(progress)
         if relay is not None:
             relay.calls.pop(in_flight, None)
         if attached is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextvars
 import json
 import logging
 from collections.abc import Mapping
@@ -166,18 +165,13 @@ def _idempotent(tool: Tool) -> bool | None:
 #: The error name of a call whose server went away mid-call (or before it).
 SERVER_GONE: Final = "McpServerGone"
 
-#: While the proxy runs a client's call: where that client wants progress sent — its
-#: session, its progress token, its request id — so the downstream's progress reaches it.
-PROGRESS: contextvars.ContextVar[tuple[Any, str | int, Any] | None] = contextvars.ContextVar(
-    "guardstack_mcp_progress", default=None
-)
-
 
 def _forward_progress(call: ToolCall) -> Any:
     """A ``progress_callback`` that tells the call (a ``Timeout(idle_ms=…)`` then bounds
     the gaps between the server's reports) and relays the downstream's progress to the
     proxy's client; ``None`` when nobody listens (the server is then asked for none)."""
-    wanted = PROGRESS.get()
+    scope = call.scope  # the proxy's client: its session, progress token and request id
+    wanted = scope.progress if scope is not None else None
     if wanted is None and call.on_progress is None:
         return None
 

@@ -11,7 +11,6 @@ import anyio
 import anyio.lowlevel
 
 from guardstack.pipeline.approval import (
-    CHILD_DECISIONS,
     Approve,
     Decision,
     Edit,
@@ -456,12 +455,7 @@ class Agent(Place):
                 outcomes.append(ToolOutcome(ANSWERED, (), False, paused.pending_of(asked)))
                 continue
             routed = paused.routed.get(call_id)
-            token = CHILD_DECISIONS.set(routed) if routed is not None else None
-            try:
-                outcome = await self._run_decided(request, asked, paused.decisions[call_id])
-            finally:
-                if token is not None:
-                    CHILD_DECISIONS.reset(token)
+            outcome = await self._run_decided(request, asked, paused.decisions[call_id], routed)
             if cancel_pending():
                 await deliver_pending()
             if outcome.pending is None:
@@ -470,9 +464,17 @@ class Agent(Place):
         return outcomes
 
     async def _run_decided(
-        self, request: ToolCallRequest, asked: ApprovalRequest, decision: Decision
+        self,
+        request: ToolCallRequest,
+        asked: ApprovalRequest,
+        decision: Decision,
+        routed: dict[str, Decision] | None = None,
     ) -> ToolOutcome:
+        """Run a paused call a person decided; ``routed``: the decisions for the calls of
+        the child agent it resumes (an ``AgentTool``), carried on the call."""
         call = self._tool_call(request)
+        if routed is not None:
+            call = call.scoped(decisions=routed)
         return await self.loop.tools.run_decided(call, decision, asked_by=asked.asked_by)
 
     def approval_decided(self, call_id: str, decision: Decision, waited_s: float | None) -> None:
