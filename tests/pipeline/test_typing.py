@@ -6,6 +6,8 @@ A ``# type: ignore[...]`` below marks a call that must *not* type-check; mypy's
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import assert_type
 
 from guardstack.integrations.anthropic import AnthropicModel
@@ -132,3 +134,55 @@ class _Plain:
         self, messages: list[dict[str, str]], tools: list[dict[str, str]]
     ) -> ModelReply:
         return ModelReply("ok")
+
+
+# -- mypy itself, run by the test: what a plugin author writes ---------------------------
+
+_WRONG_STAGE = """
+from guardstack.pipeline import Harness
+from guardstack.pipeline.plugin import DispatchNext, Scope, ToolCall, ToolResult
+
+
+class Audit:
+    def apply(self, scope: Scope) -> None:
+        async def audit(call: ToolCall, call_next: DispatchNext) -> ToolResult:
+            return await call_next(call)
+
+        scope.use(scope.loop.model_call, audit)
+
+
+Harness().plugin(Audit())
+"""
+
+
+def test_mypy_passes_the_plugin_guide_and_refuses_a_layer_on_the_wrong_stage(
+    tmp_path: Path,
+) -> None:
+    """``mypy --strict`` on what a plugin author writes: the guide's plugin checks clean;
+    the same dispatch layer put on the model stage is an error at ``scope.use``."""
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    links = tmp_path / "links" / "guardstack"
+    links.mkdir(parents=True)
+    for package in ("pipeline", "guards", "wrappers", "integrations", "cli"):
+        (links / package).symlink_to(root / package)
+    guide = (root / "docs" / "plugins.md").read_text(encoding="utf-8")
+    (tmp_path / "guide.py").write_text(re.findall(r"```python\n(.*?)```", guide, re.S)[0])
+    (tmp_path / "wrong.py").write_text(_WRONG_STAGE)
+
+    def mypy(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+             "--follow-imports=silent", "--ignore-missing-imports", name],
+            cwd=tmp_path, env={**os.environ, "MYPYPATH": str(tmp_path / "links")},
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    clean = mypy("guide.py")
+    assert clean.returncode == 0, clean.stdout
+    wrong = mypy("wrong.py")
+    assert wrong.returncode == 1
+    assert re.search(r"wrong\.py:11: error: .*\"use\" of \"Scope\"", wrong.stdout), wrong.stdout
