@@ -84,6 +84,13 @@ def _sliding_wait(
     return None
 
 
+def _operation(db: sqlite3.Connection, op_id: str, now: float) -> Any:
+    """A ledger operation still within its lease: ``(state, reserved)``, or ``None``."""
+    return db.execute(
+        "SELECT state, reserved FROM operations WHERE op = ? AND expires > ?", (op_id, now)
+    ).fetchone()
+
+
 def _change(db: sqlite3.Connection, key: str, bucket: int | None, delta: float, now: float) -> None:
     """A window's (or bucket's) value moved by ``delta``, if it is still there: a window
     that has gone (closed, expired) is not made again."""

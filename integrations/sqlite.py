@@ -50,6 +50,7 @@ from guardstack.integrations._sqlite_rows import (
     _closed,
     _forget_outcomes,
     _Link,
+    _operation,
     _outcome,
     _put,
     _sliding,
@@ -467,10 +468,7 @@ class SqliteStore:
         spent = {unit: float(amount) for unit, amount in actual.items()}
 
         def work(db: sqlite3.Connection, now: float) -> Settlement:
-            row = db.execute(
-                "SELECT state, reserved FROM operations WHERE op = ? AND expires > ?",
-                (op_id, now),
-            ).fetchone()
+            row = _operation(db, op_id, now)
             if row is None:
                 return "unknown"
             if row[0] == "s":
@@ -487,10 +485,7 @@ class SqliteStore:
 
     async def release(self, op_id: str) -> Settlement:
         def work(db: sqlite3.Connection, now: float) -> Settlement:
-            row = db.execute(
-                "SELECT state, reserved FROM operations WHERE op = ? AND expires > ?",
-                (op_id, now),
-            ).fetchone()
+            row = _operation(db, op_id, now)
             if row is None:
                 db.execute(
                     "INSERT OR REPLACE INTO operations(op, state, expires, reserved)"

@@ -32,15 +32,17 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import attrs
 
+from guardstack.pipeline.errors import ConfigError
+
 __all__ = ["Instrumentation", "LayerInfo", "Pipeline", "Registration", "layer_name"]
 
 NextT = TypeVar("NextT", bound=Callable[..., Awaitable[Any]])
 Layer = Callable[..., Awaitable[Any]]
 #: A layer typed for one stage: ``(call, call_next) -> answer`` in that stage's types.
 LayerT = TypeVar("LayerT", bound=Callable[..., Awaitable[Any]], contravariant=True)
-#: The stages a layer object says it is for (``stage="model"``), by the name a
+#: The stages a layer object may say it is for (``stage="model"``), by the name a
 #: ``Pipeline`` is given.
-_LAYER_STAGES = {"dispatch": "dispatch", "model": "model"}
+_LAYER_STAGES = frozenset({"dispatch", "model"})
 
 
 @attrs.frozen
@@ -189,8 +191,6 @@ class Pipeline(Generic[NextT, LayerT]):
             raise TypeError(f"{self.stage}: a layer must be callable, got {layer!r}")
         built_for = getattr(layer, "stage", None)
         if built_for in _LAYER_STAGES and self.stage in _LAYER_STAGES and built_for != self.stage:
-            from guardstack.pipeline.errors import ConfigError
-
             kind = type(layer).__name__
             raise ConfigError(
                 f"{self.stage} stage: {kind} is built for the {built_for} stage "

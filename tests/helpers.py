@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import threading
+from collections.abc import Coroutine, Mapping
 from typing import Any
+
+import anyio
 
 from guardstack.pipeline import (
     Harness,
@@ -54,3 +58,39 @@ async def run(built: Harness, name: str, **arguments: Any) -> ToolResult:
 
 def results_by_id(session: Session) -> dict[str, ToolResult]:
     return {e.call_id: e.result for e in session.events if isinstance(e, ToolResultEvent)}
+
+
+class ThreadLoop:
+    """One event loop in a daemon thread, for synchronous code (a hypothesis state
+    machine's rules) that runs coroutines against a store whose connections must stay
+    on one loop between calls. A daemon thread: nothing waits for it at exit."""
+
+    def __init__(self) -> None:
+        self.portal: Any = None
+        ready = threading.Event()
+
+        def run() -> None:
+            async def main() -> None:
+                from anyio.from_thread import BlockingPortal
+
+                async with BlockingPortal() as portal:
+                    self.portal = portal
+                    ready.set()
+                    await portal.sleep_until_stopped()
+
+            anyio.run(main)
+
+        threading.Thread(target=run, daemon=True).start()
+        ready.wait()
+
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        async def awaited() -> Any:
+            return await coroutine
+
+        return self.portal.call(awaited)
+
+
+@functools.cache
+def thread_loop() -> ThreadLoop:
+    """The session's one ``ThreadLoop``, made when first asked for."""
+    return ThreadLoop()

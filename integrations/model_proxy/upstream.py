@@ -320,13 +320,9 @@ class Upstream:
                 if asked_at is not None:
                     self.waited_s += time.perf_counter() - asked_at  # to its first byte
                     asked_at = None
-                pending += chunk
+                events, pending = _whole_events(pending + chunk)
                 out: list[bytes] = []
-                while True:
-                    raw, pending = _next_event(pending)
-                    if raw is None:
-                        break
-                    event = _event_in(raw)
+                for raw, event in events:
                     if event is not None:
                         stored = wire.response_id_in(event)
                         if stored is not None:
@@ -397,15 +393,22 @@ def stream_usage(wire: Wire, pieces: Iterable[bytes]) -> Usage | None:
     relay reads it, event by event."""
     tally, pending = StreamTally(wire), b""
     for piece in pieces:
-        pending += piece
-        while True:
-            raw, pending = _next_event(pending)
-            if raw is None:
-                break
-            event = _event_in(raw)
+        events, pending = _whole_events(pending + piece)
+        for _, event in events:
             if event is not None:
                 tally.add(event)
     return tally.usage
+
+
+def _whole_events(buffer: bytes) -> tuple[list[tuple[bytes, Any]], bytes]:
+    """The whole SSE events at the front of ``buffer`` — each as it came, with the JSON of
+    its ``data:`` line (``None`` for none) — and what is left of an event still arriving."""
+    events: list[tuple[bytes, Any]] = []
+    while True:
+        raw, buffer = _next_event(buffer)
+        if raw is None:
+            return events, buffer
+        events.append((raw, _event_in(raw)))
 
 
 def _next_event(buffer: bytes) -> tuple[bytes | None, bytes]:

@@ -9,11 +9,9 @@ limit (each estimate is at least its cost, so the documented overshoot is nothin
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
-import anyio
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -26,6 +24,7 @@ from hypothesis.stateful import (
 
 from guardstack.integrations.budgets import Budgets, Held, Refusal
 from guardstack.integrations.tenants import tenants_of
+from tests.helpers import thread_loop
 
 KEYS = {
     "sk-acme-alice-0123456789": ("acme", "research", "alice"),
@@ -72,44 +71,6 @@ def scopes_of(key: str) -> list[tuple[str, str]]:
     return found
 
 
-class Loop:
-    """One event loop in a thread, for the machine's synchronous rules."""
-
-    def __init__(self) -> None:
-        self.portal: Any = None
-        ready = threading.Event()
-
-        def run() -> None:
-            async def main() -> None:
-                from anyio.from_thread import BlockingPortal
-
-                async with BlockingPortal() as portal:
-                    self.portal = portal
-                    ready.set()
-                    await portal.sleep_until_stopped()
-
-            anyio.run(main)
-
-        threading.Thread(target=run, daemon=True).start()
-        ready.wait()
-
-    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        async def awaited() -> Any:
-            return await coroutine
-
-        return self.portal.call(awaited)
-
-
-LOOP: Loop | None = None
-
-
-def loop() -> Loop:
-    global LOOP
-    if LOOP is None:
-        LOOP = Loop()
-    return LOOP
-
-
 class BudgetsMachine(RuleBasedStateMachine):
     """Subclass and set ``make_store`` (a store, and what restarts its process or
     ``None``)."""
@@ -121,7 +82,7 @@ class BudgetsMachine(RuleBasedStateMachine):
         super().__init__()
         self.store, self.restart = type(self).make_store()
         self.budgets = Budgets(tenants_of(tenants_file()), self.store)
-        loop().run(self.budgets.refresh(force=True))
+        thread_loop().run(self.budgets.refresh(force=True))
         self.limits = dict(LIMITS)
         self.limits.update({("key", name): KEY_LIMIT for _, _, name in KEYS.values()})
         self.values = dict.fromkeys(self.limits, 0.0)
@@ -146,7 +107,7 @@ class BudgetsMachine(RuleBasedStateMachine):
             assert entry is None
             return None
         assert entry is not None
-        answer = loop().run(self.budgets.reserve(entry, conversation, "m", 0, tokens))
+        answer = thread_loop().run(self.budgets.reserve(entry, conversation, "m", 0, tokens))
         amount = tokens / 1_000_000
         fits = self._fits(key, amount)
         assert isinstance(answer, Held) == fits, (answer, self.values, key, amount)
@@ -167,7 +128,7 @@ class BudgetsMachine(RuleBasedStateMachine):
 
         key, amount = self.pending.pop(held.op_id)
         tokens = int(amount * 1_000_000 * share)
-        loop().run(self.budgets.settle(held, Usage(0, tokens), "m"))
+        thread_loop().run(self.budgets.settle(held, Usage(0, tokens), "m"))
         for scope in scopes_of(key):
             self.values[scope] += tokens / 1_000_000 - amount
 
@@ -176,7 +137,7 @@ class BudgetsMachine(RuleBasedStateMachine):
         if held is None:
             return
         key, amount = self.pending.pop(held.op_id)
-        loop().run(self.budgets.release(held))
+        thread_loop().run(self.budgets.release(held))
         for scope in scopes_of(key):
             self.values[scope] -= amount
 
@@ -184,14 +145,16 @@ class BudgetsMachine(RuleBasedStateMachine):
     def raise_budget(self, scope: tuple[str, str], more: float) -> None:
         self.limits[scope] += more
         kind, label = scope
-        loop().run(self.budgets.set_budget(f"{kind}:{label}", {"usd_per_day": self.limits[scope]}))
+        thread_loop().run(
+            self.budgets.set_budget(f"{kind}:{label}", {"usd_per_day": self.limits[scope]})
+        )
 
     @rule(key=st.sampled_from(sorted(KEYS)))
     def revoke(self, key: str) -> None:
         if key in self.revoked:
             return
         _, _, name = KEYS[key]
-        assert loop().run(self.budgets.revoke(name))
+        assert thread_loop().run(self.budgets.revoke(name))
         self.revoked.add(key)
 
     @precondition(lambda self: self.restart is not None and self.restarts < 2)
@@ -201,7 +164,7 @@ class BudgetsMachine(RuleBasedStateMachine):
         assert self.restart is not None
         self.restart()
         self.restarts += 1
-        loop().run(self.budgets.refresh(force=True))
+        thread_loop().run(self.budgets.refresh(force=True))
 
     @invariant()
     def every_scope_holds_what_the_model_says_and_never_passes_its_limit(self) -> None:
@@ -212,10 +175,10 @@ class BudgetsMachine(RuleBasedStateMachine):
             entry = self.budgets.tenants.keys[key]
             scope = next(s for s in self.budgets.scopes(entry, "c1") if s.kind == kind)
             windows = self.budgets.windows_of(scope, now)
-            held = loop().run(self.store.balance(windows[0][1]))
+            held = thread_loop().run(self.store.balance(windows[0][1]))
             assert abs(held - value) < 1e-7, ((kind, label), held, value)
 
     def teardown(self) -> None:
         closing = getattr(self.store, "aclose", None)
         if closing is not None:
-            loop().run(closing())
+            thread_loop().run(closing())

@@ -86,6 +86,9 @@ class Runaway:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    #: What ``serve`` and the fake servers' users read it by.
+    base_url = url
+
     def model_requests(self) -> list[Seen]:
         """The requests that asked the model (not token counts, not probes)."""
         return [

@@ -49,15 +49,8 @@ def runaway() -> Iterator[Runaway]:
         yield running
 
 
-class _Upstream:
-    def __init__(self, runaway: Runaway) -> None:
-        self.base_url = runaway.url
-
-
 async def proxied(runaway: Runaway, tenants: dict[str, Any] = TENANTS) -> AsyncIterator[Served]:
-    async for served in serve(
-        Harness(), _Upstream(runaway), tenants=tenants_of(tenants), admin_key=ADMIN
-    ):
+    async for served in serve(Harness(), runaway, tenants=tenants_of(tenants), admin_key=ADMIN):
         yield served
 
 
@@ -201,10 +194,10 @@ def _sqlite_store() -> tuple[Any, Any]:
     from pathlib import Path
 
     from guardstack.integrations.sqlite import SqliteStore
-    from tests.integrations.budgets_model import loop
+    from tests.helpers import thread_loop
 
     store = SqliteStore(Path(tempfile.mkdtemp(prefix="guardstack-budgets-")) / "l.sqlite3")
-    return store, lambda: loop().run(store.aclose())
+    return store, lambda: thread_loop().run(store.aclose())
 
 
 class SqliteBudgetsMachine(BudgetsMachine):
@@ -275,7 +268,7 @@ async def test_a_store_that_fails_refuses_in_the_apis_shape_and_sends_nothing(
             raise StoreError("the disk is gone")
 
     async for served in serve(
-        Harness(store=Down()), _Upstream(runaway), tenants=tenants_of(TENANTS), admin_key=ADMIN
+        Harness(store=Down()), runaway, tenants=tenants_of(TENANTS), admin_key=ADMIN
     ):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
             refused = await post(raw, ALICE, ask("hi"))

@@ -41,11 +41,6 @@ def log(tmp_path: Path) -> Iterator[DecisionLog]:
         kept.detach()
 
 
-class _Upstream:
-    def __init__(self, runaway: Runaway) -> None:
-        self.base_url = runaway.url
-
-
 def test_lines_go_to_a_file_and_the_last_thousand_are_kept(tmp_path: Path) -> None:
     kept = DecisionLog(str(tmp_path / "logs" / "d.jsonl"), keep=3).attach()
     try:
@@ -121,7 +116,7 @@ async def test_a_guards_stop_is_logged_counted_and_answered_as_asked(
     harness.plugin(ModelCallLimit(per_turn=2))
     with Runaway(bound=10, usage=(5, 50), tool="run") as runaway:
         async for served in serve(
-            harness, _Upstream(runaway), tenants=tenants_of(TENANTS), admin_key=ADMIN,
+            harness, runaway, tenants=tenants_of(TENANTS), admin_key=ADMIN,
             decision_log=log, stop_as=stop_as,
         ):  # fmt: skip
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
@@ -155,7 +150,7 @@ async def test_refusals_and_admin_actions_are_lines_and_never_a_key(log: Decisio
     admin = {"authorization": f"Bearer {ADMIN}"}
     with Runaway(bound=0, usage=(5, 50)) as runaway:
         async for served in serve(
-            Harness(), _Upstream(runaway), tenants=tenants_of(TENANTS), admin_key=ADMIN,
+            Harness(), runaway, tenants=tenants_of(TENANTS), admin_key=ADMIN,
             decision_log=log,
         ):  # fmt: skip
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
@@ -189,9 +184,7 @@ async def test_spend_and_what_is_left_reach_the_metrics() -> None:
     harness = Harness()
     harness.plugin(Metrics(rig.provider))
     with Runaway(bound=0, usage=(5, 50)) as runaway:
-        async for served in serve(
-            harness, _Upstream(runaway), tenants=tenants_of(TENANTS), admin_key=ADMIN
-        ):
+        async for served in serve(harness, runaway, tenants=tenants_of(TENANTS), admin_key=ADMIN):
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
                 for _ in range(2):
                     assert (await post(raw, CI, ask("one"))).status_code == 200
@@ -220,7 +213,7 @@ async def test_control_behind_the_proxy_acts_on_the_tools_the_clients_models_cal
     admin = {"authorization": f"Bearer {ADMIN}"}
     with Runaway(bound=10, usage=(5, 50), tool="run") as runaway:
         async for served in serve(
-            Harness(), _Upstream(runaway), tenants=tenants_of(TENANTS), admin_key=ADMIN,
+            Harness(), runaway, tenants=tenants_of(TENANTS), admin_key=ADMIN,
             decision_log=log,
         ):  # fmt: skip
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
@@ -260,7 +253,7 @@ async def test_a_stop_decided_on_an_answer_is_the_apis_error_when_asked(log: Dec
     harness.plugin(ToolCallLimit(per_turn=1, on_exceeded="end_turn"))
     with Runaway(bound=10, usage=(5, 50), tool="run") as runaway:
         async for served in serve(
-            harness, _Upstream(runaway), tenants=tenants_of(TENANTS), admin_key=ADMIN,
+            harness, runaway, tenants=tenants_of(TENANTS), admin_key=ADMIN,
             decision_log=log, stop_as="error",
         ):  # fmt: skip
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:

@@ -20,7 +20,6 @@ from typing import Any
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from guardstack.guards import ToolCallLimit
 from guardstack.integrations.redis import RedisStore
@@ -36,6 +35,7 @@ from guardstack.pipeline.contract import store_key
 from guardstack.pipeline.store import StoreError
 from guardstack.wrappers import CircuitBreaker, RateLimit
 from tests.integrations.redis_server import RedisServer, binary
+from tests.integrations.store_script import operations, play
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,18 +136,6 @@ async def test_keys_another_writer_corrupted_are_store_errors_and_layers_apply_t
     assert outcome.result.code is None  # let through; the cap's counters were fine
 
 
-operations = st.lists(
-    st.one_of(
-        st.tuples(st.just("acquire"), st.sampled_from("ab"), st.integers(1, 3)),
-        st.tuples(st.just("release"), st.sampled_from("ab"), st.integers(0, 5)),
-        st.tuples(st.just("add"), st.sampled_from("xy"), st.integers(-3, 5)),
-        st.tuples(st.just("record"), st.sampled_from("pq"), st.booleans()),
-        st.tuples(st.just("admit"), st.sampled_from("pq"), st.just(0)),
-    ),
-    max_size=25,
-)
-
-
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -158,34 +146,11 @@ async def test_the_same_operations_give_the_same_answers_on_both_stores(
     """Slots, counters and breakers (within one window, long breaks: time-independent)."""
     redis = RedisStore(redis_server.url, prefix=f"p{uuid.uuid4().hex[:8]}:", timeout_ms=1000)
     memory = MemoryStore()
-    answers: dict[str, list[Any]] = {"redis": [], "memory": []}
-    leases: dict[str, dict[str, list[str]]] = {"redis": {}, "memory": {}}
     try:
-        for name, store in (("redis", redis), ("memory", memory)):
-            for operation, key, value in script:
-                if operation == "acquire":
-                    lease = await store.acquire(key, value)
-                    if lease is not None:
-                        leases[name].setdefault(key, []).append(lease)
-                    answers[name].append(lease is not None)
-                elif operation == "release":
-                    held = leases[name].get(key, [])
-                    if held:
-                        await store.release_slot(key, held.pop(value % len(held)))
-                    answers[name].append(len(held))
-                elif operation == "add":
-                    answers[name].append(await store.add(key, value, limit=6))
-                elif operation == "record":
-                    answers[name].append(
-                        await store.record(
-                            key, value, False, window_s=60, minimum_calls=3, failure_ratio=0.5
-                        )
-                    )
-                else:
-                    answers[name].append((await store.admit(key, 60)).admitted)
+        played = [await play(each, script) for each in (redis, memory)]
     finally:
         await redis.aclose()
-    assert answers["redis"] == answers["memory"]
+    assert played[0] == played[1]
 
 
 def workers(mode: str, url: str, count: int, seconds: float) -> list[subprocess.Popen[str]]:

@@ -8,21 +8,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from guardstack.integrations.sqlite import SqliteStore, default_path
 from guardstack.pipeline import Harness, MemoryStore, ToolCall, ToolDefinition
 from guardstack.pipeline.contract import Window
 from guardstack.pipeline.store import StoreError
+from tests.helpers import thread_loop
+from tests.integrations.store_script import operations, play
 from tests.ledger_model import LedgerMachine
 
 ROOT = Path(__file__).parents[2]
@@ -88,18 +88,6 @@ async def test_a_breaker_half_opens_after_its_break_and_one_probe_decides(tmp_pa
         await store.aclose()
 
 
-operations = st.lists(
-    st.one_of(
-        st.tuples(st.just("acquire"), st.sampled_from("ab"), st.integers(1, 3)),
-        st.tuples(st.just("release"), st.sampled_from("ab"), st.integers(0, 5)),
-        st.tuples(st.just("add"), st.sampled_from("xy"), st.integers(-3, 5)),
-        st.tuples(st.just("record"), st.sampled_from("pq"), st.booleans()),
-        st.tuples(st.just("admit"), st.sampled_from("pq"), st.just(0)),
-    ),
-    max_size=25,
-)
-
-
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -110,78 +98,17 @@ async def test_the_same_operations_give_the_same_answers_as_in_memory(
     """Slots, counters and breakers (within one window, long breaks: time-independent)."""
     sqlite = SqliteStore(tmp_path_factory.mktemp("same") / "s.sqlite3")
     memory = MemoryStore()
-    answers: dict[str, list[Any]] = {"sqlite": [], "memory": []}
-    leases: dict[str, dict[str, list[str]]] = {"sqlite": {}, "memory": {}}
     try:
-        for name, each in (("sqlite", sqlite), ("memory", memory)):
-            for operation, key, value in script:
-                if operation == "acquire":
-                    lease = await each.acquire(key, value)
-                    if lease is not None:
-                        leases[name].setdefault(key, []).append(lease)
-                    answers[name].append(lease is not None)
-                elif operation == "release":
-                    held = leases[name].get(key, [])
-                    if held:
-                        await each.release_slot(key, held.pop(value % len(held)))
-                    answers[name].append(len(held))
-                elif operation == "add":
-                    answers[name].append(await each.add(key, value, limit=6))
-                elif operation == "record":
-                    answers[name].append(
-                        await each.record(
-                            key, value, False, window_s=60, minimum_calls=3, failure_ratio=0.5
-                        )
-                    )
-                else:
-                    answers[name].append((await each.admit(key, 60)).admitted)
+        played = [await play(each, script) for each in (sqlite, memory)]
     finally:
         await sqlite.aclose()
-    assert answers["sqlite"] == answers["memory"]
+    assert played[0] == played[1]
 
 
 # -- the ledger's stateful model, restarts included ---------------------------------------
 
 
-class _Loop:
-    """One event loop in a thread, for the state machine's synchronous rules."""
-
-    def __init__(self) -> None:
-        self.portal: Any = None
-        self._stop: Any = None
-        ready = threading.Event()
-
-        def run() -> None:
-            async def main() -> None:
-                from anyio.from_thread import BlockingPortal
-
-                async with BlockingPortal() as portal:
-                    self.portal = portal
-                    ready.set()
-                    await portal.sleep_until_stopped()
-
-            anyio.run(main)
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        ready.wait()
-
-    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        async def awaited() -> Any:
-            return await coroutine
-
-        return self.portal.call(awaited)
-
-
-LOOP: _Loop | None = None
 FILES: list[Path] = []
-
-
-def _loop() -> _Loop:
-    global LOOP
-    if LOOP is None:
-        LOOP = _Loop()
-    return LOOP
 
 
 def make_store() -> tuple[Any, Any, Any]:
@@ -191,13 +118,13 @@ def make_store() -> tuple[Any, Any, Any]:
     store = SqliteStore(folder / "ledger.sqlite3")
 
     def restart() -> None:  # the store's process stops and starts: only the file is left
-        _loop().run(store.aclose())
+        thread_loop().run(store.aclose())
 
     return store, None, restart
 
 
 class SqliteLedgerMachine(LedgerMachine):
-    run = staticmethod(lambda coroutine: _loop().run(coroutine))
+    run = staticmethod(lambda coroutine: thread_loop().run(coroutine))
     make_store = staticmethod(make_store)
 
     def __init__(self) -> None:
@@ -214,7 +141,7 @@ class SqliteLedgerMachine(LedgerMachine):
         self.restarts += 1
 
     def teardown(self) -> None:
-        _loop().run(self.ledger.aclose())  # type: ignore[attr-defined]
+        thread_loop().run(self.ledger.aclose())  # type: ignore[attr-defined]
 
 
 TestSqliteLedger = SqliteLedgerMachine.TestCase

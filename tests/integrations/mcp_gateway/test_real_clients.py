@@ -41,6 +41,17 @@ def reminded(upstream: Runaway) -> list[bool]:
     return ["Potential loop detected" in seen.text() for seen in upstream.model_requests()]
 
 
+def claude_through(gateway_url: str, base_url: str, home: Path, tool: str) -> clients.Ran:
+    """Claude Code with the gateway as its only MCP server, ``tool`` allowed."""
+    servers = {"gw": {"type": "http", "url": f"{gateway_url}/mcp",
+                      "headers": {"Authorization": f"Bearer {KEY}"}}}  # fmt: skip
+    (home / "mcp.json").write_text(json.dumps({"mcpServers": servers}), "utf-8")
+    extra = ["--mcp-config", str(home / "mcp.json"), "--strict-mcp-config", "--allowedTools", tool]
+    return clients.claude(
+        "What time is it?", base_url=base_url, key="sk-any", home=home, extra=extra
+    )
+
+
 def test_claude_code_as_an_mcp_client_shows_the_model_the_gateways_reminder(
     installed: Path, tmp_path: Path
 ) -> None:
@@ -51,22 +62,7 @@ def test_claude_code_as_an_mcp_client_shows_the_model_the_gateways_reminder(
     tool = "mcp__gw__time_get_current_time"
     with Runaway(bound=6, tool=tool, arguments={"timezone": "UTC"}) as upstream:
         with gateway(tmp_path) as running, clients.folder(tmp_path, "work") as home:
-            servers = {"gw": {"type": "http", "url": f"{running.url}/mcp",
-                              "headers": {"Authorization": f"Bearer {KEY}"}}}  # fmt: skip
-            (home / "mcp.json").write_text(json.dumps({"mcpServers": servers}), "utf-8")
-            ran = clients.claude(
-                "What time is it?",
-                base_url=upstream.url,
-                key="sk-any",
-                home=home,
-                extra=[
-                    "--mcp-config",
-                    str(home / "mcp.json"),
-                    "--strict-mcp-config",
-                    "--allowedTools",
-                    tool,
-                ],
-            )
+            ran = claude_through(running.url, upstream.url, home, tool)
         notes = reminded(upstream)
     assert ran.returncode == 0, ran.stderr
     assert upstream.calls_made == 6
@@ -108,22 +104,7 @@ def test_with_the_model_proxy_in_front_a_loop_the_gateway_sees_ends_the_turn(
             started(["--config", str(guards), "--upstream", upstream.url], tmp_path) as proxy,
             clients.folder(tmp_path, "work") as home,
         ):
-            servers = {"gw": {"type": "http", "url": f"{running.url}/mcp",
-                              "headers": {"Authorization": f"Bearer {KEY}"}}}  # fmt: skip
-            (home / "mcp.json").write_text(json.dumps({"mcpServers": servers}), "utf-8")
-            ran = clients.claude(
-                "What time is it?",
-                base_url=proxy.url,
-                key="sk-any",
-                home=home,
-                extra=[
-                    "--mcp-config",
-                    str(home / "mcp.json"),
-                    "--strict-mcp-config",
-                    "--allowedTools",
-                    tool,
-                ],
-            )
+            ran = claude_through(running.url, proxy.url, home, tool)
     [result] = [event for event in ran.events() if event.get("type") == "result"]
     assert str(result["result"]).startswith("Stopped by loop-detector")
     assert upstream.calls_made <= 10  # where alone the agent made all 30

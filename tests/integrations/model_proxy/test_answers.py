@@ -27,11 +27,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class _Upstream:
-    def __init__(self, runaway: Runaway) -> None:
-        self.base_url = runaway.url
-
-
 @pytest.fixture
 def runaway() -> Iterator[Runaway]:
     with Runaway(bound=10, tool=TOOL, arguments={"command": "ls"}) as running:
@@ -41,7 +36,7 @@ def runaway() -> Iterator[Runaway]:
 async def served(runaway: Runaway) -> AsyncIterator[Served]:
     harness = Harness()
     harness.plugin(ToolCallLimit(per_turn=1))
-    async for running in serve(harness, _Upstream(runaway)):
+    async for running in serve(harness, runaway):
         yield running
 
 

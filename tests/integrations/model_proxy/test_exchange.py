@@ -21,11 +21,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class _Upstream:
-    def __init__(self, runaway: Runaway) -> None:
-        self.base_url = runaway.url
-
-
 @pytest.fixture
 def runaway() -> Iterator[Runaway]:
     with Runaway(bound=0) as running:  # a text answer, in several events
@@ -93,7 +88,7 @@ async def test_an_upstream_that_dies_mid_answer_is_an_error_to_the_official_clie
     error, no fallback). Here the client raises or reports the error; it never gets a
     complete answer; the proxy counts the cut."""
     runaway.cut_after = FIRST_CONTENT[api]
-    async for served in serve(Harness(), _Upstream(runaway)):
+    async for served in serve(Harness(), runaway):
         with pytest.raises(Exception) as raised:
             await CLIENTS[api](served.port)
         cuts = dict(served.proxy.cuts)
@@ -112,7 +107,7 @@ async def test_every_answer_says_the_proxys_own_time_and_a_useless_retry_is_said
 ) -> None:
     import httpx
 
-    async for served in serve(Harness(), _Upstream(runaway), client_keys={"a-key": "t"}):
+    async for served in serve(Harness(), runaway, client_keys={"a-key": "t"}):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
             answered = await raw.post(
                 "/v1/chat/completions",

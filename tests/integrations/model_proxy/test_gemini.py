@@ -30,11 +30,6 @@ def runaway() -> Iterator[Runaway]:
         yield up
 
 
-class _Upstream:
-    def __init__(self, runaway: Runaway) -> None:
-        self.base_url = runaway.url
-
-
 @pytest.mark.filterwarnings("ignore:Inheritance class AiohttpClientSession:DeprecationWarning")
 async def test_googles_client_is_guarded_and_charged_and_its_key_never_leaves(
     runaway: Runaway,
@@ -45,7 +40,7 @@ async def test_googles_client_is_guarded_and_charged_and_its_key_never_leaves(
     harness = Harness()
     harness.plugin(RepeatToolReminder(thresholds=(2,)))
     harness.plugin(UsageLimit(tokens_per_day=1_000_000, tenant="t"))
-    async for served in serve(harness, _Upstream(runaway), client_keys={KEY: "team"}):
+    async for served in serve(harness, runaway, client_keys={KEY: "team"}):
         client = genai.Client(
             api_key=KEY, http_options=types.HttpOptions(base_url=f"http://127.0.0.1:{served.port}")
         )
@@ -81,7 +76,7 @@ async def test_the_key_may_come_in_the_query_and_errors_are_the_apis_own(
     runaway: Runaway,
 ) -> None:
     body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
-    async for served in serve(Harness(), _Upstream(runaway), client_keys={KEY: "team"}):
+    async for served in serve(Harness(), runaway, client_keys={KEY: "team"}):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
             by_query = await raw.post(f"/v1beta/models/gemini-x:generateContent?key={KEY}",
                                       json=body)  # fmt: skip

@@ -31,11 +31,6 @@ def runaway() -> Iterator[Runaway]:
         yield running
 
 
-class _Upstream:
-    def __init__(self, runaway: Runaway) -> None:
-        self.base_url = runaway.url
-
-
 async def test_resends_of_a_failed_request_are_attempts_of_one_operation(
     runaway: Runaway,
 ) -> None:
@@ -46,7 +41,7 @@ async def test_resends_of_a_failed_request_are_attempts_of_one_operation(
     runaway.fail = 503
     harness = Harness()
     harness.plugin(Retry(stage="model", attempts=2, backoff_ms=1, retry_on=["MODEL_UNAVAILABLE"]))
-    async for served in serve(harness, _Upstream(runaway)):
+    async for served in serve(harness, runaway):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
             answers = [await raw.post("/v1/chat/completions", json=BODY) for _ in range(5)]
             asked_while_failing = len(runaway.model_requests())
@@ -71,7 +66,7 @@ async def test_a_turn_in_which_nothing_worked_ends_as_the_upstreams_error(
     runaway.fail = 500
     harness = Harness()
     harness.plugin(ModelCallLimit(per_turn=2))
-    async for served in serve(harness, _Upstream(runaway)):
+    async for served in serve(harness, runaway):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
             answers = [
                 await raw.post(
