@@ -47,6 +47,7 @@ from guardstack.integrations.tenants import (
 from guardstack.pipeline.contract import Usage, Window, new_token, store_key
 from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.ledger import calendar_window as period
 from guardstack.pipeline.signals import BUDGET_REMAINING_USD, SPEND_USD, Signals
 
 __all__ = ["Budgets", "Held", "Refusal", "period"]
@@ -63,36 +64,6 @@ REFRESH_S: Final = 1.0
 GRACE_S: Final = 3_600.0
 #: Report windows: the periods spend is summed by.
 REPORTED: Final = ("day", "month")
-
-
-def period(now: float, kind: str) -> tuple[str, float, float]:
-    """The UTC calendar ``kind`` window ``now`` is in: its name, start and end."""
-    moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
-    if kind == "minute":
-        start = moment.replace(second=0, microsecond=0)
-        end = start + datetime.timedelta(minutes=1)
-        name = start.strftime("%Y-%m-%dT%H:%M")
-    elif kind == "hour":
-        start = moment.replace(minute=0, second=0, microsecond=0)
-        end = start + datetime.timedelta(hours=1)
-        name = start.strftime("%Y-%m-%dT%H")
-    elif kind == "day":
-        start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
-        end = start + datetime.timedelta(days=1)
-        name = start.strftime("%Y-%m-%d")
-    elif kind == "week":
-        day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
-        start = day - datetime.timedelta(days=day.weekday())
-        end = start + datetime.timedelta(days=7)
-        year, week, _ = start.isocalendar()
-        name = f"{year}-W{week:02d}"
-    elif kind == "month":
-        start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        end = (start + datetime.timedelta(days=32)).replace(day=1)
-        name = start.strftime("%Y-%m")
-    else:
-        raise ValueError(f"no calendar window {kind!r}")
-    return name, start.timestamp(), end.timestamp()
 
 
 @attrs.frozen

@@ -6,9 +6,10 @@ from __future__ import annotations
 import datetime
 from typing import Any, Final
 
-from guardstack.integrations.budgets import REPORTED, SPEND, period
+from guardstack.integrations.budgets import REPORTED, SPEND
 from guardstack.pipeline.contract import key_parts, store_key
 from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.ledger import calendar_window as period
 
 __all__ = ["BREAKDOWNS", "spend_report"]
 

@@ -67,6 +67,7 @@ __all__ = [
     "Window",
     "bucket_of",
     "calendar_periods",
+    "calendar_window",
     "sliding_wait",
 ]
 
@@ -149,19 +150,45 @@ def sliding_wait(
 CALENDAR_GRACE_S: Final = 3_600.0
 
 
+def calendar_window(now: float, kind: str) -> tuple[str, float, float]:
+    """The UTC calendar ``kind`` window ``now`` is in: its name, start and end."""
+    moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+    if kind == "minute":
+        start = moment.replace(second=0, microsecond=0)
+        end = start + datetime.timedelta(minutes=1)
+        name = start.strftime("%Y-%m-%dT%H:%M")
+    elif kind == "hour":
+        start = moment.replace(minute=0, second=0, microsecond=0)
+        end = start + datetime.timedelta(hours=1)
+        name = start.strftime("%Y-%m-%dT%H")
+    elif kind == "day":
+        start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+        end = start + datetime.timedelta(days=1)
+        name = start.strftime("%Y-%m-%d")
+    elif kind == "week":
+        day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+        start = day - datetime.timedelta(days=day.weekday())
+        end = start + datetime.timedelta(days=7)
+        year, week, _ = start.isocalendar()
+        name = f"{year}-W{week:02d}"
+    elif kind == "month":
+        start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        end = (start + datetime.timedelta(days=32)).replace(day=1)
+        name = start.strftime("%Y-%m")
+    else:
+        raise ValueError(f"no calendar window {kind!r}")
+    return name, start.timestamp(), end.timestamp()
+
+
 def calendar_periods(now: float) -> dict[str, tuple[str, float]]:
     """The calendar (UTC) periods a window counts in at ``now`` (``day``, ``month``):
     each one's name (``2026-12-04``, ``2026-12``) and the seconds until it ends, plus a
     grace (its entry's lifetime)."""
-    moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
-    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
-    month = day.replace(day=1)
-    next_day = day + datetime.timedelta(days=1)
-    next_month = (month + datetime.timedelta(days=32)).replace(day=1)
-    return {
-        "day": (moment.strftime("%Y-%m-%d"), next_day.timestamp() - now + CALENDAR_GRACE_S),
-        "month": (moment.strftime("%Y-%m"), next_month.timestamp() - now + CALENDAR_GRACE_S),
-    }
+    periods = {}
+    for kind in ("day", "month"):
+        name, _, end = calendar_window(now, kind)
+        periods[kind] = (name, end - now + CALENDAR_GRACE_S)
+    return periods
 
 
 @quick_init

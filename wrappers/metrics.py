@@ -65,12 +65,12 @@ from guardstack.pipeline.validate import stage as check_stage
 from guardstack.pipeline.values import ToolCall, ToolResult
 from guardstack.wrappers._keyed import register, stage_repr
 from guardstack.wrappers._otel import (
+    OTHER,
     VERSION,
     check_provider,
     exception_error_type,
     provider_name,
     request_model,
-    result_error_type,
 )
 
 __all__ = [
@@ -146,9 +146,6 @@ class Metrics:
         self._points: Callable[[Any, float, Any, str | None], None] = (
             self._model_points if self._stage is MODEL else self._tool_points
         )
-        self._error_type: Callable[[Any], str | None] = (
-            self._failure_code if self._stage is MODEL else result_error_type
-        )
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("guardstack", VERSION)
         self._duration = meter.create_histogram(
             DURATION_METRIC,
@@ -210,13 +207,10 @@ class Metrics:
         except BaseException as error:  # cancelled from outside
             self._points(item, anyio.current_time() - started, None, exception_error_type(error))
             raise
-        error_type = self._error_type(outcome) if stage.failure_of(outcome) else None
+        failed = stage.failure_of(outcome)  # a code, on either stage; ``_OTHER`` for none
+        error_type = None if failed is None else failed.code or OTHER
         self._points(item, anyio.current_time() - started, outcome, error_type)
         return stage.deliver(outcome)
-
-    def _failure_code(self, outcome: Any) -> str | None:
-        failed = self._stage.failure_of(outcome)
-        return failed.code if failed is not None else None
 
     def _tool_points(
         self, call: ToolCall, seconds: float, result: ToolResult | None, error_type: str | None
