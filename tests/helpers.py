@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Coroutine, Mapping
-from typing import Any
-
-import anyio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from guardstack.pipeline import (
     Harness,
@@ -20,6 +17,9 @@ from guardstack.pipeline import (
 )
 from guardstack.pipeline.session import Session
 from guardstack.pipeline.testing import ScriptedTool
+
+if TYPE_CHECKING:
+    from tests.integrations.fault_link import LoopThread
 
 
 def call(
@@ -60,37 +60,11 @@ def results_by_id(session: Session) -> dict[str, ToolResult]:
     return {e.call_id: e.result for e in session.events if isinstance(e, ToolResultEvent)}
 
 
-class ThreadLoop:
-    """One event loop in a daemon thread, for synchronous code (a hypothesis state
-    machine's rules) that runs coroutines against a store whose connections must stay
-    on one loop between calls. A daemon thread: nothing waits for it at exit."""
-
-    def __init__(self) -> None:
-        self.portal: Any = None
-        ready = threading.Event()
-
-        def run() -> None:
-            async def main() -> None:
-                from anyio.from_thread import BlockingPortal
-
-                async with BlockingPortal() as portal:
-                    self.portal = portal
-                    ready.set()
-                    await portal.sleep_until_stopped()
-
-            anyio.run(main)
-
-        threading.Thread(target=run, daemon=True).start()
-        ready.wait()
-
-    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        async def awaited() -> Any:
-            return await coroutine
-
-        return self.portal.call(awaited)
-
-
 @functools.cache
-def thread_loop() -> ThreadLoop:
-    """The session's one ``ThreadLoop``, made when first asked for."""
-    return ThreadLoop()
+def thread_loop() -> LoopThread:
+    """The session's one event loop in a daemon thread, for synchronous code (a hypothesis
+    state machine's rules) running coroutines against a store whose connections must stay
+    on one loop between calls; made when first asked for."""
+    from tests.integrations.fault_link import LoopThread
+
+    return LoopThread()

@@ -386,6 +386,9 @@ class RedisStore:
             # it is void, so the order does not matter).
             self._doubtful_operations.add(op_id)
             raise
+        # answered: nothing to give back later (a re-send after a restart would leave a
+        # tombstone the restart had cleared)
+        self._doubtful_operations.discard(op_id)
         return _settlement(answer)
 
     async def balance(self, window: Window) -> float:

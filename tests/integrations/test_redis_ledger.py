@@ -6,6 +6,7 @@ twice. Then the caps themselves, on Redis, against the defects users met."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -29,7 +30,8 @@ from guardstack.pipeline import (
     ToolDefinition,
     Usage,
 )
-from guardstack.pipeline.contract import store_key
+from guardstack.pipeline.contract import Window, store_key
+from guardstack.pipeline.store import StoreError
 from guardstack.wrappers import ConcurrencyLimit, RateLimit
 from tests.integrations.fault_link import FaultLink, LoopThread
 from tests.integrations.redis_server import RedisServer, binary
@@ -488,3 +490,31 @@ def test_a_tool_paused_by_one_process_is_denied_in_another() -> None:
 
 async def _noop(arguments: Any, call: ToolCall) -> str:
     return "ok"
+
+
+async def test_a_release_answered_when_sent_again_is_not_sent_a_third_time() -> None:
+    """Found by the ledger machine on a fresh seed: a release whose reply was lost, then
+    sent again and answered, stayed "doubtful" and went out once more at the next
+    reservation — after a restart, onto a server that had forgotten the operation,
+    where it left a tombstone (a later release answered ``duplicate``, not
+    ``unknown``)."""
+    store = RedisStore(ENV.link.url, prefix=f"d{uuid.uuid4().hex[:8]}:", timeout_ms=300)
+    window = Window(store_key("w", "calls"), "calls", 10)
+    try:
+        assert (await store.reserve("op0", {"calls": 1}, [window])).granted
+        ENV.link.lose(1_000)
+        with pytest.raises(StoreError):
+            await store.release("op0")
+        ENV.link.lose(0)
+        # sent again and answered (whether or not the lost one had run)
+        assert await store.release("op0") in ("released", "duplicate")
+        ENV.server.kill()
+        ENV.server.start()  # a Redis that keeps nothing across a restart
+        for op_id in ("op1", "op2"):  # contacts at which a doubtful release would go out
+            # the first contact may meet the connection the restart closed
+            with contextlib.suppress(StoreError):
+                await store.reserve(op_id, {"calls": 1}, [window])
+        assert await store.release("op0") == "unknown"  # the restart forgot it
+    finally:
+        ENV.link.lose(0)
+        await store.aclose()
