@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CORE_EXTRAS = "yaml,otel,compare,plot"
 TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100", "trio>=0.25", "pytest-httpserver>=1.1"]
-TEST_TOOLS += ["build>=1.2", "setuptools>=77"]
+TEST_TOOLS += ["build>=1.2", "setuptools>=77", "mypy>=1.11"]
 #: Each integration extra, and the test files that need it.
 EXTRAS = {
     "openai": [
