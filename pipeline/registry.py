@@ -281,7 +281,13 @@ class ToolRegistry:
         call: ToolCall,
         order: PhaseOrder | None = None,
         override: ToolDefinition | None = None,
+        resumed: tuple[PreNext | None] | None = None,
     ) -> ToolOutcome:
+        """The one phase runner: pre-execute, dispatch, post-execute, each phase in its
+        place in ``order`` when a parallel step gives one. ``resumed``: a call a person
+        has decided, whose pre-execute runs from that chain inward only (``(None,)``:
+        not at all) — its arguments were checked and the operator's overrides and the
+        ancestors' caps read before it paused."""
         tool = self._tools.get(call.name) if override is None else override
         if call.tool is not tool:
             call = call.resolved(tool)
@@ -300,7 +306,11 @@ class ToolRegistry:
             await order.enter("pre_execute")
             placed = CALL_ORDER.set(order)  # 0.2 only: outside_call_order(waiting)
         try:
-            before = self._pre_executed(call, pre_chain)
+            if resumed is None:
+                before = self._pre_executed(call, pre_chain)
+            else:
+                chain = resumed[0]
+                before = None if chain is None else self._pre_execute(call, chain)
             decided = before if before is None or isinstance(before, _Early) else await before
             if type(decided) is ToolCall:  # a person edited the arguments
                 call, decided = decided, None
@@ -493,28 +503,8 @@ class ToolRegistry:
         if call.tool is not tool:
             call = call.resolved(tool)
         if not self._operation_hooks:
-            return await self._resumed(call, chain)
-        return await self._wrapped(lambda c: self._resumed(c, chain))(call)
-
-    async def _resumed(self, call: ToolCall, chain: PreNext | None) -> ToolOutcome:
-        decided = None if chain is None else await self._pre_execute(call, chain)
-        if type(decided) is ToolCall:
-            call, decided = decided, None
-        if decided is None:
-            try:
-                result = await self.dispatch.entry(call)
-                if type(result) is not ToolResult:
-                    result = checked_result(result)
-            except Exception as error:
-                decided = self._final_failure(self.dispatch, error)
-            else:
-                if type(result.value) is Pending:  # the child still waits
-                    return ToolOutcome(result, (), False, result.value.approval)
-                decided = _Early(result)
-        assert isinstance(decided, _Early)
-        if decided.pending is not None:
-            return ToolOutcome(decided.result, (), False, decided.pending)
-        return await self._finalize(call, decided)
+            return await self._run(call, None, tool, (chain,))
+        return await self._wrapped(lambda c: self._run(c, None, tool, (chain,)))(call)
 
     async def _finalize(
         self, call: ToolCall, early: _Early, chain: PostNext | bool | None = True
