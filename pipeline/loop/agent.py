@@ -4,6 +4,7 @@ approval and the resume."""
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +92,15 @@ class Agent(Place):
     keyed on them, so that state dies with the agent.
     """
 
-    def __init__(self, loop: AgentLoop, session: Session, model: Model) -> None:
+    def __init__(
+        self,
+        loop: AgentLoop,
+        session: Session,
+        model: Model,
+        *,
+        tenant: str | None = None,
+        priority: int = 0,
+    ) -> None:
         self.loop = loop
         self.session = session
         self.model = model
@@ -111,12 +120,8 @@ class Agent(Place):
         self.turn_model_calls = 0
         #: The current (or last) turn's step.
         self.step = 0
-        #: Whose calendar windows this agent's model calls count in when a ``UsageLimit``
-        #: names no tenant of its own (the model proxy sets each client key's).
-        self.tenant: str | None = None
-        #: Its calls' place in the admission layers' queues (higher first), unless a
-        #: call names its own: a person's interactive agent above a batch.
-        self.priority = 0
+        self._tenant = tenant
+        self._priority = priority
         #: Tool call id -> the id of the child session that call started.
         self._child_of_call: dict[str, str] = {}
 
@@ -134,6 +139,30 @@ class Agent(Place):
     @property
     def session_id(self) -> str:
         return self.session.session_id
+
+    @property
+    def tenant(self) -> str | None:
+        """Whose calendar windows and fair share this agent's calls count in when a layer
+        names no tenant of its own (the model proxy creates each client key's agents with
+        its tenant). Fixed at ``loop.create(tenant=…)``: every turn sees the same one."""
+        return self._tenant
+
+    @tenant.setter
+    def tenant(self, tenant: str | None) -> None:
+        _deprecated_write("tenant", tenant)
+        self._tenant = tenant
+
+    @property
+    def priority(self) -> int:
+        """Its calls' place in the admission layers' queues (higher first), unless a call
+        names its own: a person's interactive agent above a batch. Fixed at
+        ``loop.create(priority=…)``."""
+        return self._priority
+
+    @priority.setter
+    def priority(self, priority: int) -> None:
+        _deprecated_write("priority", priority)
+        self._priority = priority
 
     def __repr__(self) -> str:
         return f"<Agent {self.session_id!r}>"
@@ -593,3 +622,13 @@ class Agent(Place):
             log_call,
             answer,
         )
+
+
+def _deprecated_write(name: str, value: object) -> None:
+    warnings.warn(
+        f"setting agent.{name} after the agent is made is deprecated in 0.2 and removed in "
+        f"0.3 (a turn's layers must all see one {name}); write "
+        f"loop.create(..., {name}={value!r})",
+        DeprecationWarning,
+        stacklevel=3,
+    )

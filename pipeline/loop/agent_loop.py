@@ -202,8 +202,7 @@ class AgentLoop:
             )
         log = session if session is not None else Session(session_id)
         _start_with_system(log, _system_prompt(system) or self.system)
-        agent = Agent(self, log, chosen)
-        agent.tenant, agent.priority = tenant, priority
+        agent = Agent(self, log, chosen, tenant=tenant, priority=priority)
         for hook in list(self._create_hooks):
             hook(agent)
         return agent

@@ -113,8 +113,8 @@ async def everything(
         async with anyio.create_task_group() as group:
             for n in range(20):
                 group.start_soon(run, _call("api", n))
-        agent = agentic.loop.create(f"agent-{round_}")
-        agent.tenant = "acme" if round_ % 2 == 0 else "globex"
+        tenant = "acme" if round_ % 2 == 0 else "globex"
+        agent = agentic.loop.create(f"agent-{round_}", tenant=tenant)
         await agent.prompt("Find the TODOs")
         await execute(_call("lookup", round_))
     await _gateway(meter_provider)

@@ -23,8 +23,7 @@ def test_a_fresh_call_and_request_read_the_same_defaults() -> None:
 
 
 def test_a_retry_and_a_hedge_number_their_copies_on_both_stages() -> None:
-    agent = Harness(ScriptedModel([])).loop.create("a")
-    agent.tenant = "team-a"
+    agent = Harness(ScriptedModel([])).loop.create("a", tenant="team-a")
     call = attrs.evolve(ToolCall("t", {}, "c1", agent, tenant="team-b"), attempt=2, hedge=1)
     request = attrs.evolve(ModelRequest(agent, [], []), attempt=2, hedge=1)
     assert _read(call)[:2] == _read(request)[:2] == (2, 1)

@@ -13,9 +13,7 @@ from guardstack.pipeline.contract import DISPATCH, MODEL, StageAdapter
 
 
 def an_agent() -> Agent:
-    agent = Harness(ScriptedModel([])).loop.create("s")
-    agent.tenant, agent.priority = "team-a", 3
-    return agent
+    return Harness(ScriptedModel([])).loop.create("s", tenant="team-a", priority=3)
 
 
 def stage_and_item(stage: str) -> tuple[StageAdapter[Any, Any, Any], CallContext]:

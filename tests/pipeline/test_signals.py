@@ -156,8 +156,7 @@ async def test_usage_and_spend_are_counted_per_tenant() -> None:
     model.model = "m"
     rig = Rig(model)
     rig.harness.plugin(UsageLimit(prices={"m": (2.0, 8.0)}, usd_per_session=100))
-    agent = rig.harness.loop.create("a")
-    agent.tenant = "acme"
+    agent = rig.harness.loop.create("a", tenant="acme")
     await agent.prompt("one")
     await rig.harness.loop.create("b").prompt("two")
     tokens = rig.meters.total

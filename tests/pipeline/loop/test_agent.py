@@ -12,6 +12,7 @@ from guardstack.pipeline import (
     AgentLoop,
     Harness,
     ModelReply,
+    ModelRequest,
     ScriptedModel,
     ToolRegistry,
     TurnEnd,
@@ -28,6 +29,17 @@ def test_what_an_agent_owns_is_not_written_from_outside() -> None:
         with pytest.raises(AttributeError):
             setattr(agent, name, value)
     assert not hasattr(agent, "tree_caps")  # the ancestors' caps are the tree's: tree.py
+
+
+def test_an_agents_tenant_and_priority_are_set_at_create_and_a_later_write_warns() -> None:
+    agent = Harness(ScriptedModel([])).loop.create("a", tenant="team-a", priority=2)
+    request = ModelRequest(agent, [], [])
+    assert (agent.tenant, request.owner, request.queue_priority) == ("team-a", "team-a", 2)
+    with pytest.warns(DeprecationWarning, match=r"loop\.create\(\.\.\., tenant='team-b'\)"):
+        agent.tenant = "team-b"
+    with pytest.warns(DeprecationWarning, match=r"priority=5\)"):
+        agent.priority = 5
+    assert (request.owner, request.queue_priority) == ("team-b", 5)  # still written, until 0.3
 
 
 async def test_agent_cancel_ends_the_turn_as_aborted_without_raising() -> None:
