@@ -1,22 +1,16 @@
 """guardstack's core: the onion, tool values and registry, agent loop, session log, assembly.
 
-Plugin authors need only ``guardstack.pipeline.contract`` (layer and stage types,
-``Plugin``, ``Scope``), the values and the errors re-exported here.
+What an application uses: the registry, the loop, the harness, the values, the
+errors and the session log. Plugin authors need ``guardstack.pipeline.plugin`` (the
+stages' layer and chain types, ``Plugin``, ``Scope``); layers over both stages, stores
+and instrumentation, ``guardstack.pipeline.contract``.
 """
+
+import typing
 
 from guardstack.pipeline.agent_tool import AgentTool
 from guardstack.pipeline.approval import Approve, Edit, PendingApproval, Reject, call_digest
-from guardstack.pipeline.contract import (
-    DispatchNext,
-    Execute,
-    Layer,
-    ModelNext,
-    Plugin,
-    PostNext,
-    PreNext,
-    PromptNext,
-    Scope,
-)
+from guardstack.pipeline.contract import Plugin, Scope
 from guardstack.pipeline.errors import (
     AgentLimitExceeded,
     ApprovalMismatch,
@@ -56,7 +50,7 @@ from guardstack.pipeline.model_members import (
     StreamingModel,
     SwitchableModel,
 )
-from guardstack.pipeline.onion import Instrumentation, LayerInfo, Pipeline, Registration
+from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.outcome import Refusal
 from guardstack.pipeline.registry import Phase, PhaseOrder, ToolRegistry
 from guardstack.pipeline.session import (
@@ -143,22 +137,16 @@ __all__ = [
     "ContextDeferred",
     "ContextMessage",
     "Deny",
-    "DispatchNext",
     "DuplicateToolError",
     "Edit",
     "Event",
-    "Execute",
     "GuardstackError",
     "GuardstackWarning",
     "Harness",
-    "Instrumentation",
-    "Layer",
-    "LayerInfo",
     "MemoryStore",
     "MessageSource",
     "Model",
     "ModelError",
-    "ModelNext",
     "ModelReply",
     "ModelRequest",
     "NamedModel",
@@ -169,9 +157,6 @@ __all__ = [
     "Pipeline",
     "Plugin",
     "PluginHandle",
-    "PostNext",
-    "PreNext",
-    "PromptNext",
     "ProvidedModel",
     "Recording",
     "Refusal",
@@ -211,3 +196,6 @@ __all__ = [
     "timeout_result",
     "tool",
 ]
+
+if not typing.TYPE_CHECKING:  # to a type checker the moved names are gone already
+    from guardstack.pipeline._moved import __getattr__  # noqa: F401

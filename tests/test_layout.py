@@ -93,6 +93,8 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     # The core's shared vocabulary: every test reads it; these prove its promises.
     "pipeline/approval.py": ("tests/guards/test_approval.py",),
     "pipeline/contract.py": ("tests/pipeline/test_typing.py", "tests/test_public_api.py"),
+    # The package's moved names: observable as importing one from the package.
+    "pipeline/_moved.py": ("tests/test_public_api.py",),
     "pipeline/deadline.py": ("tests/wrappers/test_timeout.py",),
     "pipeline/plugin_config.py": ("tests/pipeline/test_harness.py", "tests/cli/test_check.py"),
     # The decisions a pre- or post-execute layer returns: observable as what the registry

@@ -60,6 +60,21 @@ def test_each_public_module_lists_what_it_defines_in_all(name: str) -> None:
     _check_all(name, imported_names_count=False)
 
 
+def test_a_plugin_authors_name_imported_from_the_package_warns_and_names_its_home() -> None:
+    import guardstack.pipeline as package
+    from guardstack.pipeline.contract import LayerInfo
+    from guardstack.pipeline.plugin import ModelNext
+
+    with pytest.warns(DeprecationWarning, match=r"import it from guardstack\.pipeline\.plugin"):
+        assert package.ModelNext is ModelNext  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match=r"from guardstack\.pipeline\.contract"):
+        from guardstack.pipeline import LayerInfo as moved  # type: ignore[attr-defined]
+    assert moved is LayerInfo
+    assert "ModelNext" not in package.__all__
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        _ = package.Nothing  # type: ignore[attr-defined]
+
+
 def test_importing_the_packages_does_not_import_the_opentelemetry_sdk(tmp_path: Path) -> None:
     code = (
         "import sys, guardstack.pipeline, guardstack.guards, guardstack.wrappers; "

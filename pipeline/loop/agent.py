@@ -4,7 +4,6 @@ approval and the resume."""
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +104,7 @@ class Agent(Place):
         self.session = session
         self.model = model
         self._scope: anyio.CancelScope | None = None
-        Place.__init__(self)
+        Place.__init__(self, tenant, priority)
         events = session.events
         # A new session holds its system prompt at most: nothing to repair or count.
         new = not events or (len(events) == 1 and isinstance(events[0], SystemMessage))
@@ -120,8 +119,6 @@ class Agent(Place):
         self.turn_model_calls = 0
         #: The current (or last) turn's step.
         self.step = 0
-        self._tenant = tenant
-        self._priority = priority
         #: Tool call id -> the id of the child session that call started.
         self._child_of_call: dict[str, str] = {}
 
@@ -139,30 +136,6 @@ class Agent(Place):
     @property
     def session_id(self) -> str:
         return self.session.session_id
-
-    @property
-    def tenant(self) -> str | None:
-        """Whose calendar windows and fair share this agent's calls count in when a layer
-        names no tenant of its own (the model proxy creates each client key's agents with
-        its tenant). Fixed at ``loop.create(tenant=…)``: every turn sees the same one."""
-        return self._tenant
-
-    @tenant.setter
-    def tenant(self, tenant: str | None) -> None:
-        _deprecated_write("tenant", tenant)
-        self._tenant = tenant
-
-    @property
-    def priority(self) -> int:
-        """Its calls' place in the admission layers' queues (higher first), unless a call
-        names its own: a person's interactive agent above a batch. Fixed at
-        ``loop.create(priority=…)``."""
-        return self._priority
-
-    @priority.setter
-    def priority(self, priority: int) -> None:
-        _deprecated_write("priority", priority)
-        self._priority = priority
 
     def __repr__(self) -> str:
         return f"<Agent {self.session_id!r}>"
@@ -622,13 +595,3 @@ class Agent(Place):
             log_call,
             answer,
         )
-
-
-def _deprecated_write(name: str, value: object) -> None:
-    warnings.warn(
-        f"setting agent.{name} after the agent is made is deprecated in 0.2 and removed in "
-        f"0.3 (a turn's layers must all see one {name}); write "
-        f"loop.create(..., {name}={value!r})",
-        DeprecationWarning,
-        stacklevel=3,
-    )

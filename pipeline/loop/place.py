@@ -1,9 +1,11 @@
-"""Where an agent stands: its place in a tree of agents and the deadline its running turn
-must end by — read through properties, changed only through ``join_tree`` (``AgentTool``
+"""Where an agent stands: whose it is (tenant, priority), its place in a tree of agents
+and the deadline its running turn must end by — read through properties, set when the
+agent is made (``loop.create``) and changed only through ``join_tree`` (``AgentTool``
 adopting a child) and ``limit_turn`` (``TurnDeadline``, a framework's turn)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,15 +18,41 @@ __all__ = ["Place"]
 
 
 class Place:
-    """An ``Agent``'s parent, depth and turn deadline (``Agent`` is one)."""
+    """An ``Agent``'s tenant, priority, parent, depth and turn deadline (``Agent`` is one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenant: str | None = None, priority: int = 0) -> None:
+        self._tenant = tenant
+        self._priority = priority
         #: Its place in a tree of agents: ``join_tree`` sets it, ``parent``/``depth`` read it.
         self._parent: Agent | None = None
         self._depth = 1
         #: When the running turn must end (anyio time) and the budget behind it (ms):
         #: ``limit_turn`` sets it, ``turn_deadline`` reads it.
         self._deadline: tuple[float, int] | None = None
+
+    @property
+    def tenant(self) -> str | None:
+        """Whose calendar windows and fair share this agent's calls count in when a layer
+        names no tenant of its own (the model proxy creates each client key's agents with
+        its tenant). Fixed at ``loop.create(tenant=…)``: every turn sees the same one."""
+        return self._tenant
+
+    @tenant.setter
+    def tenant(self, tenant: str | None) -> None:
+        _deprecated_write("tenant", tenant)
+        self._tenant = tenant
+
+    @property
+    def priority(self) -> int:
+        """Its calls' place in the admission layers' queues (higher first), unless a call
+        names its own: a person's interactive agent above a batch. Fixed at
+        ``loop.create(priority=…)``."""
+        return self._priority
+
+    @priority.setter
+    def priority(self, priority: int) -> None:
+        _deprecated_write("priority", priority)
+        self._priority = priority
 
     @property
     def parent(self) -> Agent | None:
@@ -81,3 +109,13 @@ class Place:
             chain.append(agent)
             agent = agent.parent
         return chain
+
+
+def _deprecated_write(name: str, value: object) -> None:
+    warnings.warn(
+        f"setting agent.{name} after the agent is made is deprecated in 0.2 and removed in "
+        f"0.3 (a turn's layers must all see one {name}); write "
+        f"loop.create(..., {name}={value!r})",
+        DeprecationWarning,
+        stacklevel=3,
+    )

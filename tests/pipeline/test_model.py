@@ -18,7 +18,6 @@ from guardstack.pipeline import (
     ConfigError,
     Harness,
     ModelError,
-    ModelNext,
     ModelReply,
     ModelRequest,
     ScriptedModel,
@@ -27,6 +26,7 @@ from guardstack.pipeline import (
     ToolCallRequest,
     Usage,
 )
+from guardstack.pipeline.plugin import ModelNext
 from guardstack.pipeline.testing import RecordingLayer, ScriptedTool
 from guardstack.wrappers import Metrics, Retry, Timeout, no_backoff
 from guardstack.wrappers.metrics import MODEL_DURATION_METRIC, TOKEN_USAGE_METRIC

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from guardstack.pipeline import (
     TOOL_FAILED,
-    LayerInfo,
     Pipeline,
     ToolCall,
     ToolDefinition,
     ToolRegistry,
     ToolResult,
 )
+from guardstack.pipeline.contract import LayerInfo
 from guardstack.pipeline.testing import RecordingLayer
 from tests.helpers import call
 

@@ -24,10 +24,10 @@ from guardstack.pipeline import (
     TOOL_FAILED,
     Harness,
     ModelError,
-    ModelNext,
     ModelReply,
     ModelRequest,
 )
+from guardstack.pipeline.plugin import ModelNext
 from guardstack.wrappers import Metrics, Retry, Timeout, no_backoff
 from guardstack.wrappers.metrics import MODEL_DURATION_METRIC
 from tests.wrappers.otel import MetricRig
