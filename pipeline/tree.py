@@ -60,7 +60,10 @@ class RunKey:
 #: Outside the agent loop (a framework's own runs): the ancestors' tool-call caps for
 #: calls made inside a guarded tool call — a sub-agent run the framework starts there —
 #: each with the ``RunKey`` it counts in. Set by the framework adapters while a
-#: tool body runs; the registry reads it for calls with no ``agent``.
+#: tool body runs; the registry reads it for calls with no ``agent``. The one seam
+#: left in a context variable: the framework, not guardstack, starts the sub-agent's
+#: run and makes its calls, so no argument of ours reaches them (inside the agent
+#: loop the ancestors are read from the call's agent: ``ancestor_caps``).
 TREE_CAPS: contextvars.ContextVar[tuple[tuple[Any, Callable[..., Awaitable[Any]]], ...]] = (
     contextvars.ContextVar("guardstack_tree_caps", default=())
 )
