@@ -265,6 +265,10 @@ class ToolRegistry:
         ``tool`` runs that definition innermost instead of the one registered under
         the call's name: for framework adapters, whose framework owns and runs the
         tool (its budget, idempotency and description are the definition's).
+
+        Not a coroutine itself: it hands back the phase runner's, and an ``async``
+        ``execute`` awaiting it cost an empty call 6–8 % (2,528–2,587 ns against
+        2,390 on ``benchmarks.overhead``).
         """
         if tool is None:
             if order is None:
@@ -355,7 +359,10 @@ class ToolRegistry:
         ancestors' tree caps, after an operator's overrides) — which answers ``None``, the
         call with edited arguments, or an ``_Early`` answer. ``chain``: the stage's chain
         as the call found it (``None``: no layers; ``True``: read it now). Not a
-        coroutine: the usual call, with nothing to run before dispatch, makes none."""
+        coroutine: the usual call, with nothing to run before dispatch, makes none —
+        measured, one more coroutine here costs an empty ``execute`` 6–7 % (2,565–2,585
+        ns against 2,390–2,430 on ``benchmarks.overhead``), over the 5 % that keeps a
+        fast path."""
         early = check_arguments(call.arguments)
         if early is not None:
             return _Early(early)
