@@ -91,10 +91,14 @@ from guardstack.pipeline.outcome import (
     OutcomeT,
     Refusal,
     StageAdapter,
+    StageAnswerT,
+    StageCallT,
+    StageLike,
     ToolStage,
     ValueT,
     adapter_for,
     never_reached,
+    stage_of,
 )
 from guardstack.pipeline.signals import Signals
 from guardstack.pipeline.store import Admission, BreakerState, MemoryStore, StateStore, StoreError
@@ -165,6 +169,9 @@ __all__ = [
     "Settlement",
     "Signals",
     "StageAdapter",
+    "StageAnswerT",
+    "StageCallT",
+    "StageLike",
     "StateStore",
     "StoreError",
     "StoreLedger",
@@ -186,6 +193,7 @@ __all__ = [
     "never_reached",
     "new_token",
     "outside_call_order",
+    "stage_of",
     "stated_output_limit",
     "store_key",
     "timed",

@@ -46,6 +46,7 @@ from guardstack.pipeline.model import (
     model_error_code,
     noted,
 )
+from guardstack.pipeline.validate import stage
 from guardstack.pipeline.values import (
     TOOL_ABORTED,
     TOOL_ABORTED_BEFORE_DISPATCH,
@@ -439,9 +440,35 @@ DISPATCH: Final = ToolStage()
 MODEL: Final = ModelStage()
 
 
-def adapter_for(stage: str) -> StageAdapter[Any, Any, Any]:
-    """The adapter of a stage name as users write it (``dispatch`` or ``model``)."""
+#: A stage as a layer is built for it: its adapter (``MODEL``: typed), or its name as a
+#: configuration file writes it (``"model"``).
+StageLike: TypeAlias = "StageAdapter[Any, Any, Any] | str"
+
+
+def adapter_for(stage: StageLike) -> StageAdapter[Any, Any, Any]:
+    """The adapter of a stage: itself, or the one a name names (``dispatch``, ``model``)."""
+    if isinstance(stage, StageAdapter):
+        return stage
     return MODEL if stage == "model" else DISPATCH
+
+
+def stage_of(owner: str, value: object) -> Literal["dispatch", "model"]:
+    """A layer's ``stage`` argument as the name it keeps: a stage's adapter (``MODEL``)
+    or its name; anything else is a ``ConfigError`` naming ``owner``."""
+    return stage(owner, value.name if isinstance(value, StageAdapter) else value)
+
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as DefaultedTypeVar
+
+    #: The call and the answer of the stage a layer object is built for (``Retry``,
+    #: ``Timeout``, ``Metrics``): the tool stage's unless it is given ``stage=MODEL``,
+    #: so that a layer built for one stage is a type error on the other.
+    StageCallT = DefaultedTypeVar("StageCallT", bound=CallContext, default=ToolCall)
+    StageAnswerT = DefaultedTypeVar("StageAnswerT", default=ToolResult)
+else:  # the defaults are for type checkers only (PEP 696; typing has them from 3.13)
+    StageCallT = TypeVar("StageCallT", bound=CallContext)
+    StageAnswerT = TypeVar("StageAnswerT")
 
 
 #: A provider's clear refusal before doing any work: nothing to pay for.

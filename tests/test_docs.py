@@ -121,6 +121,11 @@ PRINTS = {
         "Error: write_file is not allowed in read-only mode\nNothing to change.\n"
         "model calls: 1\nwrites - read-only: `writes` must be a list of tool names, "
         "got 'write_file'",
+        "0. retry: Retry(attempts=3, stage='model', retry_on=['MODEL_OVERLOADED', "
+        "'MODEL_RATE_LIMITED', 'MODEL_TIMEOUT', 'MODEL_UNAVAILABLE'], backoff_ms=100, "
+        "max_backoff_ms=10000, jitter=True, budget=None, seed=None)\n1. timeout: "
+        "Timeout(stage='model', ms=60000, code='MODEL_TIMEOUT', first_byte_ms=None, "
+        "idle_ms=None)",
     ],
     "docs/team-budgets.md": [
         "refused after 4: team 'acme/research' has used $0.0440 of its $0.0500 this day",

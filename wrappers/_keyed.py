@@ -31,6 +31,7 @@ from guardstack.pipeline.contract import (
     Layer,
     Scope,
     StageAdapter,
+    StageLike,
     StateStore,
     adapter_for,
     key_parts,
@@ -67,12 +68,13 @@ _WARN_EVERY_S: Final = 60.0
 _MAX_CACHED_KEYS: Final = 10_000
 
 
-def stage_repr(stage: str) -> str:
+def stage_repr(stage: StageLike) -> str:
     """What a layer's repr adds for its stage: nothing for the default, ``stage='model'``."""
-    return "" if adapter_for(stage).name == "dispatch" else f", stage={stage!r}"
+    name = adapter_for(stage).name
+    return "" if name == "dispatch" else f", stage={name!r}"
 
 
-def codes_of(stage: str, kinds: Mapping[str, tuple[FailureKind, ...]]) -> frozenset[str]:
+def codes_of(stage: StageLike, kinds: Mapping[str, tuple[FailureKind, ...]]) -> frozenset[str]:
     """A layer's default codes: the kinds it names for the stage, in the stage's own codes."""
     adapter = adapter_for(stage)
     return frozenset(adapter.code_for(kind) for kind in kinds[adapter.name])
@@ -98,7 +100,7 @@ def with_extra_codes(layer: Any, plugin: str) -> None:
     check_codes(plugin, "on", layer.stage, layer.on)
 
 
-def check_codes(plugin: str, key: str, stage: str, codes: object) -> None:
+def check_codes(plugin: str, key: str, stage: StageLike, codes: object) -> None:
     """Codes a layer on ``stage`` can never see are a mistake: a bare kind
     (``RATE_LIMITED``) or another stage's code (``TOOL_TIMEOUT`` on model calls). Raise
     naming the code the stage uses instead. Other codes (a tool's own) are accepted."""
@@ -121,21 +123,22 @@ def check_codes(plugin: str, key: str, stage: str, codes: object) -> None:
                 plugin,
                 key,
                 sorted(codes),
-                f"codes the {stage} stage gives ({code!r} never happens there; "
+                f"codes the {adapter.name} stage gives ({code!r} never happens there; "
                 f"did you mean {meant!r}?)",
             )
 
 
-def refuse_names_without_names(plugin: str, stage: str, **patterns: tuple[str, ...]) -> None:
+def refuse_names_without_names(plugin: str, stage: StageLike, **patterns: tuple[str, ...]) -> None:
     """``tools=``/``exclude=`` on a stage whose calls carry no tool name: a mistake."""
-    if adapter_for(stage).calls_tools:
+    adapter = adapter_for(stage)
+    if adapter.calls_tools:
         return
     for key, value in patterns.items():
         if value:
-            raise invalid(plugin, key, value, f"empty on the {stage} stage (no tools)")
+            raise invalid(plugin, key, value, f"empty on the {adapter.name} stage (no tools)")
 
 
-def register(scope: Scope, stage: str, layer: Layer, name: str) -> None:
+def register(scope: Scope, stage: StageLike, layer: Layer, name: str) -> None:
     """Register ``layer`` on the stage a plugin names: ``dispatch`` or ``model``."""
     if adapter_for(stage) is MODEL:
         scope.use(scope.loop.model_call, layer, name=name)

@@ -42,7 +42,7 @@ Cancellation always propagates; the point is recorded on the way out.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 import anyio
 from opentelemetry import metrics
@@ -50,18 +50,19 @@ from opentelemetry.metrics import MeterProvider
 
 from guardstack.pipeline.contract import (
     MODEL,
-    DispatchNext,
     ItemT,
     ModelReply,
     ModelRequest,
     Next,
     Scope,
     StageAdapter,
+    StageAnswerT,
+    StageCallT,
     ValueT,
     adapter_for,
+    stage_of,
 )
 from guardstack.pipeline.validate import StageName, invalid
-from guardstack.pipeline.validate import stage as check_stage
 from guardstack.pipeline.values import ToolCall, ToolResult
 from guardstack.wrappers._keyed import register, stage_repr
 from guardstack.wrappers._otel import (
@@ -121,8 +122,9 @@ DURATION_BUCKETS = [
 TOKEN_BUCKETS = [4**power for power in range(14)]
 
 
-class Metrics:
-    """Duration histogram and call counter for every call through this layer."""
+class Metrics(Generic[StageCallT, StageAnswerT]):
+    """Duration histogram and call counter for every call through this layer (typed for
+    the model stage when built with ``stage=MODEL``, as ``Retry`` is)."""
 
     name: ClassVar[str] = "metrics"
 
@@ -130,13 +132,13 @@ class Metrics:
         self,
         meter_provider: MeterProvider | None = None,
         *,
-        stage: StageName = "dispatch",
+        stage: StageAdapter[StageCallT, StageAnswerT, Any] | str = "dispatch",
         legacy_token_usage: bool = True,
     ) -> None:
         self.meter_provider = check_provider(
             "metrics", "meter_provider", meter_provider, "get_meter"
         )
-        self.stage = check_stage("metrics", stage)
+        self.stage: StageName = stage_of("metrics", stage)
         if not isinstance(legacy_token_usage, bool):
             raise invalid("metrics", "legacy_token_usage", legacy_token_usage, "true or false")
         self.legacy_token_usage = legacy_token_usage
@@ -187,8 +189,10 @@ class Metrics:
             for name, field in OPERATION_HISTOGRAMS.items()
         ]
 
-    def __call__(self, call: ToolCall, call_next: DispatchNext) -> Awaitable[ToolResult]:
-        """Used directly as a dispatch layer (``registry.dispatch.use(Metrics())``)."""
+    def __call__(
+        self, call: StageCallT, call_next: Callable[[StageCallT], Awaitable[StageAnswerT]]
+    ) -> Awaitable[StageAnswerT]:
+        """Used directly as a layer (``registry.dispatch.use(Metrics())``)."""
         return self._layer(call, call_next)
 
     def apply(self, scope: Scope) -> None:

@@ -62,7 +62,6 @@ import attrs
 from guardstack.pipeline.contract import (
     DISPATCH,
     CallContext,
-    DispatchNext,
     FailureKind,
     ItemT,
     Next,
@@ -70,14 +69,16 @@ from guardstack.pipeline.contract import (
     OutcomeT,
     Scope,
     StageAdapter,
+    StageAnswerT,
+    StageCallT,
     StateStore,
     ValueT,
     adapter_for,
+    stage_of,
     store_key,
 )
 from guardstack.pipeline.signals import RETRY_ATTEMPTS, Signals
 from guardstack.pipeline.validate import (
-    StageName,
     boolean,
     compile_patterns,
     cut,
@@ -85,9 +86,7 @@ from guardstack.pipeline.validate import (
     invalid,
     number,
     patterns,
-    stage,
 )
-from guardstack.pipeline.values import ToolCall, ToolResult
 from guardstack.wrappers._keyed import (
     check_codes,
     codes_of,
@@ -227,8 +226,8 @@ def _at_least(key: str, minimum: int) -> Callable[[object, object, object], None
     return check
 
 
-def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+def _check_stage(_: object, __: object, value: object) -> None:
+    stage_of(PLUGIN, value)
 
 
 _DEFAULT_RETRY_ON: Final[dict[str, tuple[FailureKind, ...]]] = {
@@ -275,18 +274,23 @@ def _check_budget(_: object, __: object, value: Any) -> None:
 
 
 @attrs.frozen
-class Retry:
+class Retry(Generic[StageCallT, StageAnswerT]):
     """Up to ``attempts`` attempts while the result matches ``retry_on``.
 
     The instance is configuration only. Applied as a plugin, each application gets
     its own random generator (seeded with ``seed``); used directly as a layer
-    (``stage.use(Retry())``), the instance keeps one of its own.
+    (``stage.use(Retry())``), the instance keeps one of its own. Built for the model
+    stage with ``stage=MODEL`` (``guardstack.pipeline.contract``), it is typed for that
+    stage: put on the other, it is a type error as well as a ``ConfigError``.
     """
 
     name: ClassVar[str] = PLUGIN
 
     # Declared first (keyword-only) so the default of ``retry_on`` can depend on it.
-    stage: StageName = attrs.field(default="dispatch", converter=_stage, kw_only=True)
+    #: ``"dispatch"`` or ``"model"`` (kept as that name), or the stage itself (``MODEL``).
+    stage: StageAdapter[StageCallT, StageAnswerT, Any] | str = attrs.field(
+        default="dispatch", validator=_check_stage, kw_only=True
+    )
     attempts: int = attrs.field(default=3, validator=_at_least("attempts", 1))
     #: Error codes, or a predicate on the result (dispatch) or the exception (model).
     retry_on: Collection[str] | Callable[[Any], bool] = attrs.field(
@@ -303,13 +307,14 @@ class Retry:
     exclude: tuple[str, ...] = attrs.field(default=(), converter=_exclude)
     #: Never start an attempt that cannot finish inside an enclosing deadline.
     respect_deadline: bool = attrs.field(default=False, validator=_check_respect_deadline)
-    _direct: _RetryRun[ToolCall, ToolResult, ToolResult] = attrs.field(
+    _direct: _RetryRun[StageCallT, StageAnswerT, Any] = attrs.field(
         init=False, repr=False, eq=False
     )
     _tools: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
     _exclude: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "stage", stage_of(PLUGIN, self.stage))
         if self.max_backoff_ms < self.backoff_ms:
             raise invalid(
                 PLUGIN,
@@ -355,7 +360,9 @@ class Retry:
         """The wait after failed attempt ``attempt``, drawn from this instance's generator."""
         return self._direct.delay_s(attempt)
 
-    def __call__(self, call: ToolCall, call_next: DispatchNext) -> Awaitable[ToolResult]:
+    def __call__(
+        self, call: StageCallT, call_next: Callable[[StageCallT], Awaitable[StageAnswerT]]
+    ) -> Awaitable[StageAnswerT]:
         return self._direct(call, call_next)
 
     def apply(self, scope: Scope) -> None:
@@ -395,7 +402,7 @@ class _RetryRun(Generic[ItemT, ValueT, OutcomeT]):
 
     __slots__ = ("policy", "random", "signals", "stage")
 
-    def __init__(self, policy: Retry, signals: Signals | None = None) -> None:
+    def __init__(self, policy: Retry[Any, Any], signals: Signals | None = None) -> None:
         self.policy = policy
         self.random = random_for(policy.seed)
         self.stage: StageAdapter[ItemT, ValueT, OutcomeT] = adapter_for(policy.stage)

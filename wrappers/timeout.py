@@ -51,12 +51,21 @@ bound the whole operation, inside it each attempt::
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 import attrs
 
-from guardstack.pipeline.contract import Scope, StageAdapter, adapter_for, timed, watched
-from guardstack.pipeline.validate import StageName, invalid, non_empty_text, stage
+from guardstack.pipeline.contract import (
+    Scope,
+    StageAdapter,
+    StageAnswerT,
+    StageCallT,
+    adapter_for,
+    stage_of,
+    timed,
+    watched,
+)
+from guardstack.pipeline.validate import invalid, non_empty_text
 from guardstack.pipeline.values import validate_timeout_ms
 from guardstack.wrappers._keyed import register
 
@@ -74,22 +83,28 @@ def _check_code(_: object, __: attrs.Attribute[str], value: object) -> None:
     non_empty_text(PLUGIN, "code", value)
 
 
-def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+def _check_stage(_: object, __: object, value: object) -> None:
+    stage_of(PLUGIN, value)
 
 
-def _default_code(self: Timeout) -> str:
+def _default_code(self: Timeout[Any, Any]) -> str:
     return adapter_for(self.stage).code_for("TIMEOUT")
 
 
 @attrs.frozen
-class Timeout:
-    """A deadline of ``ms`` (or the tool's declared budget) whose result carries ``code``."""
+class Timeout(Generic[StageCallT, StageAnswerT]):
+    """A deadline of ``ms`` (or the tool's declared budget) whose result carries ``code``.
+
+    Built with ``stage=MODEL`` (``guardstack.pipeline.contract``) it is typed for the
+    model stage, as ``Retry`` is."""
 
     name: ClassVar[str] = PLUGIN
 
     # Declared first (keyword-only) so the code's default can depend on it.
-    stage: StageName = attrs.field(default="dispatch", converter=_stage, kw_only=True)
+    #: ``"dispatch"`` or ``"model"`` (kept as that name), or the stage itself (``MODEL``).
+    stage: StageAdapter[StageCallT, StageAnswerT, Any] | str = attrs.field(
+        default="dispatch", validator=_check_stage, kw_only=True
+    )
     ms: int | None = attrs.field(default=None, validator=_check_ms)
     code: str = attrs.field(
         default=attrs.Factory(_default_code, takes_self=True), validator=_check_code
@@ -104,6 +119,7 @@ class Timeout:
 
     def __attrs_post_init__(self) -> None:
         adapter = adapter_for(self.stage)
+        object.__setattr__(self, "stage", adapter.name)
         watches = self.first_byte_ms is not None or self.idle_ms is not None
         if not adapter.calls_tools and self.ms is None and not watches:
             raise invalid(
@@ -116,7 +132,9 @@ class Timeout:
         object.__setattr__(self, "_stage", adapter)
         object.__setattr__(self, "_watches", watches)
 
-    def __call__(self, item: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Awaitable[Any]:
+    def __call__(
+        self, item: StageCallT, call_next: Callable[[StageCallT], Awaitable[StageAnswerT]]
+    ) -> Awaitable[StageAnswerT]:
         if self._watches:
             return watched(
                 self._stage,

@@ -36,7 +36,7 @@ from guardstack.pipeline.contract import (
     ToolStage,
 )
 from guardstack.pipeline.outcome import Failed
-from guardstack.wrappers import Hedge, Retry
+from guardstack.wrappers import Hedge, Metrics, Retry, Timeout
 
 
 def _never_called(harness: Harness, request: ModelRequest, call: ToolCall) -> None:
@@ -86,6 +86,18 @@ def _registered_by_stage(harness: Harness) -> None:
     harness.loop.model_call.use(Retry())  # type: ignore[arg-type]
     harness.loop.model_call.use(_tool_only)  # type: ignore[arg-type]
     harness.tools.dispatch.use(_model_only)  # type: ignore[arg-type]
+    # a layer object built for a stage by its type (``stage=MODEL``) is typed for it
+    harness.loop.model_call.use(Retry(stage=MODEL))
+    harness.loop.model_call.use(Timeout(ms=5, stage=MODEL))
+    harness.loop.model_call.use(Metrics(stage=MODEL))
+    harness.tools.dispatch.use(Retry(stage=MODEL))  # type: ignore[arg-type]
+    harness.tools.dispatch.use(Timeout(ms=5, stage=MODEL))  # type: ignore[arg-type]
+    harness.tools.dispatch.use(Metrics(stage=MODEL))  # type: ignore[arg-type]
+    harness.loop.model_call.use(Timeout(ms=5))  # type: ignore[arg-type]
+    harness.loop.model_call.use(Metrics())  # type: ignore[arg-type]
+    harness.tools.dispatch.use(Timeout(stage=DISPATCH))
+    assert_type(Retry(stage=MODEL), Retry[ModelRequest, ModelReply])
+    assert_type(Retry(), Retry[ToolCall, ToolResult])
 
 
 def test_a_layer_for_the_other_stage_is_refused_at_use() -> None:
@@ -103,6 +115,23 @@ def test_a_layer_for_the_other_stage_is_refused_at_use() -> None:
     assert not harness.loop.model_call.layered  # nothing was registered
     harness.loop.model_call.use(Retry(stage="model"))  # type: ignore[arg-type]
     assert callable(_registered_by_stage)
+
+
+def test_a_layer_built_with_the_stage_itself_is_the_one_built_with_its_name() -> None:
+    """``stage=MODEL`` is ``stage="model"`` at run time: the same value, the same repr,
+    refused on the other stage the same way; a stage that is neither is refused."""
+    import pytest
+
+    from guardstack.pipeline import ConfigError
+
+    assert Retry(stage=MODEL) == Retry[ModelRequest, ModelReply](stage="model")
+    assert repr(Timeout(ms=5, stage=MODEL)) == repr(Timeout(ms=5, stage="model"))
+    assert Retry(stage=MODEL).stage == Metrics(stage=MODEL).stage == "model"
+    with pytest.raises(ConfigError, match="built for the model stage"):
+        Harness().tools.dispatch.use(Retry(stage=MODEL))  # type: ignore[arg-type]
+    for layer in (Retry, Timeout, Metrics):
+        with pytest.raises(ConfigError, match="`stage` must be 'dispatch'"):
+            layer(stage="modle")
 
 
 def test_the_stage_adapters_are_the_stages_types() -> None:
