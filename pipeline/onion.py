@@ -172,10 +172,13 @@ class Pipeline(Generic[NextT, LayerT]):
     a layer object that says which stage it is for (``Retry(stage="dispatch")``) is
     refused at run time too, with what to write instead."""
 
-    def __init__(self, terminal: NextT, *, stage: str) -> None:
+    def __init__(self, terminal: NextT, *, stage: str, arity: int | None = None) -> None:
+        """``arity``: how many arguments a call of this stage carries (the registry's and
+        the loop's stages say theirs: ``post_execute`` and ``prompt_submit`` two, the
+        rest one); read from ``terminal``'s signature when not given."""
         self.stage = stage
         self._terminal = terminal
-        self._arity = _arity(terminal)
+        self._arity = _arity(terminal) if arity is None else arity
         #: Whether any layer is registered; callers may skip an empty stage entirely.
         self.layered = False
         self._entries: list[_Entry] = []

@@ -159,11 +159,15 @@ class ToolRegistry:
         self._tools: dict[str, ToolDefinition] = {}
         self._schemas: list[dict[str, Any]] | None = None
         self._runner = ToolRunner(integer("ToolRegistry", "thread_limit", thread_limit))
-        self.pre_execute: Pipeline[PreNext, PreLayer] = Pipeline(_allow, stage="pre_execute")
-        self.dispatch: Pipeline[DispatchNext, DispatchLayer] = Pipeline(
-            self._runner.run, stage="dispatch"
+        self.pre_execute: Pipeline[PreNext, PreLayer] = Pipeline(
+            _allow, stage="pre_execute", arity=1
         )
-        self.post_execute: Pipeline[PostNext, PostLayer] = Pipeline(_accept, stage="post_execute")
+        self.dispatch: Pipeline[DispatchNext, DispatchLayer] = Pipeline(
+            self._runner.run, stage="dispatch", arity=1
+        )
+        self.post_execute: Pipeline[PostNext, PostLayer] = Pipeline(
+            _accept, stage="post_execute", arity=2
+        )
         self._operation_hooks: list[Callable[[Execute], Execute]] = []
         #: The whole ``execute`` wrapped by its hooks (``None`` without hooks: ``_run`` is
         #: called directly, and the registry holds no bound method of its own).

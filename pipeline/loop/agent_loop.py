@@ -77,10 +77,12 @@ class AgentLoop:
         self.system = _system_prompt(system)
         #: ``async (agent, text, call_next) -> text``: sees every new person's prompt.
         self.prompt_submit: Pipeline[PromptNext, PromptLayer] = Pipeline(
-            submit, stage="prompt_submit"
+            submit, stage="prompt_submit", arity=2
         )
         #: ``async (request, call_next) -> ModelReply``: every model call of every agent.
-        self.model_call: Pipeline[ModelNext, ModelLayer] = Pipeline(complete, stage="model")
+        self.model_call: Pipeline[ModelNext, ModelLayer] = Pipeline(
+            complete, stage="model", arity=1
+        )
         self.turn_hooks: list[Callable[[TurnRun], TurnRun]] = []
         self._model_hooks: list[Callable[[ModelNext], ModelNext]] = []
         # the stage's own bound ``__call__``, not one of the loop's: no reference cycle

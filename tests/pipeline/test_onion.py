@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -241,3 +242,28 @@ async def test_trace_is_exactly_the_nesting_implied_by_registration_order(
         assert len(post_calls) == 1
         seen = post_calls[0]
         assert (seen.name, seen.arguments, seen.call_id) == ("t", {"path": []}, "call-1")
+
+
+class _Uninspectable:
+    """A terminal whose signature must not be read."""
+
+    @property
+    def __signature__(self) -> Any:
+        raise AssertionError("the stage read its terminal's signature")
+
+    async def __call__(self, call: str, result: str) -> str:
+        return f"{call}={result}"
+
+
+async def test_a_stage_that_declares_its_arity_never_reads_its_terminals_signature() -> None:
+    """The registry's and the loop's stages say how many arguments their calls carry
+    (``post_execute``: the call and its result) instead of inspecting a function."""
+    pipeline: Pipeline[Any, Any] = Pipeline(_Uninspectable(), stage="test", arity=2)
+
+    async def upper(call: str, result: str, call_next: Any) -> str:
+        return str(await call_next(call, result.upper()))
+
+    pipeline.use(upper)
+    assert await pipeline("a", "b") == "a=B"
+    with pytest.raises(AssertionError, match="signature"):
+        Pipeline(_Uninspectable(), stage="test")
