@@ -1,4 +1,5 @@
-"""What every provider adapter needs the same way: error text, ``retry-after``, deltas.
+"""What every provider adapter needs the same way: error text, ``retry-after``, deltas,
+and switching the model a copy asks for.
 
 The official clients of OpenAI and Anthropic (and LiteLLM, which wraps them) share an
 error-body shape (``{"error": {"message": …}}``) and the ``retry-after-ms`` /
@@ -8,6 +9,7 @@ error-body shape (``{"error": {"message": …}}``) and the ``retry-after-ms`` /
 
 from __future__ import annotations
 
+import copy
 import email.utils
 import inspect
 import logging
@@ -15,7 +17,7 @@ import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Self
 
 from guardstack.pipeline import (
     MODEL_FAILED,
@@ -33,6 +35,7 @@ from guardstack.pipeline.validate import cut
 __all__ = [
     "GARBAGE",
     "OnDelta",
+    "ProviderModel",
     "answer",
     "check_on_delta",
     "error_message",
@@ -208,3 +211,20 @@ async def report_delta(on_delta: OnDelta | None, text: str | None) -> None:
         reported = on_delta(text)
         if inspect.isawaitable(reported):
             await reported
+
+
+class ProviderModel:
+    """What the shipped adapters (OpenAI, Anthropic, LiteLLM) share as models:
+    ``with_model`` (``SwitchableModel``) and ``reports_chunks`` (``StreamingModel``)."""
+
+    model: str
+    #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
+    #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.
+    reports_chunks = True
+
+    def with_model(self, model: str) -> Self:
+        """The same client and settings, asking for ``model`` (a ``UsageLimit``'s
+        downgrade to a cheaper model)."""
+        switched = copy.copy(self)
+        switched.model = model
+        return switched

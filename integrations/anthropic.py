@@ -49,7 +49,6 @@ Server-side tool blocks (web search and friends) are not kept.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 from collections.abc import Mapping
@@ -60,6 +59,7 @@ import attrs
 from guardstack.integrations._extras import require
 from guardstack.integrations._provider import (
     OnDelta,
+    ProviderModel,
     answer,
     check_on_delta,
     error_message,
@@ -99,7 +99,7 @@ _STREAM_ERRORS = {
 }
 
 
-class AnthropicModel:
+class AnthropicModel(ProviderModel):
     """A guardstack ``Model`` over ``client.messages.create``."""
 
     #: ``gen_ai.provider.name`` for telemetry.
@@ -132,17 +132,6 @@ class AnthropicModel:
         self.stream = bool(stream)
         self.on_delta = on_delta
         self.request_params = request_params
-
-    def with_model(self, model: str) -> AnthropicModel:
-        """The same client and settings, asking for ``model`` (a ``UsageLimit``'s
-        downgrade to a cheaper model)."""
-        switched = copy.copy(self)
-        switched.model = model
-        return switched
-
-    #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
-    #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.
-    reports_chunks = True
 
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model!r}, max_tokens={self.max_tokens}, stream={self.stream})"

@@ -42,13 +42,13 @@ exceptions map to the same codes as the other adapters: ``RateLimitError`` →
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Mapping
 from typing import Any
 
 from guardstack.integrations._extras import require
 from guardstack.integrations._provider import (
     OnDelta,
+    ProviderModel,
     answer,
     check_on_delta,
     error_message,
@@ -74,7 +74,7 @@ __all__ = ["LiteLLMModel", "model_error"]
 EXTRA = "litellm"
 
 
-class LiteLLMModel:
+class LiteLLMModel(ProviderModel):
     """A guardstack ``Model`` over ``litellm.acompletion``."""
 
     def __init__(
@@ -110,17 +110,6 @@ class LiteLLMModel:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
         return None
-
-    def with_model(self, model: str) -> LiteLLMModel:
-        """The same client and settings, asking for ``model`` (a ``UsageLimit``'s
-        downgrade to a cheaper model)."""
-        switched = copy.copy(self)
-        switched.model = model
-        return switched
-
-    #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
-    #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.
-    reports_chunks = True
 
     def __repr__(self) -> str:
         return f"LiteLLMModel({self.model!r}, stream={self.stream})"

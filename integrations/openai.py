@@ -35,7 +35,6 @@ What it does:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +43,7 @@ import attrs
 from guardstack.integrations._extras import require
 from guardstack.integrations._provider import (
     OnDelta,
+    ProviderModel,
     answer,
     check_on_delta,
     error_message,
@@ -77,7 +77,7 @@ __all__ = [
 EXTRA = "openai"
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(ProviderModel):
     """A guardstack ``Model`` over ``client.chat.completions.create``."""
 
     #: ``gen_ai.provider.name`` for telemetry.
@@ -112,17 +112,6 @@ class OpenAIChatModel:
         """The request's output limit (``max_completion_tokens`` or ``max_tokens``), which
         a spend cap reserves for each call; ``None`` when none is given."""
         return _output_limit(self.request_params)
-
-    def with_model(self, model: str) -> OpenAIChatModel:
-        """The same client and settings, asking for ``model`` (a ``UsageLimit``'s
-        downgrade to a cheaper model)."""
-        switched = copy.copy(self)
-        switched.model = model
-        return switched
-
-    #: Streamed replies report each piece to ``on_chunk`` (a ``Timeout``'s
-    #: ``first_byte_ms``/``idle_ms``); a reply that does not stream is one piece.
-    reports_chunks = True
 
     def __repr__(self) -> str:
         return f"OpenAIChatModel({self.model!r}, stream={self.stream})"

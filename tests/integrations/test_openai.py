@@ -66,6 +66,23 @@ async def test_a_reply_carries_text_usage_reasoning_model_and_finish_reason(
     assert sent == {"model": "m", "messages": USER, "temperature": 0}  # no empty tool list
 
 
+async def test_with_model_is_a_copy_asking_for_the_other_model(chat_server: ChatServer) -> None:
+    """A ``UsageLimit``'s downgrade switches the model through ``with_model``: the copy
+    asks for the cheaper model with the same client and settings; the original is as it
+    was (the shipped adapters share this, ``integrations._provider.ProviderModel``)."""
+    chat_server.script = [Answer("a"), Answer("b")]
+    async with client_for(chat_server) as client:
+        model = OpenAIChatModel(client, "m", temperature=0)
+        cheaper = model.with_model("m-mini")
+        await cheaper.complete(USER, [])
+        await model.complete(USER, [])
+    assert [sent["model"] for sent in chat_server.requests] == ["m-mini", "m"]
+    assert chat_server.requests[0]["temperature"] == 0
+    assert cheaper.client is model.client
+    assert cheaper.reports_chunks
+    assert (type(cheaper), model.model) == (OpenAIChatModel, "m")
+
+
 async def test_parallel_tool_calls_keep_their_ids_order_and_raw_arguments(
     chat_server: ChatServer,
 ) -> None:
