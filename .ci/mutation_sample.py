@@ -79,6 +79,7 @@ TARGETS: dict[str, list[str]] = {
     "guards/tool_call_limit.py": [
         "tests/guards/test_tool_call_limit.py", "tests/guards/test_conversations.py",
         "tests/guards/test_approval.py", "tests/pipeline/test_control.py",
+        "tests/pipeline/test_corners.py",
     ],
     "guards/model_call_limit.py": [
         "tests/guards/test_model_call_limit.py", "tests/pipeline/test_control.py",

@@ -27,6 +27,7 @@ from guardstack.pipeline import (
     ModelReply,
     PendingApproval,
     Reject,
+    ScriptedModel,
     Session,
     ToolCall,
     ToolCallEvent,
@@ -637,3 +638,36 @@ async def test_a_turn_resumed_in_a_new_process_keeps_its_tool_call_count() -> No
     await again.resume({"d1": Approve()})
     codes = [e.result.code for e in results(again)]
     assert codes == [None, None, None, TOOL_DENIED]  # r2 is the third call, r3 one too many
+
+
+async def test_a_turn_resumed_in_a_new_process_counts_none_of_an_earlier_turns_calls() -> None:
+    """The log is read back to the turn's start and no further: the first turn's call is
+    not one of the second turn's three."""
+
+    def build(*replies: ModelReply) -> Harness:
+        return harness(
+            ScriptedModel(list(replies)),
+            ToolCallLimit(per_turn=3),
+            Approval(require=("deploy",)),
+            tools=("deploy", "read"),
+        )
+
+    def asks(*requests: ToolCallRequest) -> ModelReply:
+        return ModelReply(tool_calls=requests)
+
+    agent = build(
+        asks(ToolCallRequest("read", {}, "r0")),
+        ModelReply("first"),
+        asks(ToolCallRequest("read", {}, "r1")),
+        asks(deploy(call_id="d1")),
+    ).loop.create("s")
+    await agent.prompt("one")  # r0, in a turn of its own
+    await agent.prompt("two")  # r1 ran, d1 waits: two of this turn's three calls
+    again = build(
+        asks(ToolCallRequest("read", {"n": 2}, "r2")),
+        asks(ToolCallRequest("read", {"n": 3}, "r3")),
+        ModelReply("done"),
+    ).loop.create("s", session=Session.from_jsonl(agent.session.to_jsonl()))
+    await again.resume({"d1": Approve()})
+    codes = {e.call_id: e.result.code for e in results(again)}
+    assert codes == {"r0": None, "r1": None, "d1": None, "r2": None, "r3": TOOL_DENIED}

@@ -60,6 +60,22 @@ async def test_model_call_limit_per_turn_ends_the_turn_blocked_before_the_next_r
     assert (await agent.prompt("again")).reason == "completed"
 
 
+async def test_with_both_limits_the_stop_names_the_one_that_refused() -> None:
+    """``per_turn`` and ``per_session`` together: the turn's limit stops the first turn,
+    the session's a later one, and each stop says which it was, with its own limit."""
+    model = ScriptedModel(looping(13))
+    agent = harness_with(model, ModelCallLimit(per_turn=3, per_session=5)).loop.create("s")
+    first = await agent.prompt("go")
+    assert first.error == (
+        "model-call-limit: this turn made 3 model calls and the limit is 3 per turn"
+    )
+    second = await agent.prompt("again")
+    assert second.error == (
+        "model-call-limit: this session made 5 model calls and the limit is 5 per session"
+    )
+    assert len(model.requests) == 5
+
+
 async def test_model_call_limit_per_session_counts_a_resumed_log(tmp_path: Path) -> None:
     harness = harness_with(
         ScriptedModel([ModelReply("a"), ModelReply("b")]), ModelCallLimit(per_session=3)

@@ -244,6 +244,24 @@ async def test_a_deadline_aware_retry_stops_when_the_next_attempt_cannot_finish(
     )
 
 
+async def test_a_deadline_aware_retry_counts_the_wait_beside_the_attempt() -> None:
+    """The backoff before the next attempt counts, in the same unit as the attempt's
+    budget: a 2.5 s wait and a 2 s attempt fit in the 8 s left, so it retries; a 5 s
+    wait and a 2 s attempt do not fit in the 3.5 s left, so it stops at 6.5 s — not at
+    the outer 10 s (a mutant that added the wait in seconds lived without this)."""
+    built = harness_with(ScriptedTool("search", [Hang()], timeout_ms=2_000))
+    built.plugin(Timeout(ms=10_000, code="TOTAL"))
+    built.plugin(Retry(attempts=5, backoff_ms=2_500, jitter=False, respect_deadline=True))
+    built.plugin(Timeout())
+    started = anyio.current_time()
+    result = await run(built, "search")
+    assert (result.code, anyio.current_time() - started) == (TOOL_TIMEOUT, 6.5)
+    assert result.content.endswith(
+        "(not retried: a 2000ms attempt after a 5000ms wait cannot finish in the 3500ms "
+        "left of the deadline)"
+    )
+
+
 async def test_a_provider_s_retry_after_is_waited_but_never_past_the_ceiling() -> None:
     """A failure that says when to come back is retried no sooner than it says, and
     never later than ``max_backoff_ms`` (stamina's ``wait_max``, tenacity's
