@@ -79,6 +79,7 @@ def test_the_memory_stores_lifetimes_are_in_ms_as_redis_store_spells_them() -> N
     and ``reservation_ttl_ms``; the old seconds keep working a minor version, warning."""
     store = MemoryStore(session_ttl_ms=7_200_000, reservation_ttl_ms=5_000)
     assert (store.session_ttl_s, store.lease_s) == (7_200, 5)
+    assert MemoryStore().lease_s == 3_600  # by default a reservation is held an hour
     with pytest.warns(DeprecationWarning, match="lease_s is deprecated .* reservation_ttl_ms=5000"):
         assert MemoryStore(lease_s=5).lease_s == 5
     with pytest.warns(DeprecationWarning, match="write session_ttl_ms=7200000"):
