@@ -6,8 +6,9 @@ get in at once. Only the call at the head of the line asks the store for a slot 
 token; when any call leaves (admitted, refused, timed out or cancelled) the line's
 head — whichever call that is now — is woken and asks. (Admitting a call changes the
 served counts that choose the head, so the call that leaves need not have been the
-head when it left: the line wakes its head every time rather than guess.) Which call
-is the head:
+head when it left: the line wakes its head every time rather than guess. So does a
+tenant's joining, when it moves that tenant's count: the count is one per tenant
+across priorities.) Which call is the head:
 
 * **Priority first.** A call's priority (``ToolCall.priority``,
   ``ModelRequest.priority``, else its agent's; 0 by default) orders the line, higher
@@ -98,12 +99,17 @@ class WaitLine:
                 self._top = priority
         lane = tenant if self.weights is not None else ""
         queue = level.queues.get(lane)
+        caught_up = False
         if queue is None:
             queue = level.queues[lane] = deque()
             if self.weights is not None:
-                self._catch_up(lane)
+                caught_up = self._catch_up(lane)
         queue.append(waiter)
         self._count += 1
+        if caught_up:
+            # The tenant's count is one across priorities: moving it level may have put
+            # another tenant's waiter at the head of the top priority. Wake that one.
+            self.wake_head()
         return waiter
 
     def head(self) -> Waiter | None:
@@ -165,11 +171,14 @@ class WaitLine:
         values = [served.get(t, 0.0) for t in self._waiting_tenants() if t != exclude]
         return min(values) if values else None
 
-    def _catch_up(self, tenant: str) -> None:
-        """A tenant that starts waiting starts level with the least served one waiting."""
+    def _catch_up(self, tenant: str) -> bool:
+        """A tenant that starts waiting starts level with the least served one waiting;
+        whether that moved its count."""
         least = self._least_served(exclude=tenant)
         if least is not None and self._served.get(tenant, 0.0) < least:
             self._served[tenant] = least
+            return True
+        return False
 
     def _forget(self, tenant: str) -> None:
         """Once a tenant stops waiting, its count matters only while it is ahead."""
