@@ -224,21 +224,26 @@ def test_no_backoff_at_all_is_a_valid_configuration() -> None:
 # -- Retry(respect_deadline=True) ---------------------------------------------------------
 
 
+async def timed_hanging_search(
+    total_ms: int, backoff_ms: int, *, respect: bool = True
+) -> tuple[ToolResult, float]:
+    """A hanging tool with a 2 s budget, retried (its backoff fixed) inside a whole
+    operation timeout coded ``TOTAL``: its result, and how long it took."""
+    built = harness_with(ScriptedTool("search", [Hang()], timeout_ms=2_000))
+    built.plugin(Timeout(ms=total_ms, code="TOTAL"))
+    built.plugin(Retry(attempts=5, backoff_ms=backoff_ms, jitter=False, respect_deadline=respect))
+    built.plugin(Timeout())
+    started = anyio.current_time()
+    result = await run(built, "search")
+    return result, anyio.current_time() - started
+
+
 async def test_a_deadline_aware_retry_stops_when_the_next_attempt_cannot_finish() -> None:
     for respect, code, elapsed in ((True, TOOL_TIMEOUT, 2.0), (False, "TOTAL", 5.0)):
-        built = harness_with(ScriptedTool("search", [Hang()], timeout_ms=2_000))
-        built.plugin(Timeout(ms=5_000, code="TOTAL"))
-        built.plugin(Retry(attempts=5, backoff_ms=1_000, jitter=False, respect_deadline=respect))
-        built.plugin(Timeout())
-        started = anyio.current_time()
-        result = await run(built, "search")
-        assert (result.code, anyio.current_time() - started) == (code, elapsed)
+        result, took = await timed_hanging_search(5_000, 1_000, respect=respect)
+        assert (result.code, took) == (code, elapsed)
     assert result.code == "TOTAL"
-    built = harness_with(ScriptedTool("search", [Hang()], timeout_ms=2_000))
-    built.plugin(Timeout(ms=5_000, code="TOTAL"))
-    built.plugin(Retry(attempts=5, backoff_ms=1_000, jitter=False, respect_deadline=True))
-    built.plugin(Timeout())
-    assert (await run(built, "search")).content == (
+    assert (await timed_hanging_search(5_000, 1_000))[0].content == (
         "Error: tool call timed out after 2000ms (not retried: a 2000ms attempt after a "
         "1000ms wait cannot finish in the 3000ms left of the deadline)"
     )
@@ -249,13 +254,8 @@ async def test_a_deadline_aware_retry_counts_the_wait_beside_the_attempt() -> No
     budget: a 2.5 s wait and a 2 s attempt fit in the 8 s left, so it retries; a 5 s
     wait and a 2 s attempt do not fit in the 3.5 s left, so it stops at 6.5 s — not at
     the outer 10 s (a mutant that added the wait in seconds lived without this)."""
-    built = harness_with(ScriptedTool("search", [Hang()], timeout_ms=2_000))
-    built.plugin(Timeout(ms=10_000, code="TOTAL"))
-    built.plugin(Retry(attempts=5, backoff_ms=2_500, jitter=False, respect_deadline=True))
-    built.plugin(Timeout())
-    started = anyio.current_time()
-    result = await run(built, "search")
-    assert (result.code, anyio.current_time() - started) == (TOOL_TIMEOUT, 6.5)
+    result, took = await timed_hanging_search(10_000, 2_500)
+    assert (result.code, took) == (TOOL_TIMEOUT, 6.5)
     assert result.content.endswith(
         "(not retried: a 2000ms attempt after a 5000ms wait cannot finish in the 3500ms "
         "left of the deadline)"
