@@ -43,6 +43,7 @@ from guardstack.pipeline.contract import (
     StateStore,
     ValueT,
     adapter_for,
+    stage_of,
 )
 from guardstack.pipeline.signals import CONCURRENCY_LIMIT, LIMITER_QUEUE, Shadow, Signals
 from guardstack.pipeline.validate import (
@@ -51,7 +52,6 @@ from guardstack.pipeline.validate import (
     integer,
     invalid,
     optional_integer,
-    stage,
 )
 from guardstack.wrappers._keyed import (
     QueueMetrics,
@@ -77,7 +77,7 @@ BACKOFF: Final = 0.9
 
 
 def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+    return stage_of(PLUGIN, value)  # its name, or the stage itself (``MODEL``)
 
 
 def _fair(value: object) -> Fairness:

@@ -38,8 +38,9 @@ from guardstack.pipeline.contract import (
     StageAdapter,
     ValueT,
     adapter_for,
+    stage_of,
 )
-from guardstack.pipeline.validate import StageName, invalid, stage
+from guardstack.pipeline.validate import StageName, invalid
 from guardstack.wrappers._keyed import ratio, register
 from guardstack.wrappers.retry import random_for
 
@@ -54,7 +55,7 @@ class ChaosError(RuntimeError):
 
 
 def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+    return stage_of(PLUGIN, value)  # its name, or the stage itself (``MODEL``)
 
 
 def _fault(_: Any, __: Any, value: Any) -> None:

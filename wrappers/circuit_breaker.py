@@ -49,11 +49,12 @@ from guardstack.pipeline.contract import (
     StateStore,
     ValueT,
     adapter_for,
+    stage_of,
 )
 from guardstack.pipeline.outcome import refusal
 from guardstack.pipeline.signals import BREAKER_STATE, BREAKER_TRANSITIONS, Shadow, Signals
 from guardstack.pipeline.store import BreakerState
-from guardstack.pipeline.validate import StageName, codes, flag, integer, stage
+from guardstack.pipeline.validate import StageName, codes, flag, integer
 from guardstack.wrappers._keyed import (
     StateKeys,
     StoreFailures,
@@ -89,7 +90,7 @@ def _minimum_calls(_: Any, __: Any, value: Any) -> None:
 
 
 def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+    return stage_of(PLUGIN, value)  # its name, or the stage itself (``MODEL``)
 
 
 def _on(value: object) -> frozenset[str]:

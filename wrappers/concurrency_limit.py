@@ -46,10 +46,11 @@ from guardstack.pipeline.contract import (
     StateStore,
     ValueT,
     adapter_for,
+    stage_of,
 )
 from guardstack.pipeline.outcome import refusal
 from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
-from guardstack.pipeline.validate import StageName, flag, integer, optional_integer, stage
+from guardstack.pipeline.validate import StageName, flag, integer, optional_integer
 from guardstack.wrappers._keyed import (
     QueueMetrics,
     StateKeys,
@@ -67,7 +68,7 @@ PLUGIN = "concurrency-limit"
 
 
 def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+    return stage_of(PLUGIN, value)  # its name, or the stage itself (``MODEL``)
 
 
 def _key(value: object) -> str | None:

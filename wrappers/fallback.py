@@ -60,10 +60,11 @@ from guardstack.pipeline.contract import (
     StageAdapter,
     ValueT,
     adapter_for,
+    stage_of,
 )
 from guardstack.pipeline.model_members import model_name_of
 from guardstack.pipeline.outcome import Failed, refusal
-from guardstack.pipeline.validate import StageName, codes, cut, invalid, optional_integer, stage
+from guardstack.pipeline.validate import StageName, codes, cut, invalid, optional_integer
 from guardstack.pipeline.values import (
     ToolCall,
     ToolDefinition,
@@ -86,7 +87,7 @@ _Instead: TypeAlias = Callable[[ItemT, Next[ItemT, ValueT]], Awaitable[ValueT]]
 
 
 def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+    return stage_of(PLUGIN, value)  # its name, or the stage itself (``MODEL``)
 
 
 _DEFAULT_ON: Final[dict[str, tuple[FailureKind, ...]]] = {

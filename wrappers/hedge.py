@@ -47,6 +47,7 @@ from guardstack.pipeline.contract import (
     StageAdapter,
     ValueT,
     adapter_for,
+    stage_of,
 )
 from guardstack.pipeline.validate import (
     StageName,
@@ -54,7 +55,6 @@ from guardstack.pipeline.validate import (
     integer,
     invalid,
     patterns,
-    stage,
 )
 from guardstack.pipeline.values import validate_timeout_ms
 from guardstack.wrappers._keyed import refuse_names_without_names, register, stage_repr
@@ -67,7 +67,7 @@ _Kind: TypeAlias = Literal["won", "failed", "control", "raised"]
 
 
 def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+    return stage_of(PLUGIN, value)  # its name, or the stage itself (``MODEL``)
 
 
 def _delay(_: Any, __: Any, value: Any) -> None:

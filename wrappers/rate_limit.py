@@ -42,10 +42,11 @@ from guardstack.pipeline.contract import (
     StateStore,
     ValueT,
     adapter_for,
+    stage_of,
 )
 from guardstack.pipeline.outcome import refusal
 from guardstack.pipeline.signals import LIMITER_QUEUE, Shadow, Signals
-from guardstack.pipeline.validate import StageName, boolean, flag, integer, stage
+from guardstack.pipeline.validate import StageName, boolean, flag, integer
 from guardstack.wrappers._keyed import (
     QueueMetrics,
     StateKeys,
@@ -64,7 +65,7 @@ _SHORTEST_WAIT_S = 1e-6
 
 
 def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+    return stage_of(PLUGIN, value)  # its name, or the stage itself (``MODEL``)
 
 
 def _key(value: object) -> str | None:

@@ -55,6 +55,7 @@ from guardstack.pipeline.contract import (
     input_estimate,
     never_reached,
     new_token,
+    stage_of,
     stated_output_limit,
     store_key,
 )
@@ -66,7 +67,6 @@ from guardstack.pipeline.validate import (
     flag,
     invalid,
     optional_integer,
-    stage,
 )
 from guardstack.wrappers._keyed import StateKeys, StoreFailures, check_key, check_store, register
 from guardstack.wrappers._line import Fairness, WaitLine, fairness
@@ -82,7 +82,7 @@ _SHORTEST_WAIT_S = 1e-6
 
 
 def _stage(value: object) -> StageName:
-    return stage(PLUGIN, value)
+    return stage_of(PLUGIN, value)  # its name, or the stage itself (``MODEL``)
 
 
 def _key(value: object) -> str | None:

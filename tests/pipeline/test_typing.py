@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import assert_type
+from typing import Any, assert_type
 
 from guardstack.integrations.anthropic import AnthropicModel
 from guardstack.integrations.litellm import LiteLLMModel
@@ -132,6 +132,31 @@ def test_a_layer_built_with_the_stage_itself_is_the_one_built_with_its_name() ->
     for layer in (Retry, Timeout, Metrics):
         with pytest.raises(ConfigError, match="`stage` must be 'dispatch'"):
             layer(stage="modle")
+    # every two-stage layer takes the stage itself as well as its name
+    from guardstack.pipeline import ScriptedModel
+    from guardstack.wrappers import (
+        AdaptiveConcurrencyLimit,
+        Chaos,
+        CircuitBreaker,
+        ConcurrencyLimit,
+        Fallback,
+        RateLimit,
+        TokenRateLimit,
+    )
+
+    made: list[tuple[Any, dict[str, Any]]] = [
+        (AdaptiveConcurrencyLimit, {}),
+        (Chaos, {"rate": 0.0, "fault": "hang"}),
+        (CircuitBreaker, {}),
+        (ConcurrencyLimit, {"max_concurrent": 1}),
+        (Fallback, {"to": [ScriptedModel([])]}),
+        (Hedge, {"delay_ms": 10}),
+        (RateLimit, {"per_second": 1}),
+        (TokenRateLimit, {"requests_per_minute": 10}),
+    ]
+    for kind, arguments in made:
+        assert kind(stage=MODEL, **arguments).stage == "model", kind
+        assert repr(kind(stage=MODEL, **arguments)) == repr(kind(stage="model", **arguments))
 
 
 def test_the_stage_adapters_are_the_stages_types() -> None:
