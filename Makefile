@@ -34,7 +34,7 @@ check: $(STAMP)  ## lint, format, strict type checks, the import contract, the g
 	$(BIN)/ruff format --no-cache --check .
 	@# mypy cannot follow the editable install's import hook: give it guardstack/ as links
 	mkdir -p $(TYPECHECK)
-	for package in pipeline guards wrappers integrations cli; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
+	for package in pipeline guards wrappers integrations gateway cli; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet

@@ -24,8 +24,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATIONS = [
-    "anthropic", "openai", "litellm", "redis", "mcp", "model_proxy", "langchain",
-    "openai_agents", "pydantic_ai", "temporal", "otel", "claude_agent", "adk", "mcp_gateway",
+    "integrations.anthropic", "integrations.openai", "integrations.litellm",
+    "integrations.redis", "integrations.mcp", "integrations.langchain",
+    "integrations.openai_agents", "integrations.pydantic_ai", "integrations.temporal",
+    "integrations.otel", "integrations.claude_agent", "integrations.adk",
+    "gateway.model_proxy", "gateway.mcp_gateway",
 ]  # fmt: skip
 
 
@@ -59,7 +62,7 @@ def main(work: Path) -> None:
         assert not stray, f"the wheel carries {stray[:5]}"
         assert not [n for n in names if n.endswith((".jsonl", ".png"))], "data in the wheel"
         # every module of the source folders (subpackages too) is in the wheel
-        folders = ("pipeline", "guards", "wrappers", "integrations", "cli")
+        folders = ("pipeline", "guards", "wrappers", "integrations", "gateway", "cli")
         sources = [
             f"guardstack/{path.relative_to(clean).as_posix()}"
             for folder in folders
@@ -92,7 +95,7 @@ def main(work: Path) -> None:
         code = (
             "import importlib, sys\n"
             f"for name in {INTEGRATIONS!r}:\n"
-            "    module = importlib.import_module('guardstack.integrations.' + name)\n"
+            "    module = importlib.import_module('guardstack.' + name)\n"
             f"    assert module.__file__.startswith({str(target)!r}), module.__file__\n"
             "print('imported', len(sys.modules))\n"
         )

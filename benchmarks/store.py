@@ -31,11 +31,11 @@ from limits.aio.storage import RedisStorage
 from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 
 from benchmarks.timing import median, per_call_ns, ratio, run_and_report, table
+from guardstack.gateway.budgets import Budgets
+from guardstack.gateway.tenants import tenants_of
 from guardstack.guards import ToolCallLimit, UsageLimit
-from guardstack.integrations.budgets import Budgets
 from guardstack.integrations.redis import RedisStore
 from guardstack.integrations.sqlite import SqliteStore
-from guardstack.integrations.tenants import tenants_of
 from guardstack.pipeline import (
     Harness,
     MemoryStore,

@@ -517,7 +517,7 @@ class TenantsReport:
 def check_tenants(path: Path) -> TenantsReport:
     """A tenants file read (a mistake raises, one line) and shown as a tree; warnings for
     a dollar budget with no prices, and allowed models without one."""
-    from guardstack.integrations.tenants import read_tenants
+    from guardstack.gateway.tenants import read_tenants
 
     tenants = read_tenants(path)
     warnings: list[str] = []

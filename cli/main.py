@@ -191,8 +191,9 @@ def _parser() -> argparse.ArgumentParser:
         help="serve an OpenAI-compatible API through a guard stack (needs guardstack[proxy])",
         description="An HTTP server speaking OpenAI's chat completions "
         "(POST /v1/chat/completions), Anthropic's Messages (POST /v1/messages) and OpenAI's "
-        "Responses (POST /v1/responses), and GET /v1/models, in front of --upstream: every "
-        "request through the model stage and the conversation's guards of --config.",
+        "Responses (POST /v1/responses), Gemini (POST /v1beta/models/M:generateContent) and "
+        "GET /v1/models, in front of every --upstream: each request routed to its upstream "
+        "(--route) and through the model stage and the conversation's guards of --config.",
     )
     model_proxy.add_argument("--config", type=Path, help="a YAML, TOML or JSON plugin list")
     _allow_imports(model_proxy)
@@ -201,8 +202,17 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         action="append",
         metavar="[NAME=]URL",
-        help="the provider's base URL; repeat as NAME=URL for upstreams a model-stage "
-        "fallback names (to: {upstream: NAME})",
+        help="a provider's base URL: the unnamed one is the default; NAME=URL names one for "
+        "--route and for a model-stage fallback (to: {upstream: NAME})",
+    )
+    model_proxy.add_argument(
+        "--route",
+        action="append",
+        default=[],
+        metavar="SELECTOR=NAME",
+        help="send what SELECTOR matches to the upstream NAME (repeatable, the first match "
+        "wins): a wire (chat, responses, messages, gemini), a model glob (deepseek-*), or "
+        "WIRE:GLOB; a request no route matches goes to the unnamed --upstream, or is 404",
     )
     model_proxy.add_argument(
         "--upstream-key-env",
@@ -423,6 +433,7 @@ def _run(arguments: argparse.Namespace) -> int:
                 max_body_bytes=arguments.max_body_bytes,
                 admin_key_env=arguments.admin_key_env,
                 watch=arguments.watch,
+                routes=arguments.route,
             )
         )
     elif arguments.command == "spend":
@@ -435,7 +446,7 @@ def _run(arguments: argparse.Namespace) -> int:
         _print(render_spend(spent, arguments.format))
     elif arguments.command == "check":
         from guardstack.cli.check import check, check_tenants
-        from guardstack.integrations.mcp_gateway.config import is_gateway_config
+        from guardstack.gateway.mcp_gateway.config import is_gateway_config
 
         if arguments.config is None:
             if arguments.keys is None:

@@ -37,7 +37,7 @@ def load_gateway(
     — on the store ``--store`` names (``None``: the default, SQLite) unless its plugins
     name one; nothing started."""
     from guardstack.cli.stores import store_from
-    from guardstack.integrations.mcp_gateway import Gateway, read_gateway, read_keys
+    from guardstack.gateway.mcp_gateway import Gateway, read_gateway, read_keys
     from guardstack.pipeline.plugin_config import STORE_ENTRIES
 
     described = read_gateway(config)
@@ -81,7 +81,7 @@ async def run_gateway(
     """Serve the gateway over stdio until the client leaves, or over HTTP until stopped
     (``watch``: its plugins reloaded when ``config`` changes)."""
     from guardstack.cli.stores import describe_store, forgets, say
-    from guardstack.integrations.decision_log import DecisionLog
+    from guardstack.gateway.decision_log import DecisionLog
 
     if keys is not None and transport != "http":
         raise ConfigError(
@@ -111,7 +111,7 @@ async def watch_gateway(harness: Harness, config: Path, allow_imports: bool) -> 
     servers are the ones it started with (said, when the file names others)."""
     from guardstack.cli.check import check
     from guardstack.cli.watch import watch_file
-    from guardstack.integrations.mcp_gateway import read_gateway
+    from guardstack.gateway.mcp_gateway import read_gateway
 
     started = read_gateway(config).names()
 

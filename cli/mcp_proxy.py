@@ -27,6 +27,7 @@ import anyio
 
 from guardstack.cli.mcp_gateway import run_gateway
 from guardstack.cli.watch import watch_config
+from guardstack.gateway.mcp_gateway.config import is_gateway_config
 from guardstack.guards import ToolCallTimeoutPolicy
 from guardstack.integrations._gate import Gate
 from guardstack.integrations.mcp import (
@@ -37,7 +38,6 @@ from guardstack.integrations.mcp import (
     sync_tools,
     tracing_provider,
 )
-from guardstack.integrations.mcp_gateway.config import is_gateway_config
 from guardstack.pipeline.errors import ConfigError, GuardstackError
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.values import MAX_TIMEOUT_MS, message_of

@@ -19,10 +19,10 @@ import anyio
 from guardstack.cli.mcp_proxy import _listen, export_from_environment
 from guardstack.cli.stores import describe_store, forgets, say, store_from
 from guardstack.cli.watch import watch_config, watch_file
+from guardstack.gateway.decision_log import DecisionLog
+from guardstack.gateway.model_proxy import DEFAULT, ModelProxy
+from guardstack.gateway.tenants import read_tenants
 from guardstack.integrations._gate import serve
-from guardstack.integrations.decision_log import DecisionLog
-from guardstack.integrations.model_proxy import DEFAULT, ModelProxy
-from guardstack.integrations.tenants import read_tenants
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.plugin_config import STORE_ENTRIES, in_file, read_entries
@@ -106,13 +106,15 @@ async def run_model_proxy(
     max_body_bytes: int = 4 * 1024 * 1024,
     admin_key_env: str | None = None,
     watch: bool = False,
+    routes: list[str] | None = None,
 ) -> None:
     """Serve until stopped (``watch``: reload the stack when ``config`` changes)."""
     import uvicorn
 
     host, port = _listen(listen)
+    route_list = list(routes or [])
     urls = _named([upstream] if isinstance(upstream, str) else upstream, "--upstream",
-                  default_required=True)  # fmt: skip
+                  default_required=not route_list)  # fmt: skip
     variables = _named(
         [key_env] if isinstance(key_env, str) else list(key_env or []),
         "--upstream-key-env",
@@ -153,7 +155,8 @@ async def run_model_proxy(
         try:
             proxy = ModelProxy(
                 harness,
-                urls.pop(DEFAULT),
+                urls.pop(DEFAULT, None),
+                routes=route_list,
                 upstream_key=upstream_keys.pop(DEFAULT, None),
                 upstreams=urls,
                 upstream_keys=upstream_keys,
@@ -171,6 +174,8 @@ async def run_model_proxy(
             )
         except ConfigError as error:  # a fallback naming an upstream nobody gave
             raise in_file(error, config) from error
+        for line in proxy.describe_routes():
+            say(f"guardstack model-proxy: route {line}")
         print(
             f"guardstack model-proxy: serving http://{host}:{port}/v1", file=sys.stderr, flush=True
         )

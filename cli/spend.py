@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from guardstack.cli.stores import store_from
-from guardstack.integrations.spend import spend_report
+from guardstack.gateway.spend import spend_report
 
 __all__ = ["render", "spend"]
 

@@ -90,7 +90,7 @@ from guardstack.pipeline.contract import (
     store_key,
 )
 from guardstack.pipeline.errors import GuardstackWarning, TurnBlocked
-from guardstack.pipeline.model_members import observes_estimates
+from guardstack.pipeline.model_members import observes_estimates, stated_input_tokens
 from guardstack.pipeline.signals import USAGE_USD, Shadow
 from guardstack.pipeline.validate import flag, invalid, number, optional_integer
 
@@ -266,14 +266,16 @@ class UsageLimit:
         *,
         output_tokens: int | None = None,
     ) -> dict[str, float]:
-        """What a call reserves before it is made: its input (a token per four characters
-        of the request, the stated rule) and its output (the answering model's
-        ``max_tokens``, else ``estimate_output_tokens``; with ``estimate: observed``
-        what that model's answers used, ``observed``, when it is smaller; a wrap-up's
-        ``output_tokens``), in tokens and, at the model's price (the highest known when
+        """What a call reserves before it is made: its input (what the model counts of its
+        own request, else a token per four characters of the request, the stated rule)
+        and its output (the answering model's ``max_tokens``, else
+        ``estimate_output_tokens``; with ``estimate: observed`` what that model's answers
+        used, ``observed``, when it is smaller; a wrap-up's ``output_tokens``), in tokens and, at the model's price (the highest known when
         it names none that is priced), in dollars."""
-        input_tokens = input_estimate(request.messages)
         model = answering(request)
+        # a model that counts its own request's input (the model proxy's, by its wire:
+        # system prompts, parts, tool definitions) is read; else the stated rule
+        input_tokens = stated_input_tokens(model) or input_estimate(request.messages)
         output = output_tokens or stated_output_limit(model) or self.estimate_output_tokens
         observing = output_tokens is None and (
             self.estimate == "observed" or (self.estimate == "auto" and observes_estimates(model))

@@ -11,21 +11,21 @@ guardstack's own text, cut to 300 characters). In process, attach any handler to
 logger; the gateways write the lines to standard error, or ``--decision-log FILE``,
 and keep the last 1,000 for ``GET /admin/decisions?since=TS``.
 
-Who asked — tenant, team, key, conversation, model — is what the gateway knows of the
-request in hand (``about``), added to every decision made while serving it.
+Who asked — tenant, team, key, conversation, model — is said by whoever decides: a
+decision about an agent's call names the agent (``who_of``: its tenant, its labels
+and its session), and a gateway names the request it serves. No context variable
+carries it, so a decision made while a stream is relayed, after the request's handler
+returned, names its caller all the same.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import json
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any, Final
 
-__all__ = ["FIELDS", "about", "decided", "layer_of", "logger"]
+__all__ = ["FIELDS", "decided", "layer_of", "logger", "who_of"]
 
 logger = logging.getLogger("guardstack.decisions")
 #: A library's logger says nothing until the application listens (no last-resort
@@ -38,10 +38,6 @@ FIELDS: Final = (
 )  # fmt: skip
 #: Events whose decision stops or refuses something (logged as warnings).
 _WARNINGS: Final = frozenset({"stop", "deny", "refuse", "budget_refused", "stream_cut"})
-#: Who asked, for the decisions made serving the request in hand (a gateway sets it).
-_ABOUT: contextvars.ContextVar[dict[str, str | None] | None] = contextvars.ContextVar(
-    "guardstack_decision_about", default=None
-)
 
 
 def decided(
@@ -58,7 +54,6 @@ def decided(
     if not logger.isEnabledFor(level):
         return
     record: dict[str, Any] = dict.fromkeys(FIELDS)
-    record.update(_ABOUT.get() or {})
     record.update({key: value for key, value in who.items() if key in FIELDS and value})
     record.update(
         ts=round(time.time(), 3),
@@ -86,12 +81,15 @@ def layer_of(reason: str) -> str:
     return "guardstack"
 
 
-@contextlib.contextmanager
-def about(**who: str | None) -> Iterator[None]:
-    """Decisions made inside are about this request: its tenant, team, key, conversation
-    and model (a gateway's, around one request)."""
-    token = _ABOUT.set({key: value for key, value in who.items() if key in FIELDS})
-    try:
-        yield
-    finally:
-        _ABOUT.reset(token)
+def who_of(agent: object) -> dict[str, str | None]:
+    """What a decision about ``agent``'s call names it by: its tenant, its labels (a
+    gateway's team and key) and its session (``conversation``); nothing for no agent."""
+    if agent is None:
+        return {}
+    found: dict[str, str | None] = {
+        "tenant": getattr(agent, "tenant", None),
+        "conversation": getattr(agent, "session_id", None),
+    }
+    labels = getattr(agent, "labels", None) or {}
+    found.update({key: value for key, value in labels.items() if key in FIELDS})
+    return found

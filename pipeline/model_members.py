@@ -26,6 +26,7 @@ __all__ = [
     "observes_estimates",
     "provider_of",
     "reports_chunks",
+    "stated_input_tokens",
     "stated_output_limit",
     "switchable",
 ]
@@ -113,6 +114,15 @@ def observes_estimates(model: object) -> bool:
 def stated_output_limit(model: object) -> int | None:
     """``BoundedModel.max_tokens``: the output limit a model states, when a positive count."""
     stated = getattr(model, "max_tokens", None)
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
+        return stated
+    return None
+
+
+def stated_input_tokens(model: object) -> int | None:
+    """``EstimatingModel.input_tokens``: the input a model's request carries, as the model
+    counts it (the model proxy's, by the request's wire), when a positive count."""
+    stated = getattr(model, "input_tokens", None)
     if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
         return stated
     return None

@@ -45,7 +45,7 @@ from guardstack.pipeline.contract import (
     PreNext,
 )
 from guardstack.pipeline.control import Control
-from guardstack.pipeline.decisions import decided, layer_of
+from guardstack.pipeline.decisions import decided, layer_of, who_of
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
@@ -566,5 +566,5 @@ def _log_denial(call: ToolCall, deny: Deny) -> None:
         decision="end_turn" if deny.end_turn else "deny",
         reason=deny.reason,
         tool=call.name,
-        conversation=getattr(call.agent, "session_id", None),
+        **who_of(call.agent),
     )

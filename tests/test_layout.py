@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = ("pipeline", "guards", "wrappers", "integrations", "cli")
+PACKAGES = ("pipeline", "guards", "wrappers", "integrations", "gateway", "cli")
 #: A module past this many lines is doing several jobs: split it by job.
 MOST_LINES = 600
 
@@ -33,11 +33,11 @@ def test_every_source_package_has_a_test_package() -> None:
 MIRRORED_BY: dict[str, tuple[str, ...]] = {
     # The command line's servers and demo: run as a user runs them, against real peers.
     "cli/demo.py": ("tests/cli/test_main.py",),
-    "cli/mcp_gateway.py": ("tests/integrations/mcp_gateway/test_server.py",),
+    "cli/mcp_gateway.py": ("tests/gateway/mcp_gateway/test_server.py",),
     "cli/mcp_proxy.py": ("tests/integrations/test_mcp_proxy.py",),
     "cli/model_proxy.py": (
-        "tests/integrations/model_proxy/test_app.py",
-        "tests/integrations/model_proxy/test_command.py",
+        "tests/gateway/model_proxy/test_app.py",
+        "tests/gateway/model_proxy/test_command.py",
     ),
     "cli/watch.py": ("tests/pipeline/test_reload.py",),
     # The caps' shared accounting: through the caps that use it.
@@ -57,10 +57,10 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "guards/usage_downgrade.py": ("tests/guards/test_model_call_limit.py",),
     "guards/usage_windows.py": ("tests/guards/test_model_call_limit.py",),
     "integrations/_sqlite_rows.py": ("tests/integrations/test_sqlite.py",),
-    "integrations/model_proxy/closing.py": ("tests/integrations/model_proxy/test_text_loops.py",),
-    "integrations/spend.py": ("tests/cli/test_spend.py", "tests/integrations/test_budgets.py"),
+    "gateway/model_proxy/closing.py": ("tests/gateway/model_proxy/test_text_loops.py",),
+    "gateway/spend.py": ("tests/cli/test_spend.py", "tests/gateway/test_budgets.py"),
     # Integration internals: through the integration, against the real peer.
-    "integrations/_admin.py": ("tests/integrations/model_proxy/test_gateway.py",),
+    "gateway/admin.py": ("tests/gateway/model_proxy/test_gateway.py",),
     "integrations/_framework.py": ("tests/frameworks/test_langchain.py",),
     # The frameworks run on asyncio in virtual time (tests/frameworks/conftest.py), the
     # integrations against real peers in real time: two directories.
@@ -83,9 +83,9 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     ),
     "integrations/redis/scripts.py": ("tests/integrations/test_redis_ledger.py",),
     "integrations/redis/store.py": ("tests/integrations/test_redis.py",),
-    "integrations/mcp_gateway/downstream.py": ("tests/integrations/mcp_gateway/test_server.py",),
-    "integrations/model_proxy/responses.py": ("tests/integrations/model_proxy/test_wires.py",),
-    "integrations/model_proxy/upstream.py": ("tests/integrations/model_proxy/test_wires.py",),
+    "gateway/mcp_gateway/downstream.py": ("tests/gateway/mcp_gateway/test_server.py",),
+    "gateway/model_proxy/responses.py": ("tests/gateway/model_proxy/test_wires.py",),
+    "gateway/model_proxy/upstream.py": ("tests/gateway/model_proxy/test_wires.py",),
     "integrations/otel.py": ("tests/test_otlp_export.py", "tests/integrations/test_phoenix.py"),
     "integrations/temporal/activities.py": ("tests/integrations/temporal/test_corners.py",),
     "integrations/temporal/client.py": ("tests/integrations/temporal/test_guide.py",),

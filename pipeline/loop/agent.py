@@ -20,7 +20,7 @@ from guardstack.pipeline.approval import (
     decision_kind,
 )
 from guardstack.pipeline.contract import TurnRun
-from guardstack.pipeline.decisions import decided, layer_of
+from guardstack.pipeline.decisions import decided, layer_of, who_of
 from guardstack.pipeline.errors import (
     ApprovalMismatch,
     TurnBlocked,
@@ -99,12 +99,13 @@ class Agent(Place):
         *,
         tenant: str | None = None,
         priority: int = 0,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.loop = loop
         self.session = session
         self.model = model
         self._scope: anyio.CancelScope | None = None
-        Place.__init__(self, tenant, priority)
+        Place.__init__(self, tenant, priority, labels)
         events = session.events
         # A new session holds its system prompt at most: nothing to repair or count.
         new = not events or (len(events) == 1 and isinstance(events[0], SystemMessage))
@@ -297,7 +298,7 @@ class Agent(Place):
         """A guard or a cap ended the turn: a decision-log line, a stop counted."""
         layer = layer_of(why)
         decision = "wrap_up" if wrapped else "end_turn"
-        decided("stop", layer=layer, decision=decision, reason=why, conversation=self.session_id)
+        decided("stop", layer=layer, decision=decision, reason=why, **who_of(self))
         self.loop.signals.add(STOPS, 1, {"layer": layer, "tenant": self.tenant or "default"})
 
     def _wrapped_up(self, turn: int, step: int, request: ModelRequest, blocked: TurnBlocked) -> str:

@@ -4,7 +4,7 @@ makes an agent."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, cast
 
 import anyio
@@ -182,6 +182,7 @@ class AgentLoop:
         system: str | None = None,
         tenant: str | None = None,
         priority: int = 0,
+        labels: Mapping[str, str] | None = None,
     ) -> Agent:
         """A new agent. ``session`` resumes a loaded log; guard state starts fresh.
 
@@ -189,7 +190,9 @@ class AgentLoop:
         resumed session keeps its own, and naming a different one raises. ``tenant``
         (whose windows and fair share its calls count in) and ``priority`` (its calls'
         place in admission queues, higher first) are the agent's from the start, for
-        every layer that reads them (``agent.tenant``, ``agent.priority``).
+        every layer that reads them (``agent.tenant``, ``agent.priority``). ``labels``
+        name whose the agent is beyond its tenant (a gateway's ``team`` and
+        ``key_name``): every decision-log line about it carries them.
         """
         if tenant is not None and (not isinstance(tenant, str) or not tenant):
             raise invalid("AgentLoop.create", "tenant", tenant, "a tenant's name (text)")
@@ -204,7 +207,12 @@ class AgentLoop:
             )
         log = session if session is not None else Session(session_id)
         _start_with_system(log, _system_prompt(system) or self.system)
-        agent = Agent(self, log, chosen, tenant=tenant, priority=priority)
+        if labels is not None and not (
+            isinstance(labels, Mapping)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+        ):
+            raise invalid("AgentLoop.create", "labels", labels, "a mapping of text to text")
+        agent = Agent(self, log, chosen, tenant=tenant, priority=priority, labels=labels)
         for hook in list(self._create_hooks):
             hook(agent)
         return agent

@@ -6,7 +6,8 @@ adopting a child) and ``limit_turn`` (``TurnDeadline``, a framework's turn)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import anyio
@@ -20,9 +21,12 @@ __all__ = ["Place"]
 class Place:
     """An ``Agent``'s tenant, priority, parent, depth and turn deadline (``Agent`` is one)."""
 
-    def __init__(self, tenant: str | None = None, priority: int = 0) -> None:
+    def __init__(
+        self, tenant: str | None = None, priority: int = 0, labels: Mapping[str, str] | None = None
+    ) -> None:
         self._tenant = tenant
         self._priority = priority
+        self._labels: Mapping[str, str] = MappingProxyType(dict(labels or {}))
         #: Its place in a tree of agents: ``join_tree`` sets it, ``parent``/``depth`` read it.
         self._parent: Agent | None = None
         self._depth = 1
@@ -41,6 +45,12 @@ class Place:
     def tenant(self, tenant: str | None) -> None:
         _deprecated_write("tenant", tenant)
         self._tenant = tenant
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        """Whose it is beyond its tenant (a gateway's ``team`` and ``key_name``), for the
+        decision log's lines about it. Fixed at ``loop.create(labels=…)``; read-only."""
+        return self._labels
 
     @property
     def priority(self) -> int:

@@ -13,9 +13,9 @@ import pytest
 
 from guardstack.cli.main import main
 from guardstack.cli.spend import render, spend
-from guardstack.integrations.budgets import Budgets
+from guardstack.gateway.budgets import Budgets
+from guardstack.gateway.tenants import tenants_of
 from guardstack.integrations.sqlite import SqliteStore
-from guardstack.integrations.tenants import tenants_of
 from guardstack.pipeline import ConfigError, Usage
 
 TENANTS: dict[str, Any] = {

@@ -24,11 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guardstack.integrations.model_proxy.responses import RESPONSES
-from guardstack.integrations.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, parse
+from guardstack.gateway.model_proxy.responses import RESPONSES
+from guardstack.gateway.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, parse
 from guardstack.pipeline import ConfigError, Harness, Session, SessionCorruptError
 from guardstack.pipeline.errors import SessionTailWarning
-from tests.integrations.model_proxy.test_wires import relay, split
+from tests.gateway.model_proxy.test_wires import relay, split
 
 CORPUS = Path(__file__).parent / "corpus"
 

@@ -22,8 +22,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from guardstack.integrations.budgets import Budgets, Held, Refusal
-from guardstack.integrations.tenants import tenants_of
+from guardstack.gateway.budgets import Budgets, Held, Refusal
+from guardstack.gateway.tenants import tenants_of
 from tests.helpers import thread_loop
 
 KEYS = {

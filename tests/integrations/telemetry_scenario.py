@@ -149,8 +149,8 @@ async def _gateway(meter_provider: Any) -> None:
     budgets (spend, what is left, the proxy's own time) until one is refused (a stop)."""
     import httpx
 
-    from guardstack.integrations.model_proxy import ModelProxy
-    from guardstack.integrations.tenants import tenants_of
+    from guardstack.gateway.model_proxy import ModelProxy
+    from guardstack.gateway.tenants import tenants_of
     from tests.integrations.runaway import Runaway
 
     tenants = tenants_of({

@@ -14,13 +14,15 @@ import pytest
 
 from guardstack.guards import LoopDetector, ModelCallLimit, ToolCallLimit
 from guardstack.pipeline import (
+    AgentLoop,
     ConfigError,
     Harness,
     ModelReply,
     ScriptedModel,
     ToolCallRequest,
+    ToolRegistry,
 )
-from guardstack.pipeline.decisions import FIELDS, about, decided, layer_of
+from guardstack.pipeline.decisions import FIELDS, decided, layer_of, who_of
 from guardstack.pipeline.testing import ScriptedTool
 from guardstack.wrappers import Metrics
 from tests.wrappers.otel import MetricRig
@@ -83,19 +85,33 @@ def test_each_line_has_every_field_and_nothing_else(lines: Lines) -> None:
     assert line["team"] is None
 
 
-def test_who_asked_comes_from_the_request_in_hand(lines: Lines) -> None:
-    with about(tenant="acme", team="ci", key_name="ci", conversation="c1", model="gpt-x"):
-        decided("stop", layer="budgets", decision="end_turn", reason="r" * 1_000)
+def test_who_asked_is_said_by_whoever_decides(lines: Lines) -> None:
+    who = {"tenant": "acme", "team": "ci", "key_name": "acme/ci", "model": "gpt-x"}
+    decided("stop", layer="budgets", decision="end_turn", reason="r" * 1_000, **who)
     decided("stop", layer="budgets", decision="end_turn")
     first, second = lines.lines
     assert (first["tenant"], first["team"], first["key_name"], first["model"]) == (
         "acme",
         "ci",
-        "ci",
+        "acme/ci",
         "gpt-x",
     )
     assert len(first["reason"]) == 300  # cut
-    assert second["tenant"] is None  # outside the request, nobody
+    assert second["tenant"] is None  # nobody said: nobody (no context carries it)
+
+
+def test_an_agent_is_named_by_its_tenant_labels_and_session() -> None:
+    loop = AgentLoop(ToolRegistry(), model=ScriptedModel([]))
+    agent = loop.create("s1", tenant="acme", labels={"team": "ci", "key_name": "acme/ci"})
+    assert who_of(agent) == {
+        "tenant": "acme",
+        "team": "ci",
+        "key_name": "acme/ci",
+        "conversation": "s1",
+    }
+    assert who_of(None) == {}
+    with pytest.raises(TypeError):
+        agent.labels["team"] = "other"  # type: ignore[index]
 
 
 def test_nobody_listening_costs_no_line() -> None:

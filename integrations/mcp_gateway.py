@@ -1,0 +1,5 @@
+"""Moved to ``guardstack.gateway.mcp_gateway`` in 0.2; this path warns until 0.3."""
+
+from guardstack.integrations._moved import moved
+
+__getattr__ = moved(__name__, "guardstack.gateway.mcp_gateway")

@@ -1,0 +1,223 @@
+"""The real coding agents behind ``guardstack model-proxy``: Claude Code, Codex CLI and
+Gemini CLI from the npm registry (``tests/integrations/clients.py``), unpatched, in front
+of the proxy run as a user runs it, in front of a loopback upstream that plays a runaway
+model (``tests/integrations/runaway.py``: the same shell call again and again, every
+request logged). Each test states one behaviour a user of that client sees."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.gateway.model_proxy.command import Running, started
+from tests.integrations import clients
+from tests.integrations.runaway import Runaway
+
+KEY = "sk-a-client-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def installed() -> Path:
+    """The pinned clients, installed into the cache once (a failure fails the tests)."""
+    return clients.install()
+
+
+@pytest.fixture
+def upstream() -> Iterator[Runaway]:
+    with Runaway(bound=40) as running:
+        yield running
+
+
+def proxy(
+    tmp_path: Path, upstream: Runaway, config: str, *extra: str
+) -> contextlib.AbstractContextManager[Running]:
+    path = tmp_path / "guards.yaml"
+    path.write_text(config, "utf-8")
+    return started(["--config", str(path), "--upstream", upstream.url, *extra], tmp_path)
+
+
+CAP_4 = "- name: tool-call-limit\n  config: {per_turn: 4}\n"
+
+
+def shell_runs_claude(ran: clients.Ran) -> int:
+    """How many Bash commands Claude Code ran (its stream-json tool results)."""
+    return sum(
+        1
+        for event in ran.events()
+        if event.get("type") == "user"
+        for block in event.get("message", {}).get("content", [])
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    )
+
+
+def shell_runs_codex(ran: clients.Ran) -> int:
+    return sum(
+        1
+        for event in ran.events()
+        if event.get("type") == "item.completed"
+        and event.get("item", {}).get("type") == "command_execution"
+    )
+
+
+def claude_result(ran: clients.Ran) -> str:
+    [result] = [event for event in ran.events() if event.get("type") == "result"]
+    return str(result.get("result"))
+
+
+def codex_said(ran: clients.Ran) -> str:
+    return " ".join(
+        str(event["item"].get("text"))
+        for event in ran.events()
+        if event.get("type") == "item.completed"
+        and event.get("item", {}).get("type") == "agent_message"
+    )
+
+
+# -- Claude Code ------------------------------------------------------------------------
+
+
+def test_claude_code_with_its_default_model_runs_n_commands_under_a_cap_of_n(
+    installed: Path, upstream: Runaway, tmp_path: Path
+) -> None:
+    """Reported: its default model's first request (``system`` items inside
+    ``messages``) was refused with a 400 and Claude Code exited 1; and a cap of N let
+    N+1 commands run. Now the cap is decided on the answer that asks for the fifth."""
+    with clients.folder(tmp_path, "work") as home, proxy(tmp_path, upstream, CAP_4) as running:
+        ran = clients.claude("List the files here.", base_url=running.url, key=KEY, home=home)
+    first = upstream.model_requests()[0].body
+    assert any(m.get("role") == "system" for m in first["messages"])  # the default model's
+    assert ran.returncode == 0, ran.stderr
+    assert shell_runs_claude(ran) == 4
+    assert claude_result(ran).startswith("Stopped by tool-call-limit: tool call limit reached")
+    assert upstream.calls_made == 5  # the fifth answer asked; it never ran
+
+
+def test_two_claude_code_runs_of_one_prompt_never_share_counts(
+    installed: Path, upstream: Runaway, tmp_path: Path
+) -> None:
+    """Reported: the second ``claude -p`` of a prompt was stopped after one call by the
+    first run's counts. Each run is its own conversation (its session id)."""
+    with proxy(tmp_path, upstream, CAP_4) as running:
+        runs = []
+        for number in range(2):
+            with clients.folder(tmp_path, f"run{number}") as home:
+                runs.append(
+                    clients.claude("List the files here.", base_url=running.url, key=KEY, home=home)
+                )
+    assert [shell_runs_claude(ran) for ran in runs] == [4, 4]
+
+
+def test_claude_code_sees_a_loop_reminder_then_is_stopped(
+    installed: Path, upstream: Runaway, tmp_path: Path
+) -> None:
+    with (
+        clients.folder(tmp_path, "work") as home,
+        proxy(tmp_path, upstream, "- name: loop-detector\n") as running,
+    ):
+        ran = clients.claude("List the files here.", base_url=running.url, key=KEY, home=home)
+    assert claude_result(ran).startswith("Stopped by loop-detector")
+    reminded = [s for s in upstream.model_requests() if "Potential loop detected" in s.text()]
+    assert reminded  # the reminder reached the model inside a later request
+    assert shell_runs_claude(ran) < 8
+
+
+def test_claude_code_s_token_count_and_start_probe_are_answered(
+    installed: Path, upstream: Runaway, tmp_path: Path
+) -> None:
+    import httpx
+
+    with proxy(tmp_path, upstream, "[]\n") as running:
+        head = httpx.head(running.url)
+        counted = httpx.post(
+            f"{running.url}/v1/messages/count_tokens",
+            json={"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+        )
+    assert head.status_code == 200
+    assert counted.json() == {"input_tokens": 42}
+    [seen] = [s for s in upstream.requests if s.path.endswith("/count_tokens")]
+    assert seen.headers["anthropic-version"] == "2023-06-01"
+    assert "x-api-key" not in seen.headers or seen.headers["x-api-key"] != KEY
+
+
+# -- Codex CLI -------------------------------------------------------------------------
+
+
+def test_codex_loops_are_seen_through_its_chunk_ids_and_wall_times(
+    installed: Path, upstream: Runaway, tmp_path: Path
+) -> None:
+    """Reported: every result of Codex's shell starts ``Chunk ID: <random>`` and
+    ``Wall time: …``, and the loop detector never fired in 25 identical ``ls``."""
+    with (
+        clients.folder(tmp_path, "work") as home,
+        proxy(tmp_path, upstream, "- name: loop-detector\n") as running,
+    ):
+        ran = clients.codex("List the files here.", base_url=running.url, key=KEY, home=home)
+    outputs = [
+        item.get("output")
+        for seen in upstream.model_requests()
+        for item in seen.body.get("input", [])
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    ]
+    assert any(str(output).startswith("Chunk ID: ") for output in outputs)
+    assert "Stopped by loop-detector" in codex_said(ran)
+    assert shell_runs_codex(ran) < 8
+    assert any("Potential loop detected" in s.text() for s in upstream.model_requests())
+
+
+def test_two_codex_runs_of_one_prompt_never_share_counts(
+    installed: Path, upstream: Runaway, tmp_path: Path
+) -> None:
+    with proxy(tmp_path, upstream, CAP_4) as running:
+        runs = []
+        for number in range(2):
+            with clients.folder(tmp_path, f"run{number}") as home:
+                runs.append(
+                    clients.codex("List the files here.", base_url=running.url, key=KEY, home=home)
+                )
+    assert [shell_runs_codex(ran) for ran in runs] == [4, 4]
+    assert all("Stopped by tool-call-limit" in codex_said(ran) for ran in runs)
+
+
+def test_an_upstream_that_always_fails_is_an_error_to_codex_never_a_caps_stop(
+    installed: Path, upstream: Runaway, tmp_path: Path
+) -> None:
+    """Reported: with every request failing, Codex was told ``Stopped by
+    model-call-limit … 30 model calls`` and exited 0 — "the agent looped" when no call
+    worked. And its own retries multiplied the proxy's: every resend is now an attempt
+    of one operation, within the stack's ``retry {attempts: 2}``."""
+    upstream.fail = 500
+    config = (
+        "- name: retry\n  config: {stage: model, attempts: 2, backoff_ms: 1}\n"
+        "- name: model-call-limit\n  config: {per_turn: 30}\n"
+    )
+    with clients.folder(tmp_path, "work") as home, proxy(tmp_path, upstream, config) as running:
+        ran = clients.codex(
+            "List the files here.", base_url=running.url, key=KEY, home=home, timeout_s=90
+        )
+    assert "Stopped by" not in ran.stdout
+    assert len(upstream.model_requests()) <= 2  # however often Codex resent it
+    errors = [e for e in ran.events() if e.get("type") in ("error", "turn.failed")]
+    assert errors, ran.stdout[-2000:]
+
+
+# -- Gemini CLI -------------------------------------------------------------------------
+
+
+def test_gemini_cli_connects_and_runs_n_commands_under_a_cap_of_n(
+    installed: Path, upstream: Runaway, tmp_path: Path
+) -> None:
+    """Reported: Gemini CLI speaks only the Gemini API and got 404s. Now the proxy
+    speaks it (``:streamGenerateContent?alt=sse``, the key in ``x-goog-api-key``)."""
+    with clients.folder(tmp_path, "work") as home, proxy(tmp_path, upstream, CAP_4) as running:
+        ran = clients.gemini("List the files here.", base_url=running.url, key=KEY, home=home)
+    answer = json.loads(ran.stdout[ran.stdout.index("{") :])
+    assert answer["response"].startswith("Stopped by tool-call-limit")
+    assert answer["stats"]["tools"]["totalCalls"] == 4
+    streamed = [s for s in upstream.model_requests() if "streamGenerateContent" in s.path]
+    assert streamed
+    assert all(s.headers.get("x-goog-api-key") != KEY for s in upstream.requests)
