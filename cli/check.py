@@ -514,6 +514,20 @@ class TenantsReport:
         return "\n".join(text)
 
 
+def check_routes(upstreams: list[str], routes: list[str]) -> list[str]:
+    """Where the model proxy would send each request (``--upstream``, ``--route``): one
+    line per route, then what the rest does; a route to an upstream nobody named
+    raises, with a "did you mean"."""
+    from guardstack.cli.model_proxy import named_options
+    from guardstack.gateway.model_proxy.routes import Router, read_route
+    from guardstack.gateway.model_proxy.upstream import DEFAULT
+
+    urls = named_options(upstreams, "--upstream", default_required=not routes)
+    router = Router([read_route(route) for route in routes], urls,
+                    DEFAULT if DEFAULT in urls else None)  # fmt: skip
+    return ["routes:", *(f"  {line}" for line in router.describe(urls))]
+
+
 def check_tenants(path: Path) -> TenantsReport:
     """A tenants file read (a mistake raises, one line) and shown as a tree; warnings for
     a dollar budget with no prices, and allowed models without one."""

@@ -63,6 +63,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a tenants file (or an MCP gateway's keys file), checked and shown as a tree",
     )
+    check.add_argument(
+        "--upstream",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="the model proxy's upstreams, as model-proxy takes them: with --route, the "
+        "routes are checked and printed",
+    )
+    check.add_argument(
+        "--route", action="append", default=[], metavar="SELECTOR=NAME", help="as model-proxy"
+    )
     _allow_imports(check)
     compare = commands.add_parser(
         "compare",
@@ -448,6 +459,12 @@ def _run(arguments: argparse.Namespace) -> int:
         from guardstack.cli.check import check, check_tenants
         from guardstack.gateway.mcp_gateway.config import is_gateway_config
 
+        if arguments.upstream or arguments.route:
+            from guardstack.cli.check import check_routes
+
+            _print("\n".join(check_routes(arguments.upstream, arguments.route)))
+            if arguments.config is None and arguments.keys is None:
+                return 0
         if arguments.config is None:
             if arguments.keys is None:
                 raise ConfigError("check: give a configuration, --tenants FILE, or both")

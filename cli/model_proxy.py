@@ -29,7 +29,7 @@ from guardstack.pipeline.plugin_config import STORE_ENTRIES, in_file, read_entri
 from guardstack.pipeline.store import StateStore
 
 
-def _named(values: list[str], option: str, *, default_required: bool) -> dict[str, str]:
+def named_options(values: list[str], option: str, *, default_required: bool) -> dict[str, str]:
     """``[NAME=]VALUE`` options: name -> value (the unnamed one under ``default``)."""
     named: dict[str, str] = {}
     for value in values:
@@ -113,9 +113,9 @@ async def run_model_proxy(
 
     host, port = _listen(listen)
     route_list = list(routes or [])
-    urls = _named([upstream] if isinstance(upstream, str) else upstream, "--upstream",
+    urls = named_options([upstream] if isinstance(upstream, str) else upstream, "--upstream",
                   default_required=not route_list)  # fmt: skip
-    variables = _named(
+    variables = named_options(
         [key_env] if isinstance(key_env, str) else list(key_env or []),
         "--upstream-key-env",
         default_required=False,

@@ -109,6 +109,13 @@ class Held:
     model: str
     estimate: Mapping[str, float]
     entry: KeyEntry
+    conversation: str = ""
+
+    def about(self) -> dict[str, str | None]:
+        """Who the request is: what a decision about it (an alert) names."""
+        entry = self.entry
+        return {"tenant": entry.tenant, "team": entry.team, "key_name": entry.id,
+                "conversation": self.conversation or None, "model": self.model}  # fmt: skip
 
 
 class Budgets:
@@ -346,7 +353,7 @@ class Budgets:
             wait = end - now if math.isfinite(end) else None
             return Refusal(scope, name, reservation.used, limit, wait)
         self.in_flight[op_id] = estimate["usd"]
-        return Held(op_id, scopes, model, estimate, entry)
+        return Held(op_id, scopes, model, estimate, entry, conversation)
 
     async def settle(self, held: Held, usage: Usage | None, model: str | None = None) -> float:
         """Settle ``held`` at what the upstream reported (``None``: its reservation);
@@ -400,7 +407,7 @@ class Budgets:
                     # once a window across every gateway process on the store
                     first, _ = await self.store.add(f"{window.key}:alerted", 1, limit=1)
                     if first:
-                        self._alert(scope, name, used, limit, alert_at)
+                        self._alert(held, scope, name, used, limit, alert_at)
 
     def _remember(self, scope: str, window: str, left: float) -> None:
         remaining = self.remaining
@@ -415,12 +422,14 @@ class Budgets:
             for (scope, window), left in list(self.remaining.items())
         ]
 
-    def _alert(self, scope: Scope, name: str, used: float, limit: float, at: float) -> None:
+    def _alert(
+        self, held: Held, scope: Scope, name: str, used: float, limit: float, at: float
+    ) -> None:
         """A budget past its ``alert_at``: a decision-log line and an OpenTelemetry event."""
         reason = (
             f"{scope.kind} {scope.label!r} has used {used:g} of {limit:g} ({name}), past {at:.0%}"
         )
-        decided("budget_alert", layer="budgets", decision="alert", reason=reason)
+        decided("budget_alert", layer="budgets", decision="alert", reason=reason, **held.about())
         span = trace.get_current_span()
         if span.is_recording():
             span.add_event(

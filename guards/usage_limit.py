@@ -270,7 +270,8 @@ class UsageLimit:
         own request, else a token per four characters of the request, the stated rule)
         and its output (the answering model's ``max_tokens``, else
         ``estimate_output_tokens``; with ``estimate: observed`` what that model's answers
-        used, ``observed``, when it is smaller; a wrap-up's ``output_tokens``), in tokens and, at the model's price (the highest known when
+        used, ``observed``, when it is smaller; a wrap-up's ``output_tokens``), in tokens
+        and, at the model's price (the highest known when
         it names none that is priced), in dollars."""
         model = answering(request)
         # a model that counts its own request's input (the model proxy's, by its wire:

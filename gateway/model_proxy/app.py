@@ -15,6 +15,7 @@ from guardstack.gateway.budgets import Budgets, Refusal
 from guardstack.gateway.decision_log import DecisionLog
 from guardstack.gateway.model_proxy.conversations import Conversations, digests, identity
 from guardstack.gateway.model_proxy.exchange import (
+    OVERHEAD_HEADER,
     STOPPED_HEADER,
     Exchange,
     Service,
@@ -229,14 +230,24 @@ class ModelProxy:
 
     def _route(self, wire: Wire) -> Callable[[Any], Awaitable[Any]]:
         async def route(request: Any) -> Any:
-            try:
-                return await self._proxy(request, wire, _Route(wire.path, None, None))
-            except Refused as refused:
-                return self._error(wire, refused.status, refused.kind, refused.message)
-            except Malformed as malformed:
-                return self._error(wire, 400, "invalid_request", str(malformed))
+            return await self._answer(request, wire, _Route(wire.path, None, None))
 
         return route
+
+    async def _answer(self, request: Any, wire: Wire, route: _Route) -> Any:
+        """One request, answered: the proxy's own refusals in the API's shape, every
+        answer with the proxy's time on it (``x-guardstack-overhead-ms``)."""
+        started = time.perf_counter()
+        try:
+            answer = await self._proxy(request, wire, route, started)
+        except Refused as refused:
+            answer = self._error(wire, refused.status, refused.kind, refused.message)
+        except Malformed as malformed:
+            answer = self._error(wire, 400, "invalid_request", str(malformed))
+        if not isinstance(answer, Exchange) and OVERHEAD_HEADER not in answer.headers:
+            # a stream's exchange times itself; every other answer is whole here
+            answer.headers[OVERHEAD_HEADER] = f"{(time.perf_counter() - started) * 1000:.2f}"
+        return answer
 
     async def _gemini(self, request: Any) -> Any:
         """``POST /v1beta/models/{model}:generateContent`` or ``:streamGenerateContent``."""
@@ -246,13 +257,9 @@ class ModelProxy:
             return self._error(GEMINI, 404, "not_found", f"no method {target!r} here")
         query = "?alt=sse" if action == "streamGenerateContent" else ""
         path = f"/v1beta/models/{model}:{action}{query}"
-        route = _Route(path, model, action == "streamGenerateContent")
-        try:
-            return await self._proxy(request, GEMINI, route)
-        except Refused as refused:
-            return self._error(GEMINI, refused.status, refused.kind, refused.message)
-        except Malformed as malformed:
-            return self._error(GEMINI, 400, "invalid_request", str(malformed))
+        return await self._answer(
+            request, GEMINI, _Route(path, model, action == "streamGenerateContent")
+        )
 
     async def _models(self, request: Any) -> Any:
         from starlette.responses import Response
@@ -304,8 +311,7 @@ class ModelProxy:
 
     # -- one request ------------------------------------------------------------------
 
-    async def _proxy(self, request: Any, wire: Wire, route: _Route) -> Any:
-        started = time.perf_counter()
+    async def _proxy(self, request: Any, wire: Wire, route: _Route, started: float) -> Any:
         headers = {name.lower(): value for name, value in request.headers.items()}
         if wire is GEMINI and not headers.get("x-goog-api-key"):
             key = request.query_params.get("key")

@@ -91,9 +91,11 @@ class Upstream:
         self.model = request.model
         #: ``gen_ai.provider.name``: the API family the client speaks.
         self.provider = _PROVIDERS.get(wire.name, "_OTHER")
-        #: What a spend cap reserves: the output the request may produce (every answer it
-        #: asks for) and its input, as its wire counts it.
-        self.max_tokens = request.estimate.output_tokens
+        #: What a spend cap reserves: the output limit the request states (times the
+        #: answers it asks for; ``None``: the cap's own estimate) and its input, as its
+        #: wire counts it.
+        stated = wire.max_tokens(data)
+        self.max_tokens = stated * wire.choices(data) if stated is not None else None
         self.input_tokens = request.estimate.input_tokens
         #: The message list the model stage was given: anything a layer adds after it
         #: is the person's words to add to the body.

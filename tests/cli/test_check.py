@@ -310,3 +310,19 @@ def test_check_warns_of_a_model_the_stack_names_that_a_dollar_limit_cannot_price
     )
     warnings = check(harness).warnings
     assert any("no price for model 'gpt-4o-mini'" in warning for warning in warnings)
+
+
+def test_check_prints_the_model_proxys_routes_and_refuses_one_to_nobody(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from guardstack.cli.main import main
+
+    assert main(["check", "--upstream", "claude=http://127.0.0.1:1", "--upstream",
+                 "http://127.0.0.1:2", "--route", "messages:claude-*=claude"]) == 0  # fmt: skip
+    said = capsys.readouterr().out
+    assert "messages:claude-*=claude -> http://127.0.0.1:1" in said
+    assert "anything else -> http://127.0.0.1:2" in said
+    assert (
+        main(["check", "--upstream", "claude=http://127.0.0.1:1", "--route", "gemini=gemni"]) == 2
+    )
+    assert "no upstream is named 'gemni'" in capsys.readouterr().err

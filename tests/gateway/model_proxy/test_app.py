@@ -526,18 +526,18 @@ async def test_a_fallback_naming_no_upstream_is_refused_at_start_naming_file_and
 
 
 def test_upstream_options_name_their_upstreams_and_refuse_what_is_ambiguous() -> None:
-    from guardstack.cli.model_proxy import _named
+    from guardstack.cli.model_proxy import named_options
     from guardstack.pipeline import ConfigError
 
     urls = ["https://api.example/v1?x=1", "backup=http://127.0.0.1:9000"]
-    assert _named(urls, "--upstream", default_required=True) == {
+    assert named_options(urls, "--upstream", default_required=True) == {
         "default": "https://api.example/v1?x=1",  # a query's "=" is not a name
         "backup": "http://127.0.0.1:9000",
     }
     with pytest.raises(ConfigError, match="needs one unnamed URL"):
-        _named(["backup=http://127.0.0.1:9000"], "--upstream", default_required=True)
+        named_options(["backup=http://127.0.0.1:9000"], "--upstream", default_required=True)
     with pytest.raises(ConfigError, match="given twice for 'backup'"):
-        _named(["backup=http://a", "backup=http://b"], "--upstream", default_required=False)
+        named_options(["backup=http://a", "backup=http://b"], "--upstream", default_required=False)
 
 
 async def test_an_anthropic_streams_usage_counts_cache_tokens_too(messages_server: Any) -> None:
