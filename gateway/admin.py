@@ -20,8 +20,10 @@ shape (``docs/team-budgets.md``):
   (the key shown once, stored as a digest); ``GET /admin/keys?tenant=T`` (never the
   keys); ``DELETE /admin/keys/{id}``;
 * ``PUT /admin/budgets/{scope}`` with the budget mapping itself as the body (scope
-  ``tenant:acme``, ``team:acme/ci``, ``key:ID``, ``defaults:key``,
-  ``defaults:conversation``);
+  ``tenant:acme``, ``team:acme/ci``, ``key:TENANT/NAME``, ``defaults:key``,
+  ``defaults:conversation``); ``GET`` it (the budget, its source and each window's
+  limit, spent, reserved and remaining) or ``DELETE`` it (the file's applies again);
+  ``GET /admin/budgets`` lists the operators' budgets; a scope naming nothing is 404;
 * ``GET /admin/spend?scope=S&window=day|month&by=team|key|model|conversation``;
 * ``GET /admin/decisions?since=TS``: the decision log's last lines.
 """
@@ -184,16 +186,32 @@ class Admin:
                 return 404, _error("not_found", f"no key {key_id!r}")
             _acted("revoke_key", f"key {key_id}")
             return 200, {"id": key_id, "revoked": True}
-        if path.startswith("/admin/budgets/") and method == "PUT":
+        if path == "/admin/budgets" and method == "GET":
+            return 200, budgets.overrides_listed()
+        if path.startswith("/admin/budgets/"):
             # the server decoded the path once (``%2F`` is ``/``): never again
-            request = await _read_json(receive)
-            changed = await budgets.set_budget(path.removeprefix("/admin/budgets/"), request)
-            _acted("set_budget", f"{changed['scope']}: {json.dumps(changed['budget'])}")
-            return 200, changed
+            scope = path.removeprefix("/admin/budgets/")
+            try:
+                if method == "GET":
+                    return 200, await budgets.budget_view(scope)
+                if method == "DELETE":
+                    removed = await budgets.remove_budget(scope)
+                    _acted("remove_budget", scope)
+                    return 200, removed
+                if method == "PUT":
+                    request = await _read_json(receive)
+                    changed = await budgets.set_budget(scope, request)
+                    _acted("set_budget", f"{changed['scope']}: {json.dumps(changed['budget'])}")
+                    return 200, changed
+            except LookupError as unknown:
+                return 404, _error("not_found", str(unknown).strip("'\""))
         if path == "/admin/spend" and method == "GET":
-            report = await budgets.spend(
-                query.get("scope"), query.get("window", "day"), query.get("by")
-            )
+            try:
+                report = await budgets.spend(
+                    query.get("scope"), query.get("window", "day"), query.get("by")
+                )
+            except LookupError as unknown:
+                return 404, _error("not_found", str(unknown).strip("'\""))
             return 200, report
         return 404, _error("not_found", f"no admin route {method} {path}")
 

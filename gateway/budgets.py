@@ -51,8 +51,9 @@ from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import calendar_window as period
 from guardstack.pipeline.signals import BUDGET_REMAINING_USD, SPEND_USD, Signals
+from guardstack.pipeline.validate import did_you_mean
 
-__all__ = ["Budgets", "Held", "Refusal", "period"]
+__all__ = ["Budgets", "Held", "Refusal", "UnknownScope", "period"]
 
 logger = logging.getLogger("guardstack")
 #: How many (scope, window) pairs the remaining-budget gauge reports at most.
@@ -87,6 +88,8 @@ class Refusal:
     used: float
     limit: float
     retry_after_s: float | None
+    #: What this request would have reserved in the window (its estimate).
+    reserving: float = 0.0
 
     @property
     def message(self) -> str:
@@ -94,9 +97,14 @@ class Refusal:
         when = f"this {per}" if per else "in all"
         if measure == "usd":
             amounts = f"{_money(self.used)} of its {_money(self.limit)}"
+            reserving = _money(self.reserving)
         else:
             amounts = f"{self.used:,.0f} of its {self.limit:,.0f} {measure}"
-        return f"{self.scope.kind} {self.scope.label!r} has used {amounts} {when}"
+            reserving = f"{self.reserving:,.0f} {measure}"
+        said = f"{self.scope.kind} {self.scope.label!r} has used {amounts} {when}"
+        if self.used < self.limit:  # not spent: this request's estimate is what passes it
+            said += f"; this request's reservation of {reserving} would pass it"
+        return said
 
 
 @attrs.frozen
@@ -141,7 +149,7 @@ class Budgets:
         self.revoked: set[str] = set()
         self._read_at = -math.inf
         #: What this process's requests in flight hold, by (scope kind, parts).
-        self.in_flight: dict[str, float] = {}
+        self.in_flight: dict[str, Held] = {}
         #: Alerts given, by window key (once per window).
         self._alerted: set[str] = set()
         #: What is left of each scope's dollar windows, by (scope, window), as last read
@@ -351,9 +359,10 @@ class Budgets:
             scope, name, end = ends[reservation.window.key]
             limit = scope.budget.limits[name]
             wait = end - now if math.isfinite(end) else None
-            return Refusal(scope, name, reservation.used, limit, wait)
-        self.in_flight[op_id] = estimate["usd"]
-        return Held(op_id, scopes, model, estimate, entry, conversation)
+            unit = reservation.window.unit
+            return Refusal(scope, name, reservation.used, limit, wait, estimate.get(unit, 0.0))
+        held = self.in_flight[op_id] = Held(op_id, scopes, model, estimate, entry, conversation)
+        return held
 
     async def settle(self, held: Held, usage: Usage | None, model: str | None = None) -> float:
         """Settle ``held`` at what the upstream reported (``None``: its reservation);
@@ -448,10 +457,21 @@ class Budgets:
     # -- the operators' routes ------------------------------------------------------------
 
     async def issue(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """A new key (``POST /admin/keys``): ``{tenant, team?, name?, expires?, budget?,
+        models?}``, each checked before anything is stored."""
+        fields = ("tenant", "team", "name", "expires", "budget", "models")
+        for field in request:
+            if field not in fields:
+                raise ConfigError(
+                    f"{field!r} is not a key's field{did_you_mean(str(field), fields)}",
+                    key=str(field),
+                )
+        for field in ("tenant", "team", "name", "expires"):
+            value = request.get(field)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{field!r} must be text", key=field, value=value)
         tenant = request.get("tenant")
         if tenant not in self.tenants.tenants:
-            from guardstack.pipeline.validate import did_you_mean
-
             known = list(self.tenants.tenants)
             raise ConfigError(
                 f"no tenant {tenant!r}{did_you_mean(str(tenant), known)}",
@@ -529,25 +549,99 @@ class Budgets:
         ]
 
     async def set_budget(self, scope: str, value: object) -> dict[str, Any]:
-        kind, _, label = scope.partition(":")
-        if kind not in ("tenant", "team", "key", "defaults") or not label:
-            raise ConfigError(
-                f"no scope {scope!r}: tenant:NAME, team:TENANT/TEAM, key:ID, defaults:key or "
-                "defaults:conversation",
-                key="scope",
-                value=scope,
-            )
-        if kind == "defaults" and label not in ("key", "conversation"):
-            raise ConfigError("defaults:key or defaults:conversation", key="scope", value=scope)
+        """An operator's budget for ``scope`` (``PUT /admin/budgets/{scope}``): it names a
+        tenant, team or key of the file or an issued key (else ``UnknownScope``), and the
+        body is a budget (else ``ConfigError``)."""
+        self.scope_named(scope)
         budget = read_budget(scope, value)
         await self.store.write_control(f"budget:{scope}", json.dumps(budget.to_json()))
         await self.refresh(force=True)
         return {"scope": scope, "budget": budget.to_json()}
 
+    async def remove_budget(self, scope: str) -> dict[str, Any]:
+        """The operator's budget for ``scope`` taken away: the file's applies again."""
+        self.scope_named(scope)
+        if scope not in self.overrides:
+            raise UnknownScope(f"{scope!r} has no operator's budget to remove")
+        await self.store.write_control(f"budget:{scope}", None)
+        await self.refresh(force=True)
+        return {"scope": scope, "removed": True}
+
+    def overrides_listed(self) -> dict[str, Any]:
+        """``GET /admin/budgets``: every operator's budget in force."""
+        return {
+            "overrides": [
+                {"scope": scope, "budget": budget.to_json()}
+                for scope, budget in sorted(self.overrides.items())
+            ]
+        }
+
+    async def budget_view(self, scope: str) -> dict[str, Any]:
+        """``GET /admin/budgets/{scope}``: the budget in force, where it comes from, and
+        each window's limit, what is spent, reserved (in flight here) and left."""
+        kind, label, configured = self.scope_named(scope)
+        source = "override" if scope in self.overrides else "file"
+        budget = self.overrides.get(scope, configured)
+        now = self.wall_clock()
+        parts = _parts_of(kind, label, self)
+        windows = []
+        for name, window, _ in self.windows_of(Scope(kind, parts, label, budget), now):
+            measure = name.partition("_per_")[0]
+            held = await self.store.balance(window)
+            reserved = sum(
+                found.estimate.get(measure, 0.0)
+                for found in self.in_flight.values()
+                if any(s.kind == kind and s.parts == parts for s in found.scopes)
+            )
+            limit = budget.limits[name]
+            windows.append(
+                {
+                    "window": name,
+                    "limit": limit,
+                    "unit": measure,
+                    "spent": round(max(0.0, held - reserved), 10),
+                    "reserved": round(reserved, 10),
+                    "remaining": round(max(0.0, limit - held), 10),
+                }
+            )
+        return {"scope": scope, "budget": budget.to_json(), "source": source, "windows": windows}
+
+    def scope_named(self, scope: str) -> tuple[str, str, Budget]:
+        """``(kind, label, the file's budget)`` of a scope an operator names, or
+        ``UnknownScope`` with a "did you mean"."""
+        kind, _, label = scope.partition(":")
+        tenants = self.tenants.tenants
+        known: list[str] = [f"tenant:{name}" for name in tenants]
+        known += [f"team:{t}/{team}" for t, found in tenants.items() for team in found.teams]
+        keys = {entry.id: entry for entry in (*self.tenants.keys.values(),
+                                              *self.issued.values())}  # fmt: skip
+        known += [f"key:{key_id}" for key_id in keys]
+        known += ["defaults:key", "defaults:conversation"]
+        if kind == "tenant" and label in tenants:
+            return kind, label, tenants[label].budget
+        if kind == "team":
+            tenant, _, team = label.partition("/")
+            if tenant in tenants and team in tenants[tenant].teams:
+                return kind, label, tenants[tenant].teams[team].budget
+        if kind == "key" and label in keys:
+            own = keys[label].budget
+            return kind, label, own if own is not None else self.tenants.key_default
+        if scope == "defaults:key":
+            return kind, label, self.tenants.key_default
+        if scope == "defaults:conversation":
+            return kind, label, self.tenants.conversation_default
+        raise UnknownScope(
+            f"no scope {scope!r}: tenant:NAME, team:TENANT/TEAM, key:TENANT/NAME or "
+            f"defaults:key|conversation{did_you_mean(scope, known)}"
+        )
+
     async def spend(self, scope: str | None, window: str, by: str | None) -> dict[str, Any]:
-        """What a scope spent in this ``window`` (``day`` or ``month``), by a breakdown."""
+        """What a scope spent in this ``window`` (``day`` or ``month``), by a breakdown;
+        a tenant, team or key that names nothing is ``UnknownScope``."""
         from guardstack.gateway.spend import spend_report
 
+        if scope is not None and scope.partition(":")[0] in ("tenant", "team", "key"):
+            self.scope_named(scope)
         return await spend_report(
             self.store,
             scope,
@@ -555,7 +649,7 @@ class Budgets:
             by,
             self.wall_clock(),
             self._limit_of(scope, window),
-            sum(self.in_flight.values()),
+            sum(held.estimate["usd"] for held in self.in_flight.values()),
         )
 
     def _limit_of(self, scope: str | None, window: str) -> float | None:
@@ -573,6 +667,23 @@ class Budgets:
         elif kind == "key":
             budget = self.overrides.get(scope, self.tenants.key_default)
         return budget.limits.get(f"usd_per_{window}")
+
+
+class UnknownScope(LookupError):
+    """A scope an operator named that names no tenant, team or key (``404``)."""
+
+
+def _parts_of(kind: str, label: str, budgets: Budgets) -> tuple[str, ...]:
+    """The store-key parts a scope's windows are kept under (as ``scopes`` builds them)."""
+    if kind == "team":
+        return tuple(label.partition("/")[::2])
+    if kind == "key":
+        for entry in (*budgets.tenants.keys.values(), *budgets.issued.values()):
+            if entry.id == label:
+                return (entry.tenant, entry.id)
+    if kind == "defaults":
+        return ("defaults", label)
+    return (label,)
 
 
 def _money(amount: float) -> str:

@@ -10,10 +10,13 @@ from guardstack.gateway.budgets import REPORTED, SPEND
 from guardstack.pipeline.contract import key_parts, store_key
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import calendar_window as period
+from guardstack.pipeline.validate import did_you_mean
 
 __all__ = ["BREAKDOWNS", "spend_report"]
 
 BREAKDOWNS: Final = {"tenant": 3, "team": 4, "key": 5, "model": 6, "conversation": 7}
+#: The kinds of scope a report may be narrowed to.
+SCOPES: Final = ("tenant", "team", "key", "model")
 
 
 async def spend_report(
@@ -31,10 +34,17 @@ async def spend_report(
         raise ConfigError(f"window {window!r}: day or month", key="window", value=window)
     if by is not None and by not in BREAKDOWNS:
         raise ConfigError(f"by {by!r}: one of {', '.join(BREAKDOWNS)}", key="by", value=by)
+    kind, _, label = (scope or "").partition(":")
+    if scope is not None and (kind not in SCOPES or not label):
+        raise ConfigError(
+            f"scope {scope!r}: {', '.join(f'{k}:NAME' for k in SCOPES)}"
+            f"{did_you_mean(kind, SCOPES)}",
+            key="scope",
+            value=scope,
+        )
     name, start, end = period(now, window)
     prefix = store_key(SPEND, window, name) + ":"
     found = await ledger.windows(prefix)
-    kind, _, label = (scope or "").partition(":")
     rows: dict[str, dict[str, float]] = {}
     total = 0.0
     for key, value in found.items():

@@ -69,6 +69,8 @@ BUDGET_WINDOWS: Final = frozenset(
     {"usd", "tokens"} | {f"{m}_per_{p}" for m in MEASURES for p in PERIODS}
 )
 _BUDGET_KEYS: Final = BUDGET_WINDOWS | {"on_limit", "wrap_up_tokens", "alert_at"}
+#: The largest amount a budget window takes (past it, a typo or an overflow).
+MOST_AMOUNT: Final = 1e15
 _SCOPE_NAME: Final = re.compile(r"[^\x00-\x1f\x7f/]{1,128}")
 
 
@@ -221,8 +223,12 @@ def read_budget(where: str, value: object, fail: _Fail | None = None) -> Budget:
             raise fail(f"{where}.{name}", name, f"not a budget window{near}")
         if name in ("on_limit", "wrap_up_tokens", "alert_at"):
             continue
-        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount >= 0:
-            raise fail(f"{where}.{name}", amount, "a number >= 0")
+        if (
+            isinstance(amount, bool)
+            or not isinstance(amount, int | float)
+            or not 0 <= amount < MOST_AMOUNT
+        ):
+            raise fail(f"{where}.{name}", amount, "a finite number >= 0")
         limits[str(name)] = float(amount)
     on_limit = value.get("on_limit", "stop")
     if on_limit not in ("stop", "wrap_up"):

@@ -60,7 +60,6 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     "gateway/model_proxy/closing.py": ("tests/gateway/model_proxy/test_text_loops.py",),
     "gateway/spend.py": ("tests/cli/test_spend.py", "tests/gateway/test_budgets.py"),
     # Integration internals: through the integration, against the real peer.
-    "gateway/admin.py": ("tests/gateway/model_proxy/test_gateway.py",),
     "integrations/_framework.py": ("tests/frameworks/test_langchain.py",),
     # The frameworks run on asyncio in virtual time (tests/frameworks/conftest.py), the
     # integrations against real peers in real time: two directories.
