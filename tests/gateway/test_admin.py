@@ -105,7 +105,7 @@ async def test_a_scope_naming_nothing_is_404_with_a_did_you_mean(
         b'{"usd_per_day": "5"}',
         b"[1, 2]",
         b'{"usd_per_dya": 5}',
-    ],  # fmt: skip
+    ],
 )
 async def test_a_bad_budget_is_400_and_nothing_is_stored(runaway: Runaway, body: bytes) -> None:
     async for raw in admin_client(runaway):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -49,8 +50,12 @@ def runaway() -> Iterator[Runaway]:
         yield running
 
 
-async def proxied(runaway: Runaway, tenants: dict[str, Any] = TENANTS) -> AsyncIterator[Served]:
-    async for served in serve(Harness(), runaway, tenants=tenants_of(tenants), admin_key=ADMIN):
+async def proxied(
+    runaway: Runaway, tenants: dict[str, Any] = TENANTS, **options: Any
+) -> AsyncIterator[Served]:
+    async for served in serve(
+        Harness(), runaway, tenants=tenants_of(tenants), admin_key=ADMIN, **options
+    ):
         yield served
 
 
@@ -71,16 +76,16 @@ async def test_a_teams_day_is_refused_in_the_apis_shape_naming_scope_and_window(
     """Team ``acme/ci`` has $0.006 a day: three requests of $0.00155 fit, the fourth is a
     429 in chat completions' shape, naming the scope and the window, with
     ``Retry-After`` at the day's end; the other team and the other tenant go on."""
-    async for served in proxied(runaway):
+    async for served in proxied(runaway, stop_as="error"):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
             answers = [await post(raw, CI, ask(f"task {n}")) for n in range(4)]
             research = await post(raw, ALICE, ask("research"))
             other = await post(raw, GLOBEX, ask("other tenant"))
     assert [answer.status_code for answer in answers] == [200] * 3 + [429]
     refused = answers[-1]
-    assert refused.json()["error"]["message"] == (
-        "team 'acme/ci' has used $0.0046 of its $0.0060 this day"
-    )
+    message = refused.json()["error"]["message"]
+    assert message.startswith("team 'acme/ci' has used $0.0046 of its $0.0060 this day; ")
+    assert message.endswith("this request's reservation of $0.0016 would pass it")
     assert refused.json()["error"]["type"] == "invalid_request_error"
     assert 0 < int(refused.headers["retry-after"]) <= 86_400
     assert (research.status_code, other.status_code) == (200, 200)
@@ -92,7 +97,8 @@ async def test_a_model_the_tenant_may_not_use_is_forbidden(runaway: Runaway) -> 
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
             refused = await post(raw, ALICE, ask("hi", model="gpt-z"))
     assert refused.status_code == 403
-    assert "'gpt-z' is not one tenant 'acme' may use" in refused.json()["error"]["message"]
+    message = refused.json()["error"]["message"]
+    assert "'gpt-z' is not one 'acme/alice' may use; allowed: gpt-x, gpt-y" in message
     assert runaway.model_requests() == []
 
 
@@ -132,15 +138,15 @@ async def test_keys_issued_listed_revoked_and_a_budget_raised_while_running(
     assert revoked.json() == {"id": issued.json()["id"], "revoked": True}
     assert after.status_code == 401
     assert no_admin.status_code == 401
-    assert stopped.status_code == 429
+    assert stopped.headers["x-guardstack-stopped"] == "budgets"  # the budget's stop
     assert raised.json() == {"scope": "team:acme/ci", "budget": {"usd_per_day": 1.0}}
     assert goes_on.status_code == 200
     report = spend.json()
     assert report["scope"] == "tenant:acme"
     assert report["limit_usd"] == 1.0
     rows = {row["name"]: row for row in report["rows"]}
-    assert rows["ci"]["requests"] == 4  # three, then the one after the raise
-    assert rows["bot"]["requests"] == 1
+    assert rows["acme/ci"]["requests"] == 4  # three, then the one after the raise
+    assert rows["acme/bot"]["requests"] == 1
     assert report["spent_usd"] == pytest.approx(5 * 0.00155)
 
 
@@ -164,8 +170,9 @@ async def test_a_budget_that_wraps_up_asks_once_more_without_tools(runaway: Runa
     codes = [answer.status_code for answer in answers]
     marked = [answer.headers.get("x-guardstack-stopped") for answer in answers]
     wrap = marked.index("budgets")
-    assert codes[: wrap + 1] == [200] * (wrap + 1)
-    assert codes[wrap + 1 :] == [429] * (len(codes) - wrap - 1)
+    assert codes == [200] * len(codes)
+    assert marked[wrap + 1 :] == ["budgets"] * (len(codes) - wrap - 1)  # stops from then on
+    assert len(runaway.model_requests()) == wrap + 1  # the stops never went upstream
     last = runaway.model_requests()[wrap].body
     assert "tools" not in last
     assert last["max_tokens"] == 200
@@ -323,3 +330,61 @@ async def test_a_budgets_alert_is_said_once_a_window() -> None:
     assert "team 'acme/ci' has used 0.0062 of 0.01 (usd_per_day), past 50%" in alerts[0]
     assert [name for name, _ in events] == ["guardstack.budget_alert"] * 2
     assert events[0][1]["guardstack.scope"] == "team:acme/ci"
+
+
+async def test_a_spent_budget_ends_the_official_clients_runs_with_their_default_retries(
+    runaway: Runaway,
+) -> None:
+    """``--stop-as answer`` (the default): the budget's stop is the model's last words,
+    200, ``x-guardstack-stopped: budgets`` — the ``openai`` and ``anthropic`` SDKs with
+    their default retries return at once (reported: a 429 with a day's Retry-After kept
+    the anthropic SDK asleep past 10 minutes)."""
+    import anthropic
+    import openai
+
+    spent = {**TENANTS, "tenants": {**TENANTS["tenants"], "acme": {
+        **TENANTS["tenants"]["acme"], "budget": {"usd_per_day": 0.0}}}}  # fmt: skip
+    async for served in proxied(runaway, spent):
+        base = f"http://127.0.0.1:{served.port}"
+        with anyio.fail_after(10):
+            async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=CI) as client:
+                answer = await client.chat.completions.with_raw_response.create(
+                    model="gpt-x", messages=[{"role": "user", "content": "go"}], max_tokens=50
+                )
+            async with anthropic.AsyncAnthropic(base_url=base, api_key=CI) as claude:
+                message = await claude.messages.with_raw_response.create(
+                    model="gpt-x", max_tokens=50, messages=[{"role": "user", "content": "go"}]
+                )
+                parsed = await message.parse()
+    assert answer.headers["x-guardstack-stopped"] == "budgets"
+    text = answer.parse().choices[0].message.content or ""
+    assert text.startswith("Stopped by budgets: tenant 'acme' has used $0.00 of its $0.00")
+    assert answer.parse().choices[0].finish_reason == "stop"
+    assert message.headers["x-guardstack-stopped"] == "budgets"
+    assert parsed.stop_reason == "end_turn"
+    assert runaway.model_requests() == []  # nothing forwarded
+
+
+async def test_with_stop_as_error_a_spent_budget_is_a_429_no_client_retries(
+    runaway: Runaway,
+) -> None:
+    import openai
+
+    spent = {**TENANTS, "tenants": {**TENANTS["tenants"], "acme": {
+        **TENANTS["tenants"]["acme"], "budget": {"usd_per_day": 0.0}}}}  # fmt: skip
+    async for served in serve(
+        Harness(), runaway, tenants=tenants_of(spent), admin_key=ADMIN, stop_as="error"
+    ):
+        with anyio.fail_after(10):
+            async with openai.AsyncOpenAI(
+                base_url=f"http://127.0.0.1:{served.port}/v1", api_key=CI
+            ) as client:
+                with pytest.raises(openai.RateLimitError) as refused:
+                    await client.chat.completions.create(
+                        model="gpt-x", messages=[{"role": "user", "content": "go"}]
+                    )
+    headers = refused.value.response.headers
+    assert headers["x-should-retry"] == "false"
+    assert headers["x-guardstack-stopped"] == "budgets"
+    assert int(headers["retry-after"]) > 0
+    assert runaway.model_requests() == []

@@ -65,7 +65,7 @@ def tenants_file() -> dict[str, Any]:
 
 def scopes_of(key: str) -> list[tuple[str, str]]:
     tenant, team, name = KEYS[key]
-    found = [("tenant", tenant), ("key", name)]
+    found = [("tenant", tenant), ("key", f"{tenant}/{name}")]
     if team is not None:
         found.append(("team", f"{tenant}/{team}"))
     return found
@@ -84,7 +84,7 @@ class BudgetsMachine(RuleBasedStateMachine):
         self.budgets = Budgets(tenants_of(tenants_file()), self.store)
         thread_loop().run(self.budgets.refresh(force=True))
         self.limits = dict(LIMITS)
-        self.limits.update({("key", name): KEY_LIMIT for _, _, name in KEYS.values()})
+        self.limits.update({("key", f"{t}/{name}"): KEY_LIMIT for t, _, name in KEYS.values()})
         self.values = dict.fromkeys(self.limits, 0.0)
         self.pending: dict[str, tuple[str, float]] = {}
         self.revoked: set[str] = set()
@@ -153,8 +153,8 @@ class BudgetsMachine(RuleBasedStateMachine):
     def revoke(self, key: str) -> None:
         if key in self.revoked:
             return
-        _, _, name = KEYS[key]
-        assert thread_loop().run(self.budgets.revoke(name))
+        tenant, _, name = KEYS[key]
+        assert thread_loop().run(self.budgets.revoke(f"{tenant}/{name}"))
         self.revoked.add(key)
 
     @precondition(lambda self: self.restart is not None and self.restarts < 2)
