@@ -10,7 +10,8 @@ does not know: 404 ``previous_response_not_found``. A tenant's own continuation 
 as before.
 
 What the proxy cannot attribute — stored conversations (``conversation``), uploaded
-files (any ``file_id``) and code-execution ``container`` ids, which the proxy never
+files (any ``file_id``, Gemini's ``fileData.fileUri``), Gemini's ``cachedContent`` and
+code-execution ``container`` ids, which the proxy never
 creates and so never saw made — is refused while tenants are configured (400 naming
 the field): whoever holds such an id reached it outside the proxy.
 
@@ -62,12 +63,17 @@ class ResponseOwners:
 def unattributable(data: Mapping[str, Any]) -> str | None:
     """The first field of a request that names provider-side state the proxy cannot
     attribute to a tenant (a stored conversation, a file, a container), or ``None``."""
-    for field in ("conversation", "container"):
+    for field in ("conversation", "container", "cachedContent"):
         if data.get(field) not in (None, "", {}):
             return field
     for where in _file_ids(data, ""):
         return where
     return None
+
+
+#: The fields that name a file stored at the provider: OpenAI's ``file_id``, and the
+#: Gemini API's ``fileData.fileUri`` (an uploaded file, read under the proxy's key).
+_STORED_FILES: Final = frozenset({"file_id", "fileUri", "file_uri"})
 
 
 def _file_ids(value: Any, at: str) -> Iterator[str]:
@@ -77,7 +83,7 @@ def _file_ids(value: Any, at: str) -> Iterator[str]:
         if isinstance(item, dict):
             for key, inner in item.items():
                 named = f"{where}.{key}" if where else str(key)
-                if key == "file_id" and inner not in (None, ""):
+                if key in _STORED_FILES and inner not in (None, ""):
                     yield named
                 elif isinstance(inner, dict | list):
                     stack.append((inner, named))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from guardstack.pipeline.contract import Agent, ModelReply, ModelRequest
 
 logger = logging.getLogger("guardstack")
+
+
+#: The patterns whose count is of results returned (a denied call returned none).
+_OF_RESULTS: Final = frozenset({"no_progress", "repeated_error", "poll", "walking"})
 
 
 class _Monologue:
@@ -154,13 +158,20 @@ class Watcher:
         found = config.detect([*turn.entries[-(MAX_CYCLE * 16) :], predicted])
         if found is None:
             return await call_next(call)
-        if turn.denied:  # the repetitions it denied since the last one that ran count too
-            found = attrs.evolve(found, repeats=found.repeats + turn.denied)
+        come = found.repeats + turn.denied  # this call, and those denied since one ran
+        if found.pattern in _OF_RESULTS:
+            # the count is of results, and this call has returned none: what ran
+            found = attrs.evolve(found, repeats=max(1, found.repeats - 1))
+        else:
+            found = attrs.evolve(found, repeats=come)
         number = turn.detections + 1
         ends = config.end_turn is not None and number >= config.end_turn
         if ends or (config.deny is not None and number >= config.deny):
             what = "turn ended" if ends else "call denied"
-            reason = f"{config.name}: {config.advice(found)} ({what}: this loop was not broken)"
+            reason = (
+                f"{config.name}: {config.advice(found)} ({what}: call {come} of this loop, "
+                "which was not broken)"
+            )
             if self.shadow is None:
                 return Deny(reason, end_turn=ends)
             decision = "end the turn" if ends else "deny"

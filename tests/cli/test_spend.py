@@ -69,7 +69,7 @@ async def test_spend_by_team_key_and_model_from_the_ledger_file(tmp_path: Path) 
         ("acme/ci", pytest.approx(0.02)),
     ]
     assert by_team["spent_usd"] == pytest.approx(0.045)
-    by_model = await spend(store, "key:alice", "month", "model")
+    by_model = await spend(store, "key:acme/alice", "month", "model")
     assert {r["name"]: r["tokens"] for r in by_model["rows"]} == {"gpt-x": 1_100, "gpt-y": 11_000}
     everyone = await spend(store, None, "day", "tenant")
     assert {r["name"]: r["requests"] for r in everyone["rows"]} == {"acme": 3, "globex": 1}
@@ -82,13 +82,13 @@ async def test_the_three_forms_say_the_same(tmp_path: Path) -> None:
     assert json.loads(render(report, "json")) == report
     rows = list(csv.DictReader(io.StringIO(render(report, "csv"))))
     assert [(r["name"], float(r["spent_usd"]), int(r["requests"])) for r in rows] == [  # type: ignore[comparison-overlap]
-        ("alice", pytest.approx(0.025), 2),
-        ("ci", pytest.approx(0.02), 1),
+        ("acme/alice", pytest.approx(0.025), 2),
+        ("acme/ci", pytest.approx(0.02), 1),
     ]
     table = render(report, "table").splitlines()
     assert table[0].startswith("tenant:acme, this day (")
     assert "$0.0450 spent" in table[0]
-    assert table[2].split() == ["alice", "0.0250", "12100", "2"]
+    assert table[2].split() == ["acme/alice", "0.0250", "12100", "2"]
 
 
 def test_the_command_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

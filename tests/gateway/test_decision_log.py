@@ -139,7 +139,7 @@ async def test_a_guards_stop_is_logged_counted_and_answered_as_asked(
         "model-call-limit",
         "acme",
         "research",
-        "alice",
+        "acme/alice",
     )
     assert ALICE not in shown.text
     assert "fix the build" not in shown.text  # nothing a message said
@@ -171,7 +171,7 @@ async def test_refusals_and_admin_actions_are_lines_and_never_a_key(log: Decisio
     assert events.count(("budget_refused", "refuse")) == 2
     assert events[-1] == ("admin", "revoke_key")
     refused = next(d for d in shown.json()["decisions"] if d["event"] == "budget_refused")
-    assert refused["reason"] == "team 'acme/ci' has used $0.0046 of its $0.0060 this day"
+    assert refused["reason"].startswith("team 'acme/ci' has used $0.0046 of its $0.0060 this day")
     for secret in (ALICE, CI, issued.json()["key"]):
         assert secret not in shown.text
     assert unauthorised.status_code == 401
@@ -190,7 +190,7 @@ async def test_spend_and_what_is_left_reach_the_metrics() -> None:
                     assert (await post(raw, CI, ask("one"))).status_code == 200
     # $10 a million in, $30 out: 5 in and 50 out cost $0.00155 each
     assert rig.total(
-        "guardstack.spend.usd", tenant="acme", team="ci", key="ci", model="gpt-x"
+        "guardstack.spend.usd", tenant="acme", team="ci", key="acme/ci", model="gpt-x"
     ) == pytest.approx(2 * 0.00155)
     left = {
         (point.attributes["scope"], point.attributes["window"]): point.value

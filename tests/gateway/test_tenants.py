@@ -42,7 +42,7 @@ def test_the_designs_file_reads_as_it_says(tmp_path: Path) -> None:
     tenants = read_tenants(path)
     alice = tenants.keys["sk-acme-alice-0123456789"]
     assert (alice.id, alice.tenant, alice.team, alice.name) == (
-        "alice",
+        "acme/alice",
         "acme",
         "research",
         "alice",
@@ -89,7 +89,7 @@ def test_every_earlier_shape_is_read() -> None:
         ({"tenants": {"acme": {}}, "keys": {"sk-0123456789abcdef": "acme2"}},
          "keys.k_", ),
         ({"tenants": {"acme": {}}, "keys": {"short": "acme"}}, "16 characters or more"),
-        ({"tenants": {"acme": {"budget": {"usd_per_day": -1}}}}, "a number >= 0"),
+        ({"tenants": {"acme": {"budget": {"usd_per_day": -1}}}}, "a finite number >= 0"),
         ({"tenants": {"acme": {"budget": {"on_limit": "explode"}}}}, "'stop' or 'wrap_up'"),
         ({"tenants": {"a/b": {}}}, "tenants.a/b: a name"),
         ({"tenant": {}}, "tenant: not a key of a tenants file (did you mean 'tenants'?)"),

@@ -79,10 +79,16 @@ def _spend_until_refused(url: str, key: str) -> list[int]:
                   "messages": [{"role": "user", "content": f"task {number}"}]},
             headers={"authorization": f"Bearer {key}"},
         )  # fmt: skip
-        codes.append(answer.status_code)
-        if answer.status_code == 429:
+        codes.append(refused_or(answer))
+        if codes[-1] == 429:
             break
     return codes
+
+
+def refused_or(answer: Any) -> int:
+    """The answer's status, a budget's stop (answered as the model's last words, 200
+    with ``x-guardstack-stopped: budgets``) read as the refusal it is: 429."""
+    return 429 if answer.headers.get("x-guardstack-stopped") == "budgets" else answer.status_code
 
 
 def test_a_days_spend_survives_a_restart_of_the_gateway_on_its_default_store(
@@ -111,7 +117,10 @@ def test_a_days_spend_survives_a_restart_of_the_gateway_on_its_default_store(
     assert f"counts kept in sqlite:{ledger} (kept across restarts)" in said
     # the decision log, on standard error by default: the refusal, one JSON line
     [refusal] = [json.loads(line) for line in said.splitlines() if '"budget_refused"' in line]
-    assert refusal["reason"] == "tenant 'acme' has used $0.0031 of its $0.0040 this day"
+    assert refusal["reason"] == (
+        "tenant 'acme' has used $0.0031 of its $0.0040 this day; this request's reservation "
+        "of $0.0016 would pass it"
+    )
     assert "sk-acme-alice" not in said
     report = subprocess.run(
         [*command("spend", "--store", f"sqlite:{ledger}", "--scope", "tenant:acme",
@@ -251,7 +260,7 @@ def test_gateways_sharing_a_store_never_pass_a_nested_budget_together(
                     headers={"authorization": f"Bearer {key}"},
                     timeout=60,
                 )  # fmt: skip
-                return key, answer.status_code
+                return key, refused_or(answer)
 
             with concurrent.futures.ThreadPoolExecutor(24) as pool:
                 history = list(pool.map(one, range(90)))
@@ -380,6 +389,6 @@ def test_the_decision_log_on_standard_error_has_one_line_each_and_no_secret(
     assert kinds.count(("admin", "model-call-limit", "set_limit")) == 1
     assert kinds.count(("reload", "harness", "reloaded")) == 1
     stop = next(line for line in lines if line["event"] == "stop")
-    assert (stop["tenant"], stop["key_name"], stop["model"]) == ("acme", "alice", "gpt-x")
+    assert (stop["tenant"], stop["key_name"], stop["model"]) == ("acme", "acme/alice", "gpt-x")
     assert key not in said
     assert "PLANTED" not in said

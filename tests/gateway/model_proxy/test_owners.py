@@ -150,3 +150,36 @@ async def test_no_tenant_reaches_another_tenants_conversation_or_response(
     assert "x-guardstack-stopped" not in second_answer.headers
     assert "x-guardstack-stopped" not in first_answer.headers, (first, second, middle, last)
     assert first_answer.json()["choices"][0]["message"]["content"] == "for the first"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"cachedContent": "cachedContents/abc123"}, "cachedContent"),
+        (
+            {"contents": [{"role": "user", "parts": [{"text": "read this"}, {"fileData": {
+                "mimeType": "text/plain", "fileUri": "https://files.example/v1beta/files/x"}}]}]},
+            "contents[0].parts[1].fileData.fileUri",
+        ),
+    ],
+)  # fmt: skip
+async def test_gemini_provider_state_is_refused_while_tenants_are_set(
+    extra: dict[str, Any], field: str
+) -> None:
+    """Reported: while tenants are set OpenAI's ``file_id``, ``conversation`` and
+    ``container`` were refused, but Gemini's ``cachedContent`` and a part's
+    ``fileData.fileUri`` were forwarded — under the one provider key every tenant shares."""
+    from tests.integrations.runaway import Runaway
+
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], **extra}
+    with Runaway(bound=0) as upstream:
+        async for served in serve(Harness(), upstream, client_keys={KEY_A: "team-a"}):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+                answer = await raw.post(
+                    "/v1beta/models/gemini-x:generateContent",
+                    json=body,
+                    headers={"x-goog-api-key": KEY_A},
+                )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"].startswith(f"{field} names state stored")
+    assert upstream.model_requests() == []

@@ -160,9 +160,9 @@ async def test_through_the_proxy_a_stream_costs_what_its_twin_costs(
         assert served.proxy.budgets is not None
         report = await served.proxy.budgets.spend("tenant:acme", "day", "key")
     rows = {row["name"]: row for row in report["rows"]}
-    assert rows["alice"]["tokens"] == rows["bob"]["tokens"] == expected(name).total_tokens
-    assert rows["alice"]["spent_usd"] == pytest.approx(rows["bob"]["spent_usd"])
-    assert rows["alice"]["spent_usd"] == pytest.approx(cost_of(expected(name), PRICE))
+    assert rows["acme/alice"]["tokens"] == rows["acme/bob"]["tokens"] == expected(name).total_tokens
+    assert rows["acme/alice"]["spent_usd"] == pytest.approx(rows["acme/bob"]["spent_usd"])
+    assert rows["acme/alice"]["spent_usd"] == pytest.approx(cost_of(expected(name), PRICE))
 
 
 # -- through the adapters, on both backends -------------------------------------------------
