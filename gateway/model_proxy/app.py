@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, 
 from typing import Any, Final
 
 from guardstack.gateway.admin import Admin
-from guardstack.gateway.budgets import Budgets, Refusal
+from guardstack.gateway.budgets import BudgetRefusal, Budgets
 from guardstack.gateway.decision_log import DecisionLog
 from guardstack.gateway.model_proxy.conversations import Conversations, digests, identity
 from guardstack.gateway.model_proxy.exchange import (
@@ -445,7 +445,7 @@ class ModelProxy:
             why = f"the budgets' store is not answering ({type(error).__name__}); nothing is sent"
             request.decided("refuse", layer="budgets", decision="store_down", reason=why)
             return error_response(wire, 503, "overloaded", why, {"retry-after": "5"})
-        if not isinstance(held, Refusal):
+        if not isinstance(held, BudgetRefusal):
             return held, None
         refusal = held
         budget = refusal.scope.budget
@@ -454,7 +454,7 @@ class ModelProxy:
             last = await budgets.reserve(
                 entry, session, request.model, estimate.input_tokens, tokens, wrap_up=True
             )
-            if not isinstance(last, Refusal):
+            if not isinstance(last, BudgetRefusal):
                 conversation.wrapped = True
                 request.decided("stop", layer="budgets", decision="wrap_up", reason=refusal.message)
                 return last, wire.wrap_up(data, wrap_up_note(refusal.message), tokens)

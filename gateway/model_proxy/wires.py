@@ -14,17 +14,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from guardstack.gateway.model_proxy import shapes
+from guardstack.gateway.model_proxy.estimates import input_chars
 from guardstack.integrations._provider import usage_reported
 from guardstack.pipeline import ModelReply, Usage
 
-__all__ = ["ANTHROPIC", "OPENAI", "Malformed", "Wire", "input_chars", "text_of"]
+__all__ = ["ANTHROPIC", "OPENAI", "Malformed", "Wire", "text_of"]
 
 #: The deepest a request body may nest (a real one is a handful of levels).
 MAX_DEPTH: Final = 64
-#: What an image, a file or audio sent inline (base64, a ``data:`` URL) is counted as:
-#: characters for about 1,600 tokens, whatever its size — a provider counts media by
-#: what it shows, never by its encoding's length.
-MEDIA_CHARS: Final = 6_400
 
 
 class Malformed(ValueError):
@@ -84,30 +81,6 @@ def conformed(data: dict[str, Any], shape: shapes.Shape) -> None:
     wrong = shapes.conform(data, shape)
     if wrong is not None:
         raise Malformed(wrong)
-
-
-def input_chars(value: Any) -> int:
-    """The characters of the input a request carries in ``value``: every text, key and
-    number as its JSON would write it (tool schemas and structure too — an estimate is
-    at least its cost), inline media at ``MEDIA_CHARS`` each. Walked without recursion."""
-    total = 0
-    stack: list[tuple[Any, str]] = [(value, "")]
-    while stack:
-        item, key = stack.pop()
-        if isinstance(item, str):
-            media = key in ("data", "bytes") or item.startswith("data:")
-            total += MEDIA_CHARS if media and len(item) > MEDIA_CHARS else len(item) + 2
-        elif isinstance(item, dict):
-            total += 2
-            for name, child in item.items():
-                total += len(str(name)) + 3
-                stack.append((child, str(name)))
-        elif isinstance(item, list):
-            total += 2 + len(item)
-            stack.extend((child, key) for child in item)
-        elif item is not None:
-            total += len(str(item))
-    return total
 
 
 def positive_int(value: Any) -> int | None:

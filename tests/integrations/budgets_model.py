@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from guardstack.gateway.budgets import Budgets, Held, Refusal
+from guardstack.gateway.budgets import BudgetRefusal, Budgets, Held
 from guardstack.gateway.tenants import tenants_of
 from tests.helpers import thread_loop
 
@@ -111,7 +111,7 @@ class BudgetsMachine(RuleBasedStateMachine):
         amount = tokens / 1_000_000
         fits = self._fits(key, amount)
         assert isinstance(answer, Held) == fits, (answer, self.values, key, amount)
-        if isinstance(answer, Refusal):
+        if isinstance(answer, BudgetRefusal):
             scope = (answer.scope.kind, answer.scope.label)
             assert self.values[scope] + amount > self.limits[scope] - EPSILON
             return None

@@ -184,3 +184,15 @@ def test_each_api_streams_usage_as_it_reports_it(
     got, read = anyio.run(relay, wire, [data], False)
     assert got == data
     assert read == expected
+
+
+def test_an_estimate_counts_every_input_and_inline_media_at_a_fixed_size() -> None:
+    """``estimates.input_chars``: text, keys and structure as JSON writes them (at least
+    the request's JSON, never less), a base64 image at ``MEDIA_CHARS`` however large."""
+    from guardstack.gateway.model_proxy.estimates import MEDIA_CHARS, input_chars
+
+    body = {"messages": [{"role": "user", "content": "hello " * 100}], "tools": [{"a": 1}]}
+    assert input_chars(body) >= len(json.dumps(body)) - 20
+    image = {"inlineData": {"mimeType": "image/png", "data": "A" * 1_000_000}}
+    assert MEDIA_CHARS <= input_chars(image) < MEDIA_CHARS + 100
+    assert input_chars({"url": "data:image/png;base64," + "B" * 50_000}) < MEDIA_CHARS + 20
