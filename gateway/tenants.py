@@ -211,8 +211,11 @@ class _Fail:
         self.source = source
 
     def __call__(self, path: str, value: object, what: str) -> ConfigError:
+        # a path holds names as the file wrote them: control characters escaped, so the
+        # error stays one line (and --watch's line with it)
+        shown = path.encode("unicode_escape").decode("ascii") if not path.isprintable() else path
         return ConfigError(
-            f"{self.source}: {path}: {what}, got {cut(value)}", key=path, value=value
+            f"{self.source}: {shown}: {what}, got {cut(value)}", key=path, value=value
         )
 
 
@@ -296,16 +299,20 @@ def read_tenants(path: str | Path) -> Tenants:
 def tenants_of(data: object, source: str = "<tenants>") -> Tenants:
     fail = _Fail(source)
     if not isinstance(data, Mapping) or not data:
-        raise fail("tenants", cut(data), "a mapping: {keys, tenants, defaults, prices}")
+        # never the data itself: a list of client keys is a likely mistake here
+        what = type(data).__name__ if data else "nothing"
+        raise fail("tenants", f"<{what}>", "a mapping: {keys, tenants, defaults, prices}")
     top = {"keys", "tenants", "defaults", "prices"}
     flat = all(isinstance(value, str) for value in data.values())
     if not set(data) & top and flat:  # the model proxy's earlier shape: {key: tenant}
         return _flat(fail, data, source)
     for name in data:
         if name not in top:
+            # a client key written at the top level ({KEY: 5}) is named by its id only
+            shown = str(name) if len(str(name)) < 16 else key_id(str(name))
             raise fail(
-                str(name),
-                name,
+                shown,
+                shown,
                 f"not a key of a tenants file{did_you_mean(str(name), sorted(top))}",
             )
     tenants_data = data.get("tenants") or {}

@@ -195,10 +195,13 @@ class Pipeline(Generic[NextT, LayerT]):
         built_for = getattr(layer, "stage", None)
         if built_for in _LAYER_STAGES and self.stage in _LAYER_STAGES and built_for != self.stage:
             kind = type(layer).__name__
+            # the spelling mypy types for the stage: stage=MODEL (guardstack.pipeline.
+            # contract), and the tool stage's default
+            spelled = f"{kind}(stage=MODEL)" if self.stage == "model" else f"{kind}()"
             raise ConfigError(
                 f"{self.stage} stage: {kind} is built for the {built_for} stage "
-                f"(stage={built_for!r}); use {kind}(stage={self.stage!r}) here, or register "
-                f"it on the {built_for} stage",
+                f"(stage={built_for!r}); use {spelled} here (MODEL from "
+                f"guardstack.pipeline.contract), or register it on the {built_for} stage",
                 plugin=getattr(layer, "name", None),
                 key="stage",
                 value=built_for,

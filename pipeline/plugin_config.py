@@ -118,6 +118,54 @@ def _syntax_error(path: str, kind: str, error: Exception) -> ConfigError:
     return ConfigError(f"{path}: not valid {kind}: {cut(str(error), 300)}")  # TOML names both
 
 
+def _shown_key(key: object) -> str:
+    """A key as an error may show it: a long one (a client key, perhaps) never whole."""
+    text = str(key)
+    return repr(text) if len(text) < 16 else f"{text[:4]!r}… ({len(text)} characters)"
+
+
+def _unique_pairs(path: str) -> Any:
+    """JSON's ``object_pairs_hook``: an object that names a key twice is refused (the
+    later would silently win — a client key given to two tenants, say)."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in items:
+            if key in found:
+                raise ConfigError(
+                    f"{path}: an object names the key {_shown_key(key)} twice; the later "
+                    "would silently win"
+                )
+            found[key] = value
+        return found
+
+    return pairs
+
+
+def _unique_keys_loader(yaml: Any) -> Any:
+    """PyYAML's safe loader, refusing a mapping that names a key twice (by its line)."""
+
+    class UniqueKeys(yaml.SafeLoader):  # type: ignore[misc, name-defined]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    twice = key in seen
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+                if twice:
+                    line = key_node.start_mark.line + 1
+                    raise ConfigError(
+                        f"line {line}: a mapping names the key {_shown_key(key)} twice; the "
+                        "later would silently win"
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
+
+
 def read_config_file(path: str, what: str = "plugin configuration") -> Any:
     """A YAML, TOML or JSON file's data, size-limited; ``ConfigError`` on anything wrong."""
     try:
@@ -136,12 +184,14 @@ def read_config_file(path: str, what: str = "plugin configuration") -> Any:
                 raise ConfigError(
                     f"{path}: reading YAML needs PyYAML: pip install 'guardstack[yaml]'"
                 ) from error
-            return yaml.safe_load(raw)
+            return yaml.load(raw, Loader=_unique_keys_loader(yaml))
         if suffix == ".toml":
-            return tomllib.loads(raw.decode("utf-8"))
+            return tomllib.loads(raw.decode("utf-8"))  # TOML refuses a key twice itself
         if suffix == ".json":
-            return json.loads(raw)
-    except ConfigError:
+            return json.loads(raw, object_pairs_hook=_unique_pairs(path))
+    except ConfigError as error:
+        if str(error).startswith("line "):  # the YAML loader's: the file named here
+            raise ConfigError(f"{path}: {error}") from None
         raise
     except Exception as error:
         raise _syntax_error(path, suffix[1:].upper(), error) from error

@@ -73,6 +73,7 @@ from guardstack.pipeline.contract import (
     model_error_code,
 )
 from guardstack.pipeline.errors import GuardstackError
+from guardstack.pipeline.model_members import provider_of
 from guardstack.pipeline.validate import boolean, integer
 from guardstack.pipeline.values import (
     TOOL_DENIED,
@@ -290,6 +291,8 @@ class Tracing:
                 kind=SpanKind.INTERNAL,
                 attributes={
                     "gen_ai.operation.name": "invoke_agent",
+                    # required on every GenAI span: the agent's own model's provider
+                    "gen_ai.provider.name": provider_of(agent.model) or "_OTHER",
                     "gen_ai.agent.name": agent.session_id,
                     "gen_ai.conversation.id": agent.session_id,
                     **_stack(version),

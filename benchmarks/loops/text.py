@@ -6,7 +6,9 @@ what watching a stream costs a piece.
 trajectories (tau-bench's GPT-4o airline runs, ``sessions-real-tuning`` /
 ``sessions-real-validation``), and long structured answers — this repository's guides
 cut at their sections (tables, lists, code blocks) and its Python modules (code with
-repeated lines), the tuning set from some files, the validation set from the others.
+repeated lines), the tuning set from some files, the validation set from the others —
+and checklists: a short data line repeated (``- [x] passed``, a table's row, a log
+line), each set with its own lines.
 
 **Looping answers** are made from healthy ones of the same set: an answer cut
 somewhere, then a block written again and again (4 to 40 times, as a model that loops
@@ -59,8 +61,29 @@ def _assistant_texts(folder: Path) -> list[str]:
     return texts
 
 
+#: Healthy answers that repeat a short line on purpose (a checklist's items, a table's
+#: rows, a log's lines): each set its own shapes, so the rule that keeps them healthy is
+#: checked on shapes it was not written against.
+CHECKLIST_LINES = {
+    True: ["- [x] passed", "| ok | ok |", "* done", "[INFO] heartbeat", "> retrying"],
+    False: ["- [ ] todo", "| - | - | - |", "+ unchanged", "1. passed", "# skipped"],
+}
+
+
+def checklists(tuning: bool) -> list[str]:
+    """Answers made of a heading and one short data line repeated 8 to 60 times."""
+    rng = random.Random(3 if tuning else 4)
+    return [
+        f"Here is the status of each step:\n\n{line}\n" * 1
+        + f"{line}\n" * rng.randint(8, 60)
+        + "\nAll steps are listed above."
+        for line in CHECKLIST_LINES[tuning]
+        for _ in range(4)
+    ]
+
+
 def healthy(tuning: bool) -> list[str]:
-    """Real answers and structured text of one set."""
+    """Real answers, structured text and checklists of one set."""
     answers = _assistant_texts(HERE / ("sessions-real-tuning" if tuning else
                                        "sessions-real-validation"))  # fmt: skip
     for path in _split(DOCS, tuning):
@@ -68,7 +91,7 @@ def healthy(tuning: bool) -> list[str]:
     for path in _split(CODE, tuning):
         text = path.read_text("utf-8")
         answers += [text[i : i + 3000] for i in range(0, len(text), 3000) if len(text) > 400]
-    return answers
+    return answers + checklists(tuning)
 
 
 def _sentences(text: str) -> list[str]:

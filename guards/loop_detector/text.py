@@ -5,7 +5,9 @@ line of reasoning, a few words — until its output limit. ``TextRepeats`` is fe
 answer piece by piece and finds the moment its end is a block written ``repeats``
 times in a row, back to back, each at least ``min_block`` characters and together at
 least ``min_chars`` (what a healthy answer rarely does: a table's rows, a list's items
-and code's lines differ from one another; a separator row is short).
+and code's lines differ from one another; a separator row is short; and a short line
+shaped as data — a checklist's ``- [x] passed``, a table's row, a log line — may
+repeat in a healthy answer, so it is never a loop).
 
 Cost: each piece is appended; the end of the text is looked at once every ``STEP``
 new characters (a ``str.rfind`` of its last ``PROBE`` characters in the text before —
@@ -67,6 +69,8 @@ def find_repeat(text: str, *, min_block: int, repeats: int, min_chars: int) -> R
         ):
             count += 1
         if count >= repeats and count * period >= min_chars:
+            if _is_data_line(tail):
+                return None  # a checklist's, a table's or a log's short line: data
             first = size - count * period  # where the repetition began, to the character
             while first > start and text[first - 1] == text[first - 1 + period]:
                 first -= 1
@@ -84,6 +88,27 @@ def find_repeat(text: str, *, min_block: int, repeats: int, min_chars: int) -> R
 
 #: How many earlier places of the text's end are tried as periods.
 _TRIES: Final = 8
+#: A repeated block that is one line opening as a list item, a table row, a quote or a
+#: log line does and shorter than this is data (``- [x] passed``, ``| ok |``), not a
+#: loop: a list may hold the same short item many times.
+DATA_LINE_CHARS: Final = 48
+_DATA_OPENINGS: Final = ("- ", "* ", "+ ", "|", "> ", "[", "#")
+
+
+def _is_data_line(block: str) -> bool:
+    """Whether ``block`` is one short line shaped as data (``DATA_LINE_CHARS``). The
+    block is found wherever the text's end stopped, mid-line as often as not: it is
+    read from its line's start."""
+    if block.count("\n") != 1:
+        return False
+    end = block.index("\n")
+    line = (block[end + 1 :] + block[: end + 1]).strip()
+    if not line or "\n" in line or len(line) >= DATA_LINE_CHARS:
+        return False
+    if line.startswith(_DATA_OPENINGS):
+        return True
+    number, dot, _ = line.partition(".")  # a numbered item: "3. passed"
+    return bool(dot) and number.isdigit()
 
 
 class TextRepeats:

@@ -108,3 +108,49 @@ def test_a_mistake_is_one_line_naming_path_and_value(data: Any, says: str) -> No
     assert says in message
     assert "\n" not in message
     assert "sk-0123456789abcdef" not in message  # a key never appears in an error
+
+
+@pytest.mark.parametrize(
+    ("data", "secret"),
+    [
+        (["sk-acme-alice-0123456789", "sk-acme-bob-00123456789"], "sk-acme"),
+        ({"sk-acme-alice-0123456789": 5}, "sk-acme"),
+    ],
+)
+def test_a_bad_file_never_prints_a_client_key(data: Any, secret: str) -> None:
+    """Reported (a regression of the file reader): a top level that is a list of keys,
+    or ``{KEY: 5}``, was quoted whole in the one-line error."""
+    with pytest.raises(ConfigError) as raised:
+        tenants_of(data, "tenants.yaml")
+    assert secret not in str(raised.value)
+    assert str(raised.value).startswith("tenants.yaml: ")
+
+
+def test_a_name_with_a_newline_is_one_line_in_the_error() -> None:
+    with pytest.raises(ConfigError) as raised:
+        tenants_of({"tenants": {"acme\nforged": {}}}, "tenants.yaml")
+    assert "\n" not in str(raised.value)
+    assert "acme\\nforged" in str(raised.value)
+
+
+def test_a_key_given_to_two_tenants_is_refused_not_the_last_winning(tmp_path: Path) -> None:
+    """Reported: a key written twice in ``keys:`` loaded silently, the last tenant
+    winning. Any file's mapping that names a key twice is refused, by its line."""
+    path = tmp_path / "tenants.yaml"
+    path.write_text(
+        "keys:\n  sk-acme-alice-0123456789: acme\n  sk-acme-alice-0123456789: globex\n"
+        "tenants: {acme: {}, globex: {}}\n",
+        "utf-8",
+    )
+    with pytest.raises(ConfigError) as raised:
+        read_tenants(path)
+    assert "line 3: a mapping names the key" in str(raised.value)
+    assert "sk-acme-alice-0123456789" not in str(raised.value)
+    as_json = tmp_path / "tenants.json"
+    as_json.write_text(
+        '{"keys": {"sk-acme-alice-0123456789": "acme", "sk-acme-alice-0123456789": "globex"},'
+        ' "tenants": {"acme": {}, "globex": {}}}',
+        "utf-8",
+    )
+    with pytest.raises(ConfigError, match="names the key 'sk-a'… \\(24 characters\\) twice"):
+        read_tenants(as_json)

@@ -111,7 +111,7 @@ def test_a_layer_for_the_other_stage_is_refused_at_use() -> None:
         harness.loop.model_call.use(Retry())  # type: ignore[arg-type]
     message = str(refused.value)
     assert "Retry is built for the dispatch stage" in message
-    assert "use Retry(stage='model') here" in message
+    assert "use Retry(stage=MODEL) here (MODEL from guardstack.pipeline.contract)" in message
     assert not harness.loop.model_call.layered  # nothing was registered
     harness.loop.model_call.use(Retry(stage="model"))  # type: ignore[arg-type]
     assert callable(_registered_by_stage)

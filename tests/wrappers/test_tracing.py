@@ -265,6 +265,7 @@ async def test_a_turn_is_one_trace_invoke_agent_over_chat_and_execute_tool() -> 
     assert turn.name == "invoke_agent session-9"
     assert dict(turn.attributes or {}) == {
         "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": "_OTHER",  # required on every GenAI span (#66)
         "gen_ai.agent.name": "session-9",
         "gen_ai.conversation.id": "session-9",
         "guardstack.turn.reason": "completed",
@@ -374,3 +375,19 @@ async def test_cap_decisions_are_span_events() -> None:
     [turn] = by_name(rig.spans, "invoke_agent s")
     [blocked] = [e for e in turn.events if e.name == BLOCKED_EVENT]
     assert "model-call-limit" in str((blocked.attributes or {})["guardstack.reason"])
+
+
+async def test_the_invoke_agent_span_names_the_agents_provider() -> None:
+    """Reported: ``gen_ai.provider.name`` was missing on ``invoke_agent`` (DESIGN: on
+    every GenAI span and metric)."""
+    from guardstack.pipeline import ModelReply, ScriptedModel
+
+    class Provided(ScriptedModel):
+        provider = "anthropic"
+
+    rig = SpanRig()
+    harness = Harness(Provided([ModelReply("hi")]))
+    harness.plugin(Tracing(rig.provider))
+    await harness.loop.create("s").prompt("go")
+    [turn] = [s for s in rig.spans if s.parent is None]
+    assert dict(turn.attributes or {})["gen_ai.provider.name"] == "anthropic"

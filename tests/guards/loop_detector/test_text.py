@@ -167,3 +167,21 @@ def test_the_text_settings_are_checked() -> None:
     Harness().load([{"name": "loop-detector", "config": {
         "text": True, "identical": None, "cycle": None, "no_progress": None,
         "repeated_error": None, "walking": None, "poll": None}}])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["- [x] passed\n", "| ok | ok |\n", "* done\n", "3. passed\n", "[INFO] tick\n", "> ok\n"],
+)
+def test_a_checklist_of_one_short_line_repeated_is_not_a_loop(line: str) -> None:
+    """Reported: 40 identical ``- [x] passed`` lines were cut after the first (the
+    block passed ``text_min_block`` and, seven copies on, ``text_min_chars``)."""
+    text = "Results:\n" + line * 40
+    found = find_repeat(text, min_block=12, repeats=5, min_chars=80)
+    assert found is None
+
+
+def test_a_repeated_sentence_on_its_own_line_is_still_a_loop() -> None:
+    text = "Let me look.\n" + "I will now check the configuration file again.\n" * 10
+    found = find_repeat(text, min_block=12, repeats=5, min_chars=80)
+    assert found is not None
