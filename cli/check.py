@@ -541,15 +541,24 @@ def check_tenants(path: Path) -> TenantsReport:
     budgets += [tenants.key_default, tenants.conversation_default]
     dollars = any(name.startswith("usd") for budget in budgets for name in budget.limits)
     if dollars and not tenants.prices:
-        warnings.append(
-            "a budget counts dollars but the file gives no prices: every request would be "
-            "priced at $0; add prices"
-        )
+        from guardstack.gateway.prices import maintained_price
+
+        if maintained_price("gpt-4o", "openai") is None:  # no maintained table either
+            warnings.append(
+                "a budget counts dollars but the file gives no prices and genai-prices is "
+                "not installed: every request would be priced at $0; add prices"
+            )
+    from guardstack.gateway.prices import maintained_price
+
     for tenant in tenants.tenants.values():
-        for model in sorted((tenant.models or frozenset()) - set(tenants.prices or {})):
-            if tenants.prices:
-                warnings.append(
-                    f"tenant {tenant.name!r} may use {model!r}, which has no price: charged "
-                    "at the highest price in the file"
-                )
+        listed = set(tenant.models or ()) | {
+            model for team in tenant.teams.values() for model in team.models or ()
+        }
+        for model in sorted(listed - set(tenants.prices or {})):
+            if "*" in model or "?" in model or maintained_price(model) is not None:
+                continue  # a glob prices nothing itself; the maintained table prices it
+            warnings.append(
+                f"tenant {tenant.name!r} may use {model!r}, which neither the file nor "
+                "genai-prices prices: charged at the highest price in the file"
+            )
     return TenantsReport(tenants.describe(), tuple(warnings))

@@ -34,6 +34,7 @@ import attrs
 from opentelemetry import trace
 
 from guardstack.gateway.budget_operators import BudgetOperators, UnknownScope
+from guardstack.gateway.prices import maintained_price
 from guardstack.gateway.tenants import (
     NO_BUDGET,
     Budget,
@@ -115,6 +116,8 @@ class Held:
     estimate: Mapping[str, float]
     entry: KeyEntry
     conversation: str = ""
+    #: Whose prices the model is looked up at (``prices.PROVIDERS``), if known.
+    provider: str | None = None
 
     def about(self) -> dict[str, str | None]:
         """Who the request is: what a decision about it (an alert) names."""
@@ -140,6 +143,8 @@ class Budgets(BudgetOperators):
         self.signals = signals
         self.store = store
         self.prices = dict(prices or tenants.prices or {})
+        #: Models charged at the fallback price (each named once in the decision log).
+        self.unpriced: set[str] = set()
         self.wall_clock = wall_clock or time.time
         #: Operators' budgets by scope (``tenant:acme``…) and issued keys by digest.
         self.overrides: dict[str, Budget] = {}
@@ -318,10 +323,25 @@ class Budgets(BudgetOperators):
                 found.append(Window(key, unit, None, end - now + GRACE_S))
         return found
 
-    def price(self, model: str) -> Price:
+    def price(self, model: str, provider: str | None = None) -> Price:
+        """``model``'s price: the file's, else the maintained table's (``prices``), else
+        the highest the file's table holds — named once in the decision log."""
         found = self.prices.get(model)
         if found is not None:
             return found
+        found = maintained_price(model, provider)
+        if found is not None:
+            return found
+        if model not in self.unpriced:
+            self.unpriced.add(model)
+            decided(
+                "unpriced",
+                layer="budgets",
+                decision="highest_price",
+                reason=f"model {model!r} has no price in the file or in genai-prices: "
+                "charged at the highest price the file holds",
+                model=model,
+            )
         table = list(self.prices.values()) or [(0.0, 0.0, 0.0, 0.0)]
         return tuple(max(p[i] for p in table) for i in range(4))  # type: ignore[return-value]
 
@@ -336,13 +356,14 @@ class Budgets(BudgetOperators):
         output_tokens: int,
         *,
         wrap_up: bool = False,
+        provider: str | None = None,
     ) -> Held | BudgetRefusal:
         """Reserve a request's estimate in every window of every scope, all or none."""
         now = self.wall_clock()
         scopes = self.scopes(entry, conversation)
         usage = Usage(input_tokens, output_tokens)
         estimate = {
-            "usd": cost_of(usage, self.price(model)),
+            "usd": cost_of(usage, self.price(model, provider)),
             "tokens": float(input_tokens + output_tokens),
             "requests": 1.0,
         }
@@ -363,7 +384,9 @@ class Budgets(BudgetOperators):
             return BudgetRefusal(
                 scope, name, reservation.used, limit, wait, estimate.get(unit, 0.0)
             )
-        held = self.in_flight[op_id] = Held(op_id, scopes, model, estimate, entry, conversation)
+        held = self.in_flight[op_id] = Held(
+            op_id, scopes, model, estimate, entry, conversation, provider
+        )
         return held
 
     async def settle(self, held: Held, usage: Usage | None, model: str | None = None) -> float:
@@ -373,7 +396,7 @@ class Budgets(BudgetOperators):
         if usage is None:
             await self.store.settle(held.op_id, {})
             return held.estimate["usd"]
-        cost = cost_of(usage, self.price(model or held.model))
+        cost = cost_of(usage, self.price(model or held.model, held.provider))
         actual = {"usd": cost, "tokens": float(usage.total_tokens), "requests": 1.0}
         await self.store.settle(held.op_id, actual)
         if self.signals is not None:

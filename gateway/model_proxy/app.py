@@ -30,6 +30,7 @@ from guardstack.gateway.model_proxy.responses import RESPONSES
 from guardstack.gateway.model_proxy.routes import WIRES, Route, Router, read_route
 from guardstack.gateway.model_proxy.upstream import DEFAULT, Target, Upstream
 from guardstack.gateway.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
+from guardstack.gateway.prices import PROVIDERS
 from guardstack.gateway.tenants import Tenants, tenants_of
 from guardstack.guards.usage_costs import ObservedOutputs
 from guardstack.guards.wrap_up import wrap_up_note
@@ -438,8 +439,9 @@ class ModelProxy:
         session = request.conversation_id
         try:
             held = await budgets.reserve(
-                entry, session, request.model, estimate.input_tokens, estimate.output_tokens
-            )
+                entry, session, request.model, estimate.input_tokens, estimate.output_tokens,
+                provider=PROVIDERS.get(wire.name),
+            )  # fmt: skip
         except Exception as error:  # a budget fails closed: nothing is sent uncounted
             logger.warning("model-proxy: the budgets' store failed: %s", type(error).__name__)
             why = f"the budgets' store is not answering ({type(error).__name__}); nothing is sent"
@@ -452,8 +454,9 @@ class ModelProxy:
         if budget.on_limit == "wrap_up" and not conversation.wrapped:
             tokens = budget.wrap_up_tokens
             last = await budgets.reserve(
-                entry, session, request.model, estimate.input_tokens, tokens, wrap_up=True
-            )
+                entry, session, request.model, estimate.input_tokens, tokens, wrap_up=True,
+                provider=PROVIDERS.get(wire.name),
+            )  # fmt: skip
             if not isinstance(last, BudgetRefusal):
                 conversation.wrapped = True
                 request.decided("stop", layer="budgets", decision="wrap_up", reason=refusal.message)
