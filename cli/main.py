@@ -337,10 +337,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     spend.add_argument("--store", metavar="SPEC", help="memory, sqlite:PATH or redis://... "
                        "(default: the gateways' default SQLite file)")  # fmt: skip
-    spend.add_argument("--scope", help="tenant:NAME, team:TENANT/TEAM, key:NAME or model:NAME")
+    spend.add_argument(
+        "--scope", help="tenant:NAME, team:TENANT/TEAM, key:TENANT/NAME or model:NAME"
+    )
     spend.add_argument("--window", choices=("day", "month"), default="day")
     spend.add_argument("--by", choices=("tenant", "team", "key", "model", "conversation"))
     spend.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    spend.add_argument(
+        "--tenants",
+        type=Path,
+        metavar="FILE",
+        help="the tenants file: each row's limit and share used, and the scope checked",
+    )
     serve = commands.add_parser(
         "worker",
         help="run a Temporal worker for agents (needs guardstack[temporal])",
@@ -452,7 +460,13 @@ def _run(arguments: argparse.Namespace) -> int:
         from guardstack.cli.spend import spend
 
         spent = anyio.run(
-            lambda: spend(arguments.store, arguments.scope, arguments.window, arguments.by)
+            lambda: spend(
+                arguments.store,
+                arguments.scope,
+                arguments.window,
+                arguments.by,
+                arguments.tenants,
+            )
         )
         _print(render_spend(spent, arguments.format))
     elif arguments.command == "check":

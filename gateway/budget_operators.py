@@ -249,11 +249,12 @@ class BudgetOperators:
             window,
             by,
             self.wall_clock(),
-            self._limit_of(scope, window),
+            self.limit_of(scope, window),
             sum(held.estimate["usd"] for held in self.in_flight.values()),
         )
 
-    def _limit_of(self, scope: str | None, window: str) -> float | None:
+    def limit_of(self, scope: str | None, window: str) -> float | None:
+        """The dollar limit of ``scope`` in ``window`` (``day`` or ``month``), if any."""
         if scope is None:
             return None
         kind, _, label = scope.partition(":")

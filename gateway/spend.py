@@ -12,11 +12,29 @@ from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import calendar_window as period
 from guardstack.pipeline.validate import did_you_mean
 
-__all__ = ["BREAKDOWNS", "spend_report"]
+__all__ = ["BREAKDOWNS", "check_report", "spend_report"]
 
 BREAKDOWNS: Final = {"tenant": 3, "team": 4, "key": 5, "model": 6, "conversation": 7}
 #: The kinds of scope a report may be narrowed to.
 SCOPES: Final = ("tenant", "team", "key", "model")
+
+
+def check_report(scope: str | None, window: str, by: str | None) -> tuple[str, str, str]:
+    """A report's arguments checked (``ConfigError`` naming what is wrong): the scope's
+    kind, ``:`` and label."""
+    if window not in REPORTED:
+        raise ConfigError(f"window {window!r}: day or month", key="window", value=window)
+    if by is not None and by not in BREAKDOWNS:
+        raise ConfigError(f"by {by!r}: one of {', '.join(BREAKDOWNS)}", key="by", value=by)
+    kind, colon, label = (scope or "").partition(":")
+    if scope is not None and (kind not in SCOPES or not label):
+        raise ConfigError(
+            f"scope {scope!r}: {', '.join(f'{k}:NAME' for k in SCOPES)}"
+            f"{did_you_mean(kind, SCOPES)}",
+            key="scope",
+            value=scope,
+        )
+    return kind, colon, label
 
 
 async def spend_report(
@@ -30,18 +48,7 @@ async def spend_report(
 ) -> dict[str, Any]:
     """The spend report (``/admin/spend``, ``guardstack spend``), read from the ledger's
     report windows: the scope's total in the window and its rows ``by`` a breakdown."""
-    if window not in REPORTED:
-        raise ConfigError(f"window {window!r}: day or month", key="window", value=window)
-    if by is not None and by not in BREAKDOWNS:
-        raise ConfigError(f"by {by!r}: one of {', '.join(BREAKDOWNS)}", key="by", value=by)
-    kind, _, label = (scope or "").partition(":")
-    if scope is not None and (kind not in SCOPES or not label):
-        raise ConfigError(
-            f"scope {scope!r}: {', '.join(f'{k}:NAME' for k in SCOPES)}"
-            f"{did_you_mean(kind, SCOPES)}",
-            key="scope",
-            value=scope,
-        )
+    kind, _, label = check_report(scope, window, by)
     name, start, end = period(now, window)
     prefix = store_key(SPEND, window, name) + ":"
     found = await ledger.windows(prefix)

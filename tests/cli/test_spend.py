@@ -115,6 +115,66 @@ async def test_a_report_that_cannot_be_made_says_why(
 
 
 async def test_an_empty_ledger_is_an_empty_report(tmp_path: Path) -> None:
-    report = await spend(f"sqlite:{tmp_path / 'new.sqlite3'}", "tenant:acme", "day", "key")
+    store = SqliteStore(tmp_path / "new.sqlite3")  # a gateway's, that counted nothing
+    await store.read_controls()
+    await store.aclose()
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps(TENANTS), "utf-8")
+    report = await spend(f"sqlite:{tmp_path / 'new.sqlite3'}", "tenant:acme", "day", "key", tenants)
     assert (report["rows"], report["spent_usd"]) == ([], 0)
     assert "$0.0000 spent" in render(report, "table")
+
+
+def test_a_mistyped_store_path_is_one_line_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reported: a mistyped path created an empty ledger there and reported $0.0000."""
+    missing = tmp_path / "ledgr.sqlite3"
+    assert main(["spend", "--store", f"sqlite:{missing}"]) == 2
+    err = capsys.readouterr().err
+    assert f"no ledger at {missing}" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not missing.exists()
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garbage = tmp_path / "not-a-ledger.sqlite3"
+    garbage.write_bytes(b"this is no database\x00" * 100)
+    assert main(["spend", "--store", f"sqlite:{garbage}"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read" in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["spend", "--store", "memory"]) == 2
+    assert "lives and dies with its gateway" in capsys.readouterr().err
+
+
+async def test_a_scope_naming_nothing_is_an_error_not_everyones_total(tmp_path: Path) -> None:
+    """Reported: ``--scope acme`` printed every tenant's total under the label "acme"."""
+    path = tmp_path / "ledger.sqlite3"
+    await spent(path)
+    for scope in ("acme", "tenant:acmee", "key:alice"):
+        with pytest.raises(ConfigError):
+            await spend(f"sqlite:{path}", scope, "day", None)
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps(TENANTS), "utf-8")
+    with pytest.raises(ConfigError, match="did you mean 'tenant:acme'"):
+        await spend(f"sqlite:{path}", "tenant:acmee", "day", None, tenants)
+
+
+async def test_with_the_tenants_file_each_row_has_its_limit_and_share(tmp_path: Path) -> None:
+    """Reported: the CLI's JSON said ``limit_usd: null`` where the admin route on the
+    same ledger said the tenant's limit (the CLI could not see the tenants file)."""
+    path = tmp_path / "ledger.sqlite3"
+    await spent(path)
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps(TENANTS), "utf-8")
+    report = await spend(f"sqlite:{path}", "tenant:acme", "day", None, tenants)
+    assert report["limit_usd"] == 10.0
+    by_tenant = await spend(f"sqlite:{path}", None, "day", "tenant", tenants)
+    rows = {row["name"]: row for row in by_tenant["rows"]}
+    assert rows["acme"]["limit_usd"] == 10.0
+    assert rows["acme"]["share"] == pytest.approx(0.045 / 10, rel=1e-5)
+    assert rows["globex"]["limit_usd"] is None
