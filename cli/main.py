@@ -161,6 +161,12 @@ def _parser() -> argparse.ArgumentParser:
         help="where a gateway writes each denial, refusal and admin action (default -)",
     )
     proxy.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="a gateway's metrics in Prometheus' text format at GET /metrics there "
+        "(needs guardstack[prometheus])",
+    )
+    proxy.add_argument(
         "--watch",
         action="store_true",
         help="reload the plugins when --config changes (a gateway's servers are read at "
@@ -254,6 +260,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE|-|off",
         help="where each stop, denial, refusal and admin action is written as a JSON line "
         "(default -: standard error)",
+    )
+    model_proxy.add_argument(
+        "--request-log",
+        default="off",
+        metavar="FILE|-|off",
+        help="one JSON line per request answered: who, model, wire, upstream, status, "
+        "tokens, dollars, time — never a key or content (default off; -: standard output)",
+    )
+    model_proxy.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="the metrics in Prometheus' text format at GET /metrics there "
+        "(needs guardstack[prometheus])",
     )
     model_proxy.add_argument(
         "--stop-as",
@@ -428,6 +447,7 @@ def _run(arguments: argparse.Namespace) -> int:
                 store=arguments.store,
                 decision_log=arguments.decision_log,
                 watch=arguments.watch,
+                metrics_listen=arguments.metrics_listen,
             )
         )
     elif arguments.command == "model-proxy":
@@ -453,6 +473,8 @@ def _run(arguments: argparse.Namespace) -> int:
                 admin_key_env=arguments.admin_key_env,
                 watch=arguments.watch,
                 routes=arguments.route,
+                request_log=arguments.request_log,
+                metrics_listen=arguments.metrics_listen,
             )
         )
     elif arguments.command == "spend":

@@ -77,9 +77,11 @@ async def run_gateway(
     store: str | None = None,
     decision_log: str = "-",
     watch: bool = False,
+    metrics_listen: str | None = None,
 ) -> None:
     """Serve the gateway over stdio until the client leaves, or over HTTP until stopped
-    (``watch``: its plugins reloaded when ``config`` changes)."""
+    (``watch``: its plugins reloaded when ``config`` changes; ``metrics_listen``: its
+    metrics for a Prometheus, at ``GET /metrics`` there)."""
     from guardstack.cli.stores import describe_store, forgets, say
     from guardstack.gateway.decision_log import DecisionLog
 
@@ -89,6 +91,10 @@ async def run_gateway(
             "process that started the gateway)",
             key="keys",
         )
+    from guardstack.cli.mcp_proxy import export_from_environment, metrics_reader
+
+    scraped = metrics_reader(metrics_listen)
+    telemetry = export_from_environment("guardstack-mcp-gateway", scraped)
     gateway, harness = load_gateway(config, keys, allow_imports=allow_imports, store=store)
     say(f"guardstack mcp-proxy: counts kept in {describe_store(harness.store)}")
     lost = await forgets(harness.store)
@@ -99,11 +105,19 @@ async def run_gateway(
         async with anyio.create_task_group() as group:
             if watch:
                 group.start_soon(watch_gateway, harness, config, allow_imports)
+            if metrics_listen is not None:
+                from guardstack.cli.mcp_proxy import serve_metrics_at
+
+                checks = Gate(host, allow_origins=tuple(allow_origins or ()),
+                              allow_hosts=tuple(allow_hosts or ()))  # fmt: skip
+                group.start_soon(serve_metrics_at, metrics_listen, checks, "mcp-proxy")
             await _run(gateway, keys, transport, host, port, allow_origins, allow_hosts,
                        session_idle_s, max_sessions)  # fmt: skip
             group.cancel_scope.cancel()
     finally:
         log.detach()
+        if telemetry is not None:
+            telemetry.shutdown()
 
 
 async def watch_gateway(harness: Harness, config: Path, allow_imports: bool) -> None:

@@ -108,6 +108,7 @@ async def run_proxy(
     store: str | None = None,
     decision_log: str = "-",
     watch: bool = False,
+    metrics_listen: str | None = None,
 ) -> None:
     """Proxy ``command``'s MCP server (or the one at ``connect``) over stdio until the
     client disconnects, or over streamable HTTP until stopped; with a gateway's
@@ -145,6 +146,7 @@ async def run_proxy(
                 store=store,
                 decision_log=decision_log,
                 watch=watch,
+                metrics_listen=metrics_listen,
             )
         )
         return
@@ -197,25 +199,63 @@ async def run_proxy(
             telemetry.shutdown()  # flush what the proxy traced
 
 
-def export_from_environment(service: str) -> Any:
+def metrics_reader(listen: str | None) -> Any:
+    """``--metrics-listen``'s Prometheus reader (``None`` without it); its address
+    checked before anything starts."""
+    if listen is None:
+        return None
+    _listen(listen)
+    from guardstack.gateway.metrics_endpoint import prometheus_reader
+
+    return prometheus_reader()
+
+
+async def serve_metrics_at(listen: str, gate: Gate, name: str) -> None:
+    """``GET /metrics`` on ``listen`` (``--metrics-listen``), with ``gate``'s browser
+    checks, until cancelled."""
+    from guardstack.gateway.metrics_endpoint import serve_metrics
+
+    host, port = _listen(listen)
+    print(f"guardstack {name}: metrics at http://{host}:{port}/metrics", file=sys.stderr,
+          flush=True)  # fmt: skip
+    checks = Gate(host, allow_origins=gate.allow_origins, allow_hosts=gate.allow_hosts)
+    await serve_metrics(checks, port)
+
+
+def export_from_environment(service: str, scraped: Any = None) -> Any:
     """With ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``…_TRACES_ENDPOINT``) set, the proxy's
     traces, metrics and logs go there over OTLP/HTTP, as the global providers (so the MCP
-    SDK's own spans join guardstack's); ``None`` otherwise."""
+    SDK's own spans join guardstack's); ``None`` otherwise. ``scraped``: a Prometheus
+    reader (``--metrics-listen``) the global meter provider also reports through."""
     if not (
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     ):
+        if scraped is not None:
+            from guardstack.gateway.metrics_endpoint import meter_provider
+
+            return _Scraped(meter_provider([scraped]))
         return None
     try:
         from guardstack.integrations.otel import configure
 
-        return configure(service_name=service)
+        return configure(service_name=service, readers=[scraped] if scraped else ())
     except ImportError:
         raise ConfigError(
             "OTEL_EXPORTER_OTLP_ENDPOINT is set: sending the proxy's telemetry needs "
             "pip install 'guardstack[otlp]'",
             key="OTEL_EXPORTER_OTLP_ENDPOINT",
         ) from None
+
+
+class _Scraped:
+    """The meter provider ``--metrics-listen`` installed, shut down with the gateway."""
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
 
 
 async def _proxy_stdio(

@@ -16,11 +16,17 @@ from typing import Any
 
 import anyio
 
-from guardstack.cli.mcp_proxy import _listen, export_from_environment
+from guardstack.cli.mcp_proxy import (
+    _listen,
+    export_from_environment,
+    metrics_reader,
+    serve_metrics_at,
+)
 from guardstack.cli.stores import describe_store, forgets, say, store_from
 from guardstack.cli.watch import watch_config, watch_file
 from guardstack.gateway.decision_log import DecisionLog
 from guardstack.gateway.model_proxy import DEFAULT, ModelProxy
+from guardstack.gateway.request_log import RequestLog
 from guardstack.gateway.tenants import read_tenants
 from guardstack.integrations._gate import serve
 from guardstack.pipeline.errors import ConfigError
@@ -107,6 +113,8 @@ async def run_model_proxy(
     admin_key_env: str | None = None,
     watch: bool = False,
     routes: list[str] | None = None,
+    request_log: str = "off",
+    metrics_listen: str | None = None,
 ) -> None:
     """Serve until stopped (``watch``: reload the stack when ``config`` changes)."""
     import uvicorn
@@ -141,9 +149,12 @@ async def run_model_proxy(
     tenants = read_tenants(keys) if keys is not None else None
     admin_key = _admin_key(admin_key_env)
     # OTEL_EXPORTER_OTLP_ENDPOINT: a `tracing` layer's spans (and the metrics) go there;
-    # set up before the stack is built, whose layers take the providers as they load
-    telemetry = export_from_environment("guardstack-model-proxy")
+    # set up before the stack is built, whose layers take the providers as they load;
+    # --metrics-listen: the same metrics for a Prometheus to scrape
+    scraped = metrics_reader(metrics_listen)
+    telemetry = export_from_environment("guardstack-model-proxy", scraped)
     log = DecisionLog(decision_log).attach()
+    requests = RequestLog(request_log)
     try:
         harness = Harness(store=_store_for(store, config))
         if config is not None:
@@ -171,6 +182,7 @@ async def run_model_proxy(
                 max_conversations=max_conversations,
                 max_body_bytes=max_body_bytes,
                 admin_key=admin_key,
+                request_log=requests,
             )
         except ConfigError as error:  # a fallback naming an upstream nobody gave
             raise in_file(error, config) from error
@@ -190,12 +202,15 @@ async def run_model_proxy(
                     )
                 if watch and keys is not None and proxy.budgets is not None:
                     group.start_soon(watch_tenants, proxy.budgets, keys)
+                if metrics_listen is not None:
+                    group.start_soon(serve_metrics_at, metrics_listen, proxy.gate, "model-proxy")
                 await serve(server)
                 group.cancel_scope.cancel()
         finally:
             await proxy.aclose()
     finally:
         log.detach()
+        requests.close()
         if telemetry is not None:
             telemetry.shutdown()  # flush what the proxy traced
 

@@ -389,14 +389,30 @@ class Budgets(BudgetOperators):
         )
         return held
 
-    async def settle(self, held: Held, usage: Usage | None, model: str | None = None) -> float:
+    async def settle(
+        self,
+        held: Held,
+        usage: Usage | None,
+        model: str | None = None,
+        *,
+        at_least_reserved: bool = False,
+    ) -> float:
         """Settle ``held`` at what the upstream reported (``None``: its reservation);
-        what it cost."""
+        what it cost. ``at_least_reserved``: an answer cut short — what it reported
+        before the cut, unless its reservation is more (the provider may have billed
+        the rest)."""
         self.in_flight.pop(held.op_id, None)
-        if usage is None:
+        cost = (
+            cost_of(usage, self.price(model or held.model, held.provider))
+            if usage is not None
+            else 0.0
+        )
+        short = usage is not None and (
+            cost < held.estimate["usd"] or usage.total_tokens < held.estimate["tokens"]
+        )
+        if usage is None or (at_least_reserved and short):
             await self.store.settle(held.op_id, {})
             return held.estimate["usd"]
-        cost = cost_of(usage, self.price(model or held.model, held.provider))
         actual = {"usd": cost, "tokens": float(usage.total_tokens), "requests": 1.0}
         await self.store.settle(held.op_id, actual)
         if self.signals is not None:

@@ -108,13 +108,15 @@ def configure(
     metrics: bool = True,
     logs: bool = True,
     set_global: bool = True,
+    readers: Sequence[Any] = (),
 ) -> Telemetry:
     """Build (and by default install globally) SDK providers exporting over OTLP/HTTP:
     traces, metrics and logs (where ``Tracing``'s events go).
 
     ``service_name`` is used only when ``OTEL_SERVICE_NAME`` is not set;
     ``traces_endpoint`` overrides the environment's traces endpoint (and, when it ends
-    in ``/v1/traces``, the logs go beside it, to ``/v1/logs``).
+    in ``/v1/traces``, the logs go beside it, to ``/v1/logs``); ``readers``: more metric
+    readers beside the OTLP one (a gateway's Prometheus reader).
     """
     import os
 
@@ -140,7 +142,7 @@ def configure(
     meter_provider = None
     if metrics:
         reader = PeriodicExportingMetricReader(OTLPMetricExporter())
-        meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+        meter_provider = MeterProvider(resource=resource, metric_readers=[reader, *readers])
     logger_provider = None
     if logs:
         from opentelemetry._logs import set_logger_provider

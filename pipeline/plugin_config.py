@@ -145,7 +145,7 @@ def _unique_pairs(path: str) -> Any:
 def _unique_keys_loader(yaml: Any) -> Any:
     """PyYAML's safe loader, refusing a mapping that names a key twice (by its line)."""
 
-    class UniqueKeys(yaml.SafeLoader):  # type: ignore[misc, name-defined]
+    class UniqueKeys(yaml.SafeLoader):  # type: ignore[misc]
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: set[Any] = set()
             for key_node, _ in node.value:

@@ -50,6 +50,7 @@ __all__ = [
     "LOOP_DETECTIONS",
     "METRICS",
     "PROXY_OVERHEAD",
+    "PROXY_REQUESTS",
     "REMINDERS",
     "RETRY_ATTEMPTS",
     "SHADOW_ATTRIBUTE",
@@ -80,6 +81,7 @@ STOPS: Final = "guardstack.stops"
 SPEND_USD: Final = "guardstack.spend.usd"
 BUDGET_REMAINING_USD: Final = "guardstack.budget.remaining.usd"
 PROXY_OVERHEAD: Final = "guardstack.proxy.overhead"
+PROXY_REQUESTS: Final = "guardstack.proxy.requests"
 STREAM_CUTS: Final = "guardstack.stream.cuts"
 STORE_ERRORS: Final = "guardstack.store.errors"
 SHADOW_DECISIONS: Final = "guardstack.shadow.decisions"
@@ -184,6 +186,11 @@ METRICS: Final[dict[str, MetricSpec]] = {
         "The model proxy's own time on a request, the upstream's excluded (its "
         "x-guardstack-overhead-ms header), by wire",
         OVERHEAD_BUCKETS,
+    ),
+    "guardstack.proxy.requests": MetricSpec(
+        "counter", "{request}",
+        "Requests the model proxy answered, by wire, upstream and status (a budget's or a "
+        "guard's stop is a 200 with x-guardstack-stopped)",
     ),
     "guardstack.stream.cuts": MetricSpec(
         "counter", "{stream}",

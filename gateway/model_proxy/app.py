@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -31,6 +32,7 @@ from guardstack.gateway.model_proxy.routes import WIRES, Route, Router, read_rou
 from guardstack.gateway.model_proxy.upstream import DEFAULT, Target, Upstream
 from guardstack.gateway.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
 from guardstack.gateway.prices import PROVIDERS
+from guardstack.gateway.request_log import Finished, RequestLog
 from guardstack.gateway.tenants import Tenants, tenants_of
 from guardstack.guards.usage_costs import ObservedOutputs
 from guardstack.guards.wrap_up import wrap_up_note
@@ -40,7 +42,7 @@ from guardstack.pipeline import MODEL_FAILED, Harness, ModelError, ModelReply, M
 from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import Ledger
-from guardstack.pipeline.signals import STOPS
+from guardstack.pipeline.signals import PROXY_REQUESTS, STOPS
 from guardstack.pipeline.validate import in_ms, integer, number
 
 __all__ = ["CONVERSATION_HEADER", "STOPPED_HEADER", "ModelProxy"]
@@ -52,6 +54,8 @@ CONVERSATION_HEADER = "x-guardstack-conversation"
 #: What a request that states no output limit is estimated to produce (until its
 #: model's answers are observed).
 DEFAULT_OUTPUT_TOKENS: Final = 1_000
+#: How many client addresses the refused-key log remembers (the most recent).
+MAX_ADDRESSES: Final = 10_000
 #: The selector each wire is named by (``--route``).
 _SELECTOR: Final = {wire: selector for selector, wire in WIRES.items()}
 
@@ -90,6 +94,7 @@ class ModelProxy:
         tenants: Tenants | None = None,
         decision_log: DecisionLog | None = None,
         stop_as: str = "answer",
+        request_log: RequestLog | None = None,
     ) -> None:
         self.httpx = require("httpx", EXTRA)
         require("starlette", EXTRA)
@@ -165,8 +170,12 @@ class ModelProxy:
         #: Streams the upstream broke off after their first byte, by API.
         self.cuts: dict[str, int] = {}
         #: What each request is lent of the proxy (``exchange.Service``).
+        #: One JSON line per answered request (``--request-log``; off by default).
+        self.request_log = request_log or RequestLog("off")
         self.service = Service(harness.loop, self.budgets, self.outputs, stop_as,
-                               drain_ms / 1000, self.cuts)  # fmt: skip
+                               drain_ms / 1000, self.cuts, self._finished)  # fmt: skip
+        #: When a refused key was last logged, by client address (at most once a second).
+        self._refused_logged: OrderedDict[str, float] = OrderedDict()
         self.app = self._build()
         if admin_key is not None:  # harness.control at /admin/control, behind its key
             admin = Admin(
@@ -237,18 +246,56 @@ class ModelProxy:
 
     async def _answer(self, request: Any, wire: Wire, route: _Route) -> Any:
         """One request, answered: the proxy's own refusals in the API's shape, every
-        answer with the proxy's time on it (``x-guardstack-overhead-ms``)."""
+        answer with the proxy's time on it (``x-guardstack-overhead-ms``), every whole
+        answer finished here (a stream's exchange finishes itself)."""
         started = time.perf_counter()
+        seen = _Seen()
         try:
-            answer = await self._proxy(request, wire, route, started)
+            answer = await self._proxy(request, wire, route, started, seen)
         except Refused as refused:
+            if refused.status == 401:
+                self._refused_key(request, refused.message)
             answer = self._error(wire, refused.status, refused.kind, refused.message)
         except Malformed as malformed:
             answer = self._error(wire, 400, "invalid_request", str(malformed))
-        if not isinstance(answer, Exchange) and OVERHEAD_HEADER not in answer.headers:
-            # a stream's exchange times itself; every other answer is whole here
-            answer.headers[OVERHEAD_HEADER] = f"{(time.perf_counter() - started) * 1000:.2f}"
+        if isinstance(answer, Exchange):
+            return answer  # a stream's exchange times and finishes itself
+        overhead = (time.perf_counter() - started) * 1000
+        if OVERHEAD_HEADER not in answer.headers:
+            answer.headers[OVERHEAD_HEADER] = f"{overhead:.2f}"
+        stopped = answer.headers.get(STOPPED_HEADER)
+        if seen.exchange is not None:
+            seen.exchange.finished(answer.status_code, stopped)
+        elif seen.request is not None or self.request_log.on:
+            self._finished(_finished_early(seen.request, wire, answer.status_code, stopped,
+                                           started))  # fmt: skip
         return answer
+
+    def _finished(self, finished: Finished) -> None:
+        """A request answered: its request-log line and its count, by wire, upstream and
+        status (``guardstack.proxy.requests``)."""
+        self.request_log.write(finished)
+        self.harness.loop.signals.add(
+            PROXY_REQUESTS,
+            1,
+            {"wire": finished.wire, "upstream": finished.upstream or "none",
+             "status": str(finished.status)},
+        )  # fmt: skip
+
+    def _refused_key(self, request: Any, why: str) -> None:
+        """A refused key is a decision-log line — at most one a second per client
+        address, so a client retrying a wrong key does not flood the log."""
+        client = getattr(request, "client", None)
+        address = str(getattr(client, "host", None) or "unknown")
+        now = time.monotonic()
+        last = self._refused_logged.get(address)
+        if last is not None and now - last < 1.0:
+            return
+        self._refused_logged[address] = now
+        self._refused_logged.move_to_end(address)
+        while len(self._refused_logged) > MAX_ADDRESSES:
+            self._refused_logged.popitem(last=False)
+        decided("refuse", layer="gate", decision="unauthorized", reason=f"{why} ({address})")
 
     async def _gemini(self, request: Any) -> Any:
         """``POST /v1beta/models/{model}:generateContent`` or ``:streamGenerateContent``."""
@@ -312,7 +359,9 @@ class ModelProxy:
 
     # -- one request ------------------------------------------------------------------
 
-    async def _proxy(self, request: Any, wire: Wire, route: _Route, started: float) -> Any:
+    async def _proxy(
+        self, request: Any, wire: Wire, route: _Route, started: float, seen: _Seen
+    ) -> Any:
         headers = {name.lower(): value for name, value in request.headers.items()}
         if wire is GEMINI and not headers.get("x-goog-api-key"):
             key = request.query_params.get("key")
@@ -353,8 +402,8 @@ class ModelProxy:
             tenant, name, history, resend=retried, call_ids=call_ids, labels=caller.labels()
         )
         limit = wire.max_tokens(data) or DEFAULT_OUTPUT_TOKENS
-        seen = self.outputs.estimate((model, entry.tenant)) if entry is not None else None
-        output = min(limit, seen) if seen is not None else limit
+        observed = self.outputs.estimate((model, entry.tenant)) if entry is not None else None
+        output = min(limit, observed) if observed is not None else limit
         served = ProxyRequest(
             wire=wire,
             target=self.upstreams[chosen],
@@ -372,9 +421,10 @@ class ModelProxy:
             estimate=Estimate(wire.input_tokens(data), output * wire.choices(data)),
             started=started,
         )
-        return await self._guarded(served, request.receive)
+        seen.request = served
+        return await self._guarded(served, request.receive, seen)
 
-    async def _guarded(self, request: ProxyRequest, receive: Any) -> Any:
+    async def _guarded(self, request: ProxyRequest, receive: Any, seen: _Seen) -> Any:
         wire, conversation, messages = request.wire, request.conversation, request.messages
         agent = conversation.agent
         if request.fresh:  # met again after it was freed: only its current turn is new here
@@ -418,7 +468,7 @@ class ModelProxy:
         if wire is GEMINI:
             upstream.turn = GEMINI.model_turns(messages) + 1
         call = ModelRequest(agent, upstream.messages, _tools(forwarded), model=upstream)
-        exchange = Exchange(self.service, request, call, upstream)
+        exchange = seen.exchange = Exchange(self.service, request, call, upstream)
         exchange.held = held
         if wrapped is not None:
             exchange.stopped_by = "budgets"
@@ -511,6 +561,35 @@ class _KeyRing(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self.budgets.tenants.keys) + len(self.budgets.issued)
+
+
+class _Seen:
+    """What one request became, as far as it went: its value, its exchange."""
+
+    __slots__ = ("exchange", "request")
+
+    def __init__(self) -> None:
+        self.request: ProxyRequest | None = None
+        self.exchange: Exchange | None = None
+
+
+def _finished_early(
+    request: ProxyRequest | None, wire: Wire, status: int, stopped: str | None, started: float
+) -> Finished:
+    """A request answered before anything went upstream (a refusal, a stop)."""
+    about = (
+        request.about()
+        if request is not None
+        else dict.fromkeys(("tenant", "team", "key_name", "conversation", "model"))
+    )
+    elapsed = (time.perf_counter() - started) * 1000
+    return Finished(
+        about["tenant"], about["team"], about["key_name"], about["conversation"],
+        about["model"], _SELECTOR[wire.name],
+        request.target.name if request is not None else None,
+        request.stream if request is not None else False,
+        status, None, None, 0.0 if request is not None else None, elapsed, elapsed, stopped,
+    )  # fmt: skip
 
 
 class _Route:

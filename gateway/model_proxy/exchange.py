@@ -24,7 +24,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -34,6 +34,7 @@ from guardstack.gateway.model_proxy.conversations import Conversation
 from guardstack.gateway.model_proxy.guarding import plugin_of
 from guardstack.gateway.model_proxy.upstream import Upstream
 from guardstack.gateway.model_proxy.wires import Wire
+from guardstack.gateway.request_log import Finished
 from guardstack.guards.loop_detector.text_watch import LOOP_CUT
 from guardstack.pipeline import (
     MODEL_RATE_LIMITED,
@@ -42,6 +43,7 @@ from guardstack.pipeline import (
     ModelReply,
     ModelRequest,
     TurnBlocked,
+    Usage,
 )
 from guardstack.pipeline.signals import PROXY_OVERHEAD, STOPS, STREAM_CUTS
 
@@ -56,6 +58,9 @@ __all__ = ["STOPPED_HEADER", "Exchange", "Service", "stop_response"]
 logger = logging.getLogger("guardstack")
 
 STOPPED_HEADER: Final = "x-guardstack-stopped"
+#: The name each wire is known by in the request log and ``--route`` (``chat``…).
+_SELECTOR: Final = {"openai": "chat", "responses": "responses", "anthropic": "messages",
+                    "gemini": "gemini"}  # fmt: skip
 OVERHEAD_HEADER: Final = "x-guardstack-overhead-ms"
 #: Statuses a client's retry cannot help: they carry ``x-should-retry: false``.
 NOT_RETRIED: Final = frozenset({400, 401, 403, 404, 413, 415})
@@ -121,6 +126,8 @@ class Service:
     stop_as: str
     drain_s: float
     cuts: dict[str, int]
+    #: Told of every request answered (the request log and the requests counted).
+    finished: Callable[[Finished], None] = attrs.field(default=lambda finished: None)
 
     def stopped(self, request: ProxyRequest, plugin: str, text: str) -> None:
         """A guard's stop is answered: one decision-log line, one stop counted."""
@@ -159,6 +166,26 @@ class Exchange:
         #: The plugin whose stop this answer is, when it is one (a budget's wrap-up).
         self.stopped_by: str | None = None
         self.recorded = False
+        #: What the answer used and cost, once known (the request log's).
+        self.usage: Usage | None = None
+        self.usd: float | None = None
+
+    def finished(self, status: int, stopped: str | None) -> None:
+        """The request is answered: its line in the request log, its count."""
+        request = self.request
+        about = request.about()
+        usage = self.usage
+        elapsed_ms = (time.perf_counter() - self.started) * 1000
+        self.service.finished(
+            Finished(
+                about["tenant"], about["team"], about["key_name"], about["conversation"],
+                request.model, _SELECTOR.get(request.wire.name, request.wire.name),
+                request.target.name, request.stream, status,
+                usage.input_tokens if usage is not None else None,
+                usage.output_tokens if usage is not None else None,
+                self.usd, elapsed_ms, self.overhead_ms(), stopped or self.stopped_by,
+            )
+        )  # fmt: skip
 
     def overhead_ms(self) -> float:
         spent = time.perf_counter() - self.started - self.upstream.waited_s
@@ -187,6 +214,7 @@ class Exchange:
             await self._settle(None)
             raise
         self.conversation.state = "answered"
+        self.usage = reply.usage if isinstance(reply, ModelReply) else None
         await self._settle(reply)
         self.conversation.succeeded = True
         if self.upstream.attempts is not None:
@@ -205,14 +233,19 @@ class Exchange:
         if held is None or budgets is None:
             return
         self.held = None
+        upstream = self.upstream
         try:
             with anyio.CancelScope(shield=True):
-                if reply is None and self.upstream.answer is None and not self.upstream.started:
-                    await budgets.release(held)
+                if reply is None and upstream.answer is None and not upstream.reached:
+                    await budgets.release(held)  # it never reached the upstream
+                    self.usd = 0.0
                     return
-                usage = reply.usage if reply is not None else None
+                # an answer's usage; a stream cut short: what it reported before the cut,
+                # never less than its reservation (the provider may have billed more)
+                usage = reply.usage if reply is not None else upstream.reported_usage()
                 model = reply.model if reply is not None else None
-                await budgets.settle(held, usage, model)
+                self.usage = usage
+                self.usd = await budgets.settle(held, usage, model, at_least_reserved=reply is None)
                 if usage is not None:
                     key = (held.model, held.scopes[0].label)
                     self.service.outputs.seen(key, usage.output_tokens)
@@ -354,12 +387,14 @@ class Exchange:
             logger.exception("model-proxy: the proxy failed after the stream began")
             instead = None  # the answer went out: it ends as it is
         if upstream.gone:
+            self.finished(499, stop)
             return
         if not upstream.started:
             if instead is None:  # an empty stream: answered empty, as it came
                 status, content, media = upstream.answer or (200, b"", None)
                 instead = Response(content, status, media_type=media or "text/event-stream")
             await instead(scope, receive, send)
+            self.finished(instead.status_code, instead.headers.get(STOPPED_HEADER))
             return
         ending = b""
         if stop is not None and not upstream.read_to_end:  # stopped partway: a clean end
@@ -371,3 +406,4 @@ class Exchange:
             )
         with anyio.CancelScope(shield=True), contextlib.suppress(OSError):  # a client gone
             await send({"type": "http.response.body", "body": ending, "more_body": False})
+        self.finished(upstream.status, plugin_of(stop[len("Stopped by ") :]) if stop else None)

@@ -106,6 +106,10 @@ class Upstream:
         self.answer: tuple[int, bytes, str | None] | None = None
         self.send: Any = None
         self.started = False  # a byte of a streamed reply has reached the client
+        #: The upstream answered (its status and headers came): it may bill from here.
+        self.reached = False
+        #: What the stream being relayed has reported so far (its usage, if any).
+        self.tally: StreamTally | None = None
         self.gone = False  # the client left: read on for the usage, send nothing
         #: The upstream's stream was read to its end (not stopped partway by a layer).
         self.read_to_end = False
@@ -204,6 +208,7 @@ class Upstream:
             ) from error
         finally:
             self.waited_s += time.perf_counter() - asked_at
+        self.reached = self.reached or response.status_code < 400
         try:
             if response.status_code >= 400 or not self.stream:
                 asked_at = time.perf_counter()
@@ -262,6 +267,10 @@ class Upstream:
             )
         attempts.used[target.name] = used + 1
 
+    def reported_usage(self) -> Usage | None:
+        """What the stream relayed last reported before it ended (``None``: nothing)."""
+        return self.tally.usage if self.tally is not None else None
+
     def response_headers(self, media: str) -> list[tuple[bytes, bytes]]:
         return [(b"content-type", media.encode()), *self.start_headers()]
 
@@ -313,7 +322,7 @@ class Upstream:
         (``answers.Editor``) may hold its tool calls until they are decided."""
         wire = self.wire
         pending = b""
-        tally = StreamTally(wire)
+        tally = self.tally = StreamTally(wire)
         closing = self.closing = closing_for(wire.name)
         editor = None
         if self.decide is not None:
