@@ -37,7 +37,9 @@ FIELDS: Final = (
     "conversation", "model", "tool",
 )  # fmt: skip
 #: Events whose decision stops or refuses something (logged as warnings).
-_WARNINGS: Final = frozenset({"stop", "deny", "refuse", "budget_refused", "stream_cut"})
+_WARNINGS: Final = frozenset(
+    {"stop", "deny", "refuse", "budget_refused", "stream_cut", "upstream_failed"}
+)
 
 
 def decided(

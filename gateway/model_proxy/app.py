@@ -176,7 +176,7 @@ class ModelProxy:
                                drain_ms / 1000, self.cuts, self._finished)  # fmt: skip
         #: When a refused key was last logged, by client address (at most once a second).
         self._refused_logged: OrderedDict[str, float] = OrderedDict()
-        self.app = self._build()
+        self.app = _timed(self._build())
         if admin_key is not None:  # harness.control at /admin/control, behind its key
             admin = Admin(
                 harness.control, admin_key, self.gate, budgets=self.budgets, decisions=decision_log
@@ -561,6 +561,33 @@ class _KeyRing(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self.budgets.tenants.keys) + len(self.budgets.issued)
+
+
+def _timed(app: Any) -> Any:
+    """``app`` with ``x-guardstack-overhead-ms`` on every answer that does not carry it
+    already (a path no route serves, a method no route takes): the whole of such an
+    answer's time is the proxy's own."""
+
+    async def timed(scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def sending(message: Any) -> None:
+            if message.get("type") == "http.response.start":
+                headers = list(message.get("headers") or [])
+                if not any(name.lower() == _OVERHEAD_BYTES for name, _ in headers):
+                    spent = f"{(time.perf_counter() - started) * 1000:.2f}".encode()
+                    message = {**message, "headers": [*headers, (_OVERHEAD_BYTES, spent)]}
+            await send(message)
+
+        await app(scope, receive, sending)
+
+    return timed
+
+
+_OVERHEAD_BYTES: Final = OVERHEAD_HEADER.encode()
 
 
 class _Seen:

@@ -310,8 +310,12 @@ class Exchange:
         answer = self.upstream.answer
         if answer is not None:
             self.conversation.failed = answer
+            if answer[0] >= 500 or answer[0] == 429:
+                self._upstream_failed(str(answer[0]), error.message)
             return self.upstream_failure(answer)
         headers = self.headers()
+        if not error.refused:  # the upstream could not be reached, timed out or broke off
+            self._upstream_failed(error.code, error.message)
         if error.refused:  # a layer of the stack answered: an open breaker, a limit
             status = 429 if error.code == MODEL_RATE_LIMITED else 503
             kind = "rate_limit" if status == 429 else "overloaded"
@@ -321,6 +325,14 @@ class Exchange:
         if error.code == MODEL_TIMEOUT:
             return error_response(wire, 504, "upstream", error.message, headers)
         return error_response(wire, 502, "upstream", "the upstream did not answer in full", headers)
+
+    def _upstream_failed(self, decision: str, why: str) -> None:
+        """An upstream that failed or could not be reached: a decision-log line naming
+        the upstream (operators see what fails, not only what guardstack refused)."""
+        target = self.request.target.name
+        self.request.decided(
+            "upstream_failed", layer="upstream", decision=decision, reason=f"{target}: {why}"
+        )
 
     async def answered(self, receive: Any) -> Any:
         """A JSON request's answer (the call run to its end here)."""

@@ -218,3 +218,45 @@ def test_the_anthropic_adapter_charges_a_stream_as_its_twin(
     streamed = anyio.run(usage_of, True, backend=backend)
     whole = anyio.run(usage_of, False, backend=backend)
     assert streamed == whole == expected(name)
+
+
+@pytest.mark.parametrize(
+    ("cut_after", "charged"),
+    [
+        (0, "its reservation"),  # accepted, cut before the first event reached the client
+        (5, "what it reported"),  # cut after message_delta's usage, before message_stop
+    ],
+)
+async def test_a_cut_stream_is_charged_what_may_have_been_billed(
+    cut_after: int, charged: str
+) -> None:
+    """Reported: a stream the upstream accepted and cut before its first event was
+    charged nothing (the reservation given back); one cut after its usage arrived was
+    charged its reservation, not the larger usage the upstream reported."""
+    import httpx
+
+    from guardstack.gateway.tenants import tenants_of
+    from tests.gateway.model_proxy.test_app import serve
+    from tests.gateway.model_proxy.test_request import auth, request_for
+    from tests.integrations.runaway import Runaway
+
+    key, admin = "sk-acme-cut-0123456789ab", "an-admin-key-of-some-length"
+    day = {"budget": {"tokens_per_day": 100_000}}
+    tenants = tenants_of({"keys": {key: {"tenant": "acme", "name": "bot"}},
+                          "tenants": {"acme": day}})  # fmt: skip
+    with Runaway(bound=0, usage=(100, 50)) as upstream:
+        upstream.cut_after = cut_after
+        async for served in serve(Harness(), upstream, tenants=tenants, admin_key=admin):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+                path, body = request_for("messages", "hi", stream=True)
+                async with raw.stream("POST", path, json=body, headers=auth("messages", key)) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+                report = await raw.get("/admin/spend", params={"scope": "tenant:acme"},
+                                       headers={"authorization": f"Bearer {admin}"})  # fmt: skip
+    [row] = report.json()["rows"]
+    assert row["requests"] == 1
+    if charged == "its reservation":
+        assert 50 < row["tokens"] < 150  # the estimate: its input and max_tokens 50
+    else:
+        assert row["tokens"] == 150  # 100 in, 50 out: what the upstream reported
