@@ -14,7 +14,12 @@ from typing import Any, Final
 from guardstack.gateway.admin import Admin
 from guardstack.gateway.budgets import BudgetRefusal, Budgets
 from guardstack.gateway.decision_log import DecisionLog
-from guardstack.gateway.model_proxy.conversations import Conversations, digests, identity
+from guardstack.gateway.model_proxy.conversations import (
+    Conversations,
+    digests,
+    family,
+    identity,
+)
 from guardstack.gateway.model_proxy.exchange import (
     OVERHEAD_HEADER,
     STOPPED_HEADER,
@@ -393,14 +398,15 @@ class ModelProxy:
                         model=model)  # fmt: skip
                 return self._error(wire, 403, "permission", why)
         messages = wire.messages(data)
-        name = identity(headers, CONVERSATION_HEADER, wire.system_text(data, messages),
-                        wire.first_prompt(messages), data)  # fmt: skip
+        system = wire.system_text(data, messages)
+        name = identity(headers, CONVERSATION_HEADER, system, wire.first_prompt(messages), data)
         history = digests(messages)
         retried = headers.get("x-stainless-retry-count", "0") not in ("", "0")
         call_ids = [call_id for call_id, *_ in wire.calls(messages)]
         conversation, fresh = self.conversations.get(
-            tenant, name, history, resend=retried, call_ids=call_ids, labels=caller.labels()
-        )
+            tenant, name, history, resend=retried, call_ids=call_ids, labels=caller.labels(),
+            related=family(headers, CONVERSATION_HEADER, system),
+        )  # fmt: skip
         limit = wire.max_tokens(data) or DEFAULT_OUTPUT_TOKENS
         observed = self.outputs.estimate((model, entry.tenant)) if entry is not None else None
         output = min(limit, observed) if observed is not None else limit

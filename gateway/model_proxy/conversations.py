@@ -13,7 +13,8 @@ escaped parts, never joined as text.
 
 **History decides the rest.** An identity holds threads; a request continues the
 thread whose history (as the client sent it last, cache markers ignored) is a prefix of
-its own, and otherwise starts a new thread with counts of its own: two runs of one
+its own — or, for a client that reorders earlier messages, whose every item it holds
+again, and more — and otherwise starts a new thread with counts of its own: two runs of one
 prompt, one after the other or at once, never share per-turn or per-conversation
 counts or loop evidence, and a client's side requests (a title, a summary) do not
 mix with its main loop. A request whose history is the thread's exactly is a resend of
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
@@ -43,7 +44,7 @@ import anyio
 from guardstack.pipeline import Agent
 from guardstack.pipeline.contract import new_token, store_key
 
-__all__ = ["Conversation", "Conversations", "digests", "identity"]
+__all__ = ["Conversation", "Conversations", "digests", "family", "identity"]
 
 #: The headers a client's own session id arrives in, by client.
 SESSION_HEADERS: Final = ("x-claude-code-session-id", "session-id")
@@ -127,6 +128,36 @@ def identity(
     return "digest:" + hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
+def _reordered(threads: list[Conversation], history: list[str]) -> Conversation | None:
+    """The thread whose history ``history`` holds every item of — each as often, in any
+    order — and more: a client that moves earlier messages behind later ones on every
+    request (one real agent does) continues its conversation. The longest such."""
+    have = Counter(history)
+    found: Conversation | None = None
+    for thread in threads:
+        size = len(thread.history)
+        if not 0 < size < len(history) or (found is not None and size <= len(found.history)):
+            continue
+        if not Counter(thread.history) - have:  # nothing of it is missing
+            found = thread
+    return found
+
+
+def family(headers: Mapping[str, str], header: str, system: str) -> str | None:
+    """The identities a digest identity may share a conversation with (the same client
+    key and system prompt, any first message): where a reordering client's next request
+    is looked for. ``None`` when the client names its conversation or session."""
+    if headers.get(header) or any(headers.get(name) for name in SESSION_HEADERS):
+        return None
+    key = (
+        headers.get("authorization")
+        or headers.get("x-api-key")
+        or headers.get("x-goog-api-key", "")
+    )
+    seed = json.dumps([key, system], sort_keys=True, default=str)
+    return hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
 class Conversations:
     """(Tenant, identity) -> threads of ``Conversation``, freed when idle and past a bound."""
 
@@ -142,6 +173,8 @@ class Conversations:
         self.most = most
         self._open: OrderedDict[tuple[str, str], list[Conversation]] = OrderedDict()
         self._count = 0
+        #: (Tenant, family) -> the identities seen in it, most recent last (bounded).
+        self._family: dict[tuple[str, str], OrderedDict[tuple[str, str], None]] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -155,12 +188,15 @@ class Conversations:
         resend: bool = False,
         call_ids: Collection[str] = (),
         labels: Mapping[str, str] | None = None,
+        related: str | None = None,
     ) -> tuple[Conversation, bool]:
         """The thread of ``(tenant, name)`` that ``history`` continues, or a new one;
         and whether it is new here (made now). ``resend``: the client says it retries;
         ``call_ids``: the tool calls in its history — of two threads that began alike,
         the one whose answer asked for them is the one it continues. ``labels`` name a
-        new conversation's agent (the key that began it: its team and key id)."""
+        new conversation's agent (the key that began it: its team and key id);
+        ``related`` (``family``) names the identities a reordered history may continue a
+        conversation of."""
         now = anyio.current_time()
         self._free_idle(now)
         key = (tenant or "", name)
@@ -171,17 +207,42 @@ class Conversations:
             self._open.move_to_end(key)
         found = None
         ids = set(call_ids)
+        have = Counter(history)
         for thread in threads:  # the longest history this one continues
             size = len(thread.history)
             continues = size <= len(history) and history[:size] == thread.history
             if continues and size == len(history) and not resend and thread.state != "failed":
                 continues = False  # the same history again, not a retry: another run
+            # a client that reorders what it sent before: the same items, and more
+            continues = continues or (
+                0 < size < len(history) and not Counter(thread.history) - have
+            )
             if continues and (
                 found is None
                 or size > len(found.history)
                 or (size == len(found.history) and not found.asked(ids) and thread.asked(ids))
             ):
                 found = thread
+        if found is None and related is not None:
+            kin = [
+                thread
+                for other in self._family.get((tenant or "", related), ())
+                if other != key
+                for thread in self._open.get(other, ())
+            ]
+            found = _reordered(kin, history)
+            if found is not None:  # its identity is the one it began under
+                key = found.key
+                threads = self._open[key]
+        if related is not None:
+            members = self._family.pop((tenant or "", related), None) or OrderedDict()
+            self._family[(tenant or "", related)] = members  # the most recent last
+            while len(self._family) > self.most:
+                del self._family[next(iter(self._family))]
+            members[key] = None
+            members.move_to_end(key)
+            while len(members) > MAX_THREADS:
+                members.popitem(last=False)
         fresh = found is None
         if found is None:
             # the first thread is named by the identity alone; later ones get a token.

@@ -12,7 +12,12 @@ import anyio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guardstack.gateway.model_proxy.conversations import Conversations, digests, identity
+from guardstack.gateway.model_proxy.conversations import (
+    Conversations,
+    digests,
+    family,
+    identity,
+)
 from guardstack.pipeline import Harness, ScriptedModel
 
 HEADER = "x-guardstack-conversation"
@@ -130,3 +135,110 @@ def test_a_history_that_does_not_continue_starts_a_new_conversation() -> None:
     first, shorter, again = anyio.run(drive)
     assert shorter is not first
     assert again is first  # the longest history it continues
+
+
+def _reordered(history: list[Any], shift: int) -> list[Any]:
+    """The history as one real agent sends it: its first prompt kept first, an earlier
+    assistant/user pair moved behind the later ones (a different pair each time)."""
+    head, pairs = history[:1], [history[i : i + 2] for i in range(1, len(history) - 1, 2)]
+    if len(pairs) < 2:
+        return copy.deepcopy(history)
+    moved = pairs.pop(shift % len(pairs))
+    return copy.deepcopy(head + [m for pair in pairs for m in pair] + moved)
+
+
+@given(
+    runs=st.integers(1, 3),
+    steps=st.integers(2, 6),
+    order=st.randoms(use_true_random=False),
+    shifts=st.lists(st.integers(0, 10), min_size=30, max_size=30),
+)
+def test_a_run_that_reorders_its_history_stays_one_conversation(
+    runs: int, steps: int, order: Any, shifts: list[int]
+) -> None:
+    """Reported (#66): a client that sends no session id and moves an earlier pair
+    behind later messages on every request was a new conversation each time — so
+    ``per_session`` caps never bound. Any interleaving of such runs: each run one
+    conversation, of its own."""
+    harness = Harness(ScriptedModel([]))
+    conversations = Conversations(
+        lambda s, t, labels: harness.loop.create(s, tenant=t), idle_s=3600, most=1000
+    )
+    queues = {run: _run_history(run, steps) for run in range(runs)}
+    seen: dict[int, set[int]] = {run: set() for run in range(runs)}
+    turn = 0
+
+    async def drive() -> None:
+        nonlocal turn
+        while any(queues.values()):
+            run = order.choice([r for r, left in queues.items() if left])
+            history = _reordered(queues[run].pop(0), shifts[turn % len(shifts)])
+            turn += 1
+            first = history[0]["content"][0]["text"]
+            name = identity({}, HEADER, "You are an agent.", first, {})
+            related = family({"authorization": "Bearer k"}, HEADER, "You are an agent.")
+            asked = [
+                block["tool_use_id"]
+                for message in history
+                for block in message["content"]
+                if block.get("type") == "tool_result"
+            ]
+            conversation, _ = conversations.get(
+                "t", name, digests(history), call_ids=asked, related=related
+            )
+            # the answer the proxy relays asks for the run's next call: decided then
+            conversation.decided.add(f"toolu_{run}_{len(asked)}")
+            seen[run].add(id(conversation))
+
+    anyio.run(drive)
+    assert all(len(found) == 1 for found in seen.values()), seen
+    assert len({next(iter(found)) for found in seen.values()}) == runs
+
+
+def test_through_the_proxy_a_reordering_client_is_held_to_its_session_cap() -> None:
+    """Reported: ``model-call-limit {per_session: 2}`` let 4 calls of one task through a
+    client that reorders its history on every request; now the third is the stop."""
+    import httpx
+
+    from guardstack.gateway.model_proxy import ModelProxy
+    from guardstack.guards import ModelCallLimit
+    from tests.integrations.runaway import Runaway
+
+    tools = [{"type": "function", "function": {"name": "Bash", "parameters": {}}}]
+
+    async def drive(upstream: Runaway) -> list[str | None]:
+        harness = Harness()
+        harness.plugin(ModelCallLimit(per_session=2))
+        proxy = ModelProxy(harness, upstream.url)
+        transport = httpx.ASGITransport(app=proxy.app)
+        history: list[Any] = [{"role": "user", "content": "Fix the build."}]
+        stops: list[str | None] = []
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as raw:
+            for step in range(4):
+                sent = _reordered_chat(history, step)
+                answer = await raw.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": sent, "tools": tools},
+                    headers={"authorization": "Bearer k"},
+                )
+                stops.append(answer.headers.get("x-guardstack-stopped"))
+                message = answer.json()["choices"][0]["message"]
+                calls = message.get("tool_calls") or []
+                history.append({"role": "assistant", "content": None, "tool_calls": calls})
+                history += [{"role": "tool", "tool_call_id": c["id"], "content": f"out {step}"}
+                            for c in calls]  # fmt: skip
+        await proxy.aclose()
+        return stops
+
+    with Runaway(bound=10) as upstream:
+        stops = anyio.run(drive, upstream)
+    assert stops[:2] == [None, None]
+    assert stops[2] == "model-call-limit"
+
+
+def _reordered_chat(history: list[Any], step: int) -> list[Any]:
+    """Chat messages with the earliest assistant/tool pair moved behind the later ones."""
+    head, rest = history[:1], history[1:]
+    if step < 2 or len(rest) < 4:
+        return copy.deepcopy(history)
+    return copy.deepcopy(head + rest[2:] + rest[:2])

@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from guardstack.guards import ModelCallLimit
 from guardstack.pipeline import Harness
@@ -82,3 +85,44 @@ async def test_a_turn_in_which_nothing_worked_ends_as_the_upstreams_error(
     assert [answer.status_code for answer in answers] == [500] * 4
     assert not any("x-guardstack-stopped" in answer.headers for answer in answers)
     assert worked.status_code == 200  # a new turn: its own count
+
+
+@settings(max_examples=15, deadline=None)
+@given(wires=st.lists(st.sampled_from(["chat", "responses"]), min_size=1, max_size=6))
+def test_a_request_on_one_wire_is_never_a_resend_of_a_failed_one_on_another(
+    wires: list[str],
+) -> None:
+    """Reported (#66): after a chat request failed upstream, a Responses request with the
+    same key and prompt was answered with the chat call's error without going upstream
+    (resends were keyed by history only). Any interleaving of the two wires, the
+    upstream failing: each wire's first request goes upstream; a wire's resend (with no
+    ``Retry``, one attempt an operation) is answered with its own last error."""
+    import httpx
+
+    from guardstack.gateway.model_proxy import ModelProxy
+    from tests.integrations.runaway import Runaway
+
+    bodies = {
+        "chat": ("/v1/chat/completions",
+                 {"model": "m", "messages": [{"role": "user", "content": "Fix it."}]}),
+        "responses": ("/v1/responses", {"model": "m", "input": "Fix it."}),
+    }  # fmt: skip
+
+    async def drive(upstream: Runaway) -> list[int]:
+        proxy = ModelProxy(Harness(), upstream.url)
+        transport = httpx.ASGITransport(app=proxy.app)
+        statuses = []
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as raw:
+            for wire in wires:
+                path, body = bodies[wire]
+                answer = await raw.post(path, json=body, headers={"authorization": "Bearer k"})
+                statuses.append(answer.status_code)
+        await proxy.aclose()
+        return statuses
+
+    with Runaway(bound=0) as upstream:
+        upstream.fail = 500
+        statuses = anyio.run(drive, upstream)
+    reached = [seen.path for seen in upstream.model_requests()]
+    assert reached == [bodies[w][0] for w in dict.fromkeys(wires)]  # each wire's first only
+    assert set(statuses) == {500}  # every answer is its own wire's upstream error
