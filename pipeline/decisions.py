@@ -25,7 +25,18 @@ import logging
 import time
 from typing import Any, Final
 
-__all__ = ["FIELDS", "decided", "layer_of", "logger", "who_of"]
+from opentelemetry import trace
+
+__all__ = [
+    "FIELDS",
+    "GUARDRAIL_EVENT",
+    "GUARDRAIL_SOURCES",
+    "decided",
+    "guardrail_result",
+    "layer_of",
+    "logger",
+    "who_of",
+]
 
 logger = logging.getLogger("guardstack.decisions")
 #: A library's logger says nothing until the application listens (no last-resort
@@ -42,6 +53,50 @@ _WARNINGS: Final = frozenset(
 )
 
 
+#: The OpenTelemetry GenAI conventions' guardrail result event (semantic-conventions-genai,
+#: docs/gen-ai/gen-ai-guardrails.md): each guard decision is one, on the call's span.
+GUARDRAIL_EVENT: Final = "gen_ai.guardrail.result"
+#: Where a decision's evaluated content comes from (``gen_ai.guardrail.source``): a
+#: tool call the model asked for, a tool's result, a request to the model, its answer.
+GUARDRAIL_SOURCES: Final = ("tool_input", "tool_output", "model_request", "model_response")
+#: The decision-log events that are a guard's decision (a guardrail result), and the
+#: source each is about unless the caller says.
+_GUARD_EVENTS: Final = {
+    "deny": "tool_input",
+    "stop": "model_request",
+    "refuse": "model_request",
+    "budget_refused": "model_request",
+    "shadow": "tool_input",
+    "remind": "tool_output",
+}
+
+
+def guardrail_result(
+    layer: str, value: str, reason: str = "", *, source: str, shadow: bool = False
+) -> None:
+    """One guard decision as a ``gen_ai.guardrail.result`` event on the current span
+    (the call's, when tracing is on): the layer is the component, the decision the
+    result's native value — never translated to a verdict — its reason guardstack's own
+    text (never a tool's arguments or a key). A shadow decision is marked as one (it
+    was not enforced). Nothing when no span is recording."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    attributes: dict[str, Any] = {
+        "gen_ai.guardrail.component.name": layer,
+        "gen_ai.guardrail.result.type": "guardstack.decision",
+        "gen_ai.guardrail.result.value": value,
+        "gen_ai.guardrail.source": source,
+        "guardstack.enforced": not shadow,
+    }
+    if reason:
+        attributes["gen_ai.guardrail.result.reason"] = reason[:300]
+    try:
+        span.add_event(GUARDRAIL_EVENT, attributes)
+    except Exception:  # telemetry never changes a decision
+        logging.getLogger("guardstack").debug("could not record a guardrail event", exc_info=True)
+
+
 def decided(
     event: str,
     *,
@@ -49,9 +104,17 @@ def decided(
     decision: str,
     reason: str = "",
     tool: str | None = None,
+    source: str | None = None,
     **who: str | None,
 ) -> None:
-    """Log one decision (see the module docstring); costs nothing when nobody listens."""
+    """Log one decision (see the module docstring); costs nothing when nobody listens.
+    A guard's decision is also a ``gen_ai.guardrail.result`` event (``source``: what it
+    is about, else the event's usual one)."""
+    guarded = _GUARD_EVENTS.get(event)
+    if guarded is not None and not (event == "refuse" and layer == "gate"):
+        guardrail_result(
+            layer, decision, reason, source=source or guarded, shadow=event == "shadow"
+        )
     level = logging.WARNING if event in _WARNINGS else logging.INFO
     if not logger.isEnabledFor(level):
         return

@@ -45,7 +45,7 @@ from guardstack.pipeline.contract import (
     PreNext,
 )
 from guardstack.pipeline.control import Control
-from guardstack.pipeline.decisions import decided, layer_of, who_of
+from guardstack.pipeline.decisions import decided, guardrail_result, layer_of, who_of
 from guardstack.pipeline.errors import DuplicateToolError, GuardstackError
 from guardstack.pipeline.onion import Pipeline, Registration
 from guardstack.pipeline.readonly import read_only
@@ -549,6 +549,7 @@ class ToolRegistry:
             # let a looping agent through.
             failure = self._final_failure(self.post_execute, error).result
             return ToolOutcome(failure, (), ends_turn)
+        _reminded(decision.additional_contexts)
         return ToolOutcome(result, decision.additional_contexts, ends_turn)
 
     def _final_failure(self, stage: Pipeline[Any, Any], error: Exception) -> _Early:
@@ -556,6 +557,16 @@ class ToolRegistry:
         where = f'{stage.stage} layer "{layer}"' if layer else f"{stage.stage} stage"
         logger.error("%s raised; the call gets a final TOOL_FAILED result", where, exc_info=error)
         return _Early(failure_from_exception(error, prefix=f"{where} failed: "), final=True)
+
+
+def _reminded(contexts: tuple[Any, ...] | list[Any]) -> None:
+    """Each reminder a post-execute layer added: a guardrail result (``remind``), told
+    apart from a denial — with no reason: a reminder's text may quote the call's
+    arguments, and those never leave in telemetry."""
+    for context in contexts:
+        source = getattr(context, "source", None)
+        layer = getattr(source, "plugin", None) or "guardstack"
+        guardrail_result(layer, "remind", source="tool_output")
 
 
 def _log_denial(call: ToolCall, deny: Deny) -> None:

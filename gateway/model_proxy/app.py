@@ -11,6 +11,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final
 
+from opentelemetry import trace
+
 from guardstack.gateway.admin import Admin
 from guardstack.gateway.budgets import BudgetRefusal, Budgets
 from guardstack.gateway.decision_log import DecisionLog
@@ -34,7 +36,12 @@ from guardstack.gateway.model_proxy.owners import ResponseOwners, reaches_anothe
 from guardstack.gateway.model_proxy.request import Caller, Estimate, ProxyRequest
 from guardstack.gateway.model_proxy.responses import RESPONSES
 from guardstack.gateway.model_proxy.routes import WIRES, Route, Router, read_route
-from guardstack.gateway.model_proxy.upstream import DEFAULT, Target, Upstream
+from guardstack.gateway.model_proxy.upstream import (
+    DEFAULT,
+    PROVIDER_NAMES,
+    Target,
+    Upstream,
+)
 from guardstack.gateway.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
 from guardstack.gateway.prices import PROVIDERS
 from guardstack.gateway.request_log import Finished, RequestLog
@@ -255,8 +262,13 @@ class ModelProxy:
         answer finished here (a stream's exchange finishes itself)."""
         started = time.perf_counter()
         seen = _Seen()
+        span = self._request_span(wire, route)
         try:
-            answer = await self._proxy(request, wire, route, started, seen)
+            if span is None:
+                answer = await self._proxy(request, wire, route, started, seen)
+            else:  # the guards' decisions and the model stage's spans sit inside it
+                with trace.use_span(span, end_on_exit=False):
+                    answer = await self._proxy(request, wire, route, started, seen)
         except Refused as refused:
             if refused.status == 401:
                 self._refused_key(request, refused.message)
@@ -264,7 +276,11 @@ class ModelProxy:
         except Malformed as malformed:
             answer = self._error(wire, 400, "invalid_request", str(malformed))
         if isinstance(answer, Exchange):
-            return answer  # a stream's exchange times and finishes itself
+            answer.span = span  # a stream's exchange times, finishes and ends it itself
+            return answer
+        if span is not None:
+            span.set_attribute("http.response.status_code", answer.status_code)
+            span.end()
         overhead = (time.perf_counter() - started) * 1000
         if OVERHEAD_HEADER not in answer.headers:
             answer.headers[OVERHEAD_HEADER] = f"{overhead:.2f}"
@@ -275,6 +291,27 @@ class ModelProxy:
             self._finished(_finished_early(seen.request, wire, answer.status_code, stopped,
                                            started))  # fmt: skip
         return answer
+
+    def _request_span(self, wire: Wire, route: _Route) -> Any:
+        """A SERVER span for the request, when the stack traces (its ``Tracing`` layer's
+        tracer): what the guards decide about the request — a reminder, a stop, a
+        budget's refusal — are events on it, and the model stage's spans its children.
+        ``None`` (nothing made) when nothing traces."""
+        from guardstack.wrappers import Tracing
+
+        tracer = next(
+            (h.plugin.tracer for h in self.harness.plugins if isinstance(h.plugin, Tracing)),
+            None,
+        )
+        if tracer is None:
+            return None
+        path = route.path.split("?", 1)[0]
+        return tracer.start_span(
+            f"POST {path}",
+            kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": "POST", "url.path": path,
+                        "gen_ai.provider.name": PROVIDER_NAMES.get(wire.name, "_OTHER")},
+        )  # fmt: skip
 
     def _finished(self, finished: Finished) -> None:
         """A request answered: its request-log line and its count, by wire, upstream and

@@ -169,6 +169,8 @@ class Exchange:
         #: What the answer used and cost, once known (the request log's).
         self.usage: Usage | None = None
         self.usd: float | None = None
+        #: The request's SERVER span, when the stack traces: a stream ends it at its end.
+        self.span: Any = None
 
     def finished(self, status: int, stopped: str | None) -> None:
         """The request is answered: its line in the request log, its count."""
@@ -372,6 +374,16 @@ class Exchange:
             return content, None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        span = self.span
+        if span is None:
+            await self._stream(scope, receive, send)
+            return
+        from opentelemetry import trace
+
+        with trace.use_span(span, end_on_exit=True):  # decisions on the stream are its events
+            await self._stream(scope, receive, send)
+
+    async def _stream(self, scope: Any, receive: Any, send: Any) -> None:
         from starlette.responses import Response
 
         upstream = self.upstream

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from guardstack.gateway.model_proxy.owners import ResponseOwners
     from guardstack.gateway.model_proxy.request import ProxyRequest
 
-__all__ = ["DEFAULT", "Target", "Upstream", "Via"]
+__all__ = ["DEFAULT", "PROVIDER_NAMES", "Target", "Upstream", "Via"]
 
 DEFAULT = "default"
 
@@ -60,7 +60,7 @@ class Target:
 
 
 #: The GenAI conventions' provider names, by the wire a request came in on.
-_PROVIDERS: Final = {
+PROVIDER_NAMES: Final = {
     "openai": "openai", "responses": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini",
 }  # fmt: skip
 
@@ -90,7 +90,7 @@ class Upstream:
         self.stream = request.stream
         self.model = request.model
         #: ``gen_ai.provider.name``: the API family the client speaks.
-        self.provider = _PROVIDERS.get(wire.name, "_OTHER")
+        self.provider = PROVIDER_NAMES.get(wire.name, "_OTHER")
         #: What a spend cap reserves: the output limit the request states (times the
         #: answers it asks for; ``None``: the cap's own estimate) and its input, as its
         #: wire counts it.

@@ -254,3 +254,46 @@ def test_what_is_done_to_one_key_never_touches_another_tenants_key_of_that_name(
             assert status == 0  # the budget's stop
         else:
             assert status == 200, (key_id, statuses)
+
+
+async def test_behind_the_proxy_guard_decisions_are_guardrail_events(chat_server: Any) -> None:
+    """The conversation's guards behind the model proxy: the reminder and the cap's stop
+    are ``gen_ai.guardrail.result`` events on the spans of the calls they are about."""
+    from guardstack.guards import RepeatToolReminder, ToolCallLimit
+    from guardstack.pipeline.decisions import GUARDRAIL_EVENT
+    from guardstack.wrappers import Tracing
+    from tests.integrations.chat_server import Answer
+    from tests.wrappers.otel import SpanRig
+
+    rig = SpanRig()
+    harness = Harness()
+    harness.plugin(Tracing(rig.provider))
+    harness.plugin(RepeatToolReminder())
+    harness.plugin(ToolCallLimit(per_turn=4))
+    chat_server.script = [
+        Answer(None, tool_calls=((f"c{n}", "grep", '{"q": "TODO"}'),)) for n in range(10)
+    ]
+    messages: list[Any] = [{"role": "user", "content": "What is in the repo?"}]
+    async for served in serve(harness, chat_server):
+        async with served.client() as client:
+            for _ in range(8):
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="m", messages=messages
+                )
+                choice = raw.parse().choices[0]
+                if choice.finish_reason == "stop":
+                    break
+                [call] = choice.message.tool_calls or []
+                messages.append(choice.message.model_dump(exclude_none=True))
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": "a.py"})
+    events = [
+        (dict(event.attributes or {}), span.name)
+        for span in rig.spans
+        for event in span.events
+        if event.name == GUARDRAIL_EVENT
+    ]
+    decisions = {(e["gen_ai.guardrail.component.name"], e["gen_ai.guardrail.result.value"])
+                 for e, _ in events}  # fmt: skip
+    assert ("repeat-tool-reminder", "remind") in decisions, [s.name for s in rig.spans]
+    assert any(layer == "tool-call-limit" for layer, _ in decisions), decisions
+    assert "TODO" not in repr(events)  # never a tool's arguments
