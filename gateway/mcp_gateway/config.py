@@ -23,13 +23,15 @@ sees::
         servers: {files: {}, time: {tools: [get_current_time]}}
         quotas:
           - {server: time, calls_per_day: 500}
-          - {server: files, tool: write_file, calls_per_day: 50}
+          - {server: files, tool: write_file, calls_per_hour: 20, per: key}
       team-b:
         servers: {search: {}}
 
 A server a tenant does not list is not seen at all; ``tools:`` narrows a server to the
-tools named (their downstream names). Quotas are calls per UTC day, per server or per
-tool, counted in the store's ledger (a ``RedisStore`` shares them across gateways).
+tools named (their downstream names). A quota is calls a UTC minute, hour or day, to a
+server or one of its tools, counted ``per`` tenant (the default), key or conversation —
+only calls, never listing or discovery — in the store's ledger (a ``RedisStore``
+shares them across gateways).
 Every mistake is a ``ConfigError`` naming the file, the key and the value.
 """
 
@@ -43,6 +45,7 @@ from typing import Any, Final
 
 import attrs
 
+from guardstack.gateway.tenants import key_id
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.harness import read_config_file
 from guardstack.pipeline.validate import cut, did_you_mean
@@ -127,14 +130,32 @@ class GatewayConfig:
         return [server.name for server in self.servers]
 
 
+#: The windows a quota counts calls in (UTC calendar windows).
+QUOTA_WINDOWS: Final = ("minute", "hour", "day")
+#: Whose calls a quota counts together.
+QUOTA_PER: Final = ("tenant", "key", "conversation")
+
+
 @attrs.frozen
 class Quota:
-    """At most ``calls_per_day`` calls a UTC day to ``server`` (to its ``tool`` only, if
-    named) for one tenant."""
+    """At most ``calls`` calls a UTC ``window`` (minute, hour or day) to ``server`` (to
+    its ``tool`` only, if named), counted ``per`` tenant, key or conversation. Listing
+    and discovery are never counted: only ``tools/call``."""
 
     server: str
-    calls_per_day: int
+    calls: int
     tool: str | None = None
+    per: str = "tenant"
+    window: str = "day"
+
+    @property
+    def calls_per_day(self) -> int:
+        """The day's limit (0.1's name; a quota of another window has none)."""
+        return self.calls if self.window == "day" else 0
+
+    def describe(self) -> str:
+        where = f"{self.server}{SEPARATOR + self.tool if self.tool else ''}"
+        return f"{where} {self.calls}/{self.window} per {self.per}"
 
 
 @attrs.frozen
@@ -155,10 +176,17 @@ class Tenant:
 
 @attrs.frozen
 class Keys:
-    """Client key -> tenant name, and the tenants."""
+    """Client key -> tenant name, the tenants, and each key's id (``TENANT/NAME`` when the
+    file names it, else its digest id): what a ``per: key`` quota counts by."""
 
     keys: Mapping[str, str]
     tenants: Mapping[str, Tenant]
+    ids: Mapping[str, str] = attrs.field(factory=dict)
+
+    def id_of(self, key: str | None) -> str | None:
+        if not key or key not in self.keys:
+            return None
+        return self.ids.get(key) or key_id(key)
 
     def tenant_of(self, key: str | None) -> Tenant | None:
         name = self.keys.get(key) if key else None
@@ -280,11 +308,15 @@ def read_keys(path: Path, servers: list[str]) -> Keys:
     if not isinstance(keys, Mapping) or not keys:
         raise _fail(source, "keys", "…", "a mapping of client keys to tenant names")
     named: dict[str, str] = {}
+    ids: dict[str, str] = {}
     for key, tenant in keys.items():
         if not isinstance(key, str) or len(key) < 16:
             raise _fail(source, "keys", "…", "each client key is text of 16 characters or more")
         if isinstance(tenant, Mapping):  # the tenants file's {tenant, team, name, …}
+            name = tenant.get("name")
             tenant = tenant.get("tenant")
+            if isinstance(name, str) and name:
+                ids[key] = f"{tenant}/{name}"
         named[key] = tenant
         if tenant not in found:
             raise _fail(
@@ -294,7 +326,7 @@ def read_keys(path: Path, servers: list[str]) -> Keys:
                 f"a key names the tenant {tenant!r}, which "
                 f"`tenants` does not list{did_you_mean(str(tenant), list(found))}",
             )
-    return Keys(named, found)
+    return Keys(named, found, ids)
 
 
 def _tenant(source: str, name: object, entry: object, servers: list[str]) -> Tenant:
@@ -336,18 +368,36 @@ def _tenant(source: str, name: object, entry: object, servers: list[str]) -> Ten
             visible[server] = frozenset(narrowing["tools"])
         else:
             raise _fail(source, f"{where}.servers.{server}", narrowing, "{} or {tools: [...]}")
-    quotas = []
-    for quota in entry.get("quotas") or []:
-        if not isinstance(quota, Mapping) or set(quota) - {"server", "tool", "calls_per_day"}:
-            raise _fail(source, f"{where}.quotas", quota, "{server, tool, calls_per_day}")
-        server, per_day, tool = quota.get("server"), quota.get("calls_per_day"), quota.get("tool")
-        if server not in visible:
-            raise _fail(
-                source, f"{where}.quotas", server, "a quota names a server this tenant sees"
-            )
-        if isinstance(per_day, bool) or not isinstance(per_day, int) or per_day < 1:
-            raise _fail(source, f"{where}.quotas.calls_per_day", per_day, "a whole number >= 1")
-        if tool is not None and not (isinstance(tool, str) and tool):
-            raise _fail(source, f"{where}.quotas.tool", tool, "a tool's name (text)")
-        quotas.append(Quota(str(server), per_day, tool))
+    quotas = [
+        _quota(source, f"{where}.quotas[{n}]", quota, visible)
+        for n, quota in enumerate(entry.get("quotas") or [])
+    ]
     return Tenant(name, visible, tuple(quotas))
+
+
+def _quota(source: str, where: str, quota: object, visible: Mapping[str, Any]) -> Quota:
+    """One quota: ``{server, tool?, per?, calls_per_minute|hour|day}``, checked."""
+    counts = [f"calls_per_{window}" for window in QUOTA_WINDOWS]
+    allowed = {"server", "tool", "per", *counts}
+    if not isinstance(quota, Mapping):
+        raise _fail(source, where, quota, "{server, tool, per, calls_per_minute|hour|day}")
+    for key in quota:
+        if key not in allowed:
+            near = did_you_mean(str(key), sorted(allowed))
+            raise _fail(source, f"{where}.{key}", key, f"not a quota's key{near}")
+    given = [count for count in counts if count in quota]
+    if len(given) != 1:
+        raise _fail(source, where, quota, "exactly one of calls_per_minute, _hour or _day")
+    calls = quota[given[0]]
+    server, tool, per = quota.get("server"), quota.get("tool"), quota.get("per", "tenant")
+    if server not in visible:
+        raise _fail(source, f"{where}.server", server, "a quota names a server this tenant sees")
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise _fail(source, f"{where}.{given[0]}", calls, "a whole number >= 1")
+    if tool is not None and not (isinstance(tool, str) and tool):
+        raise _fail(source, f"{where}.tool", tool, "a tool's name (text)")
+    if per not in QUOTA_PER:
+        near = did_you_mean(str(per), QUOTA_PER)
+        raise _fail(source, f"{where}.per", per, f"tenant, key or conversation{near}")
+    window = given[0].removeprefix("calls_per_")
+    return Quota(str(server), calls, tool, str(per), window)

@@ -37,10 +37,10 @@ from guardstack.integrations.mcp import (
     tracing_provider,
     with_note_field,
 )
-from guardstack.pipeline.contract import Window, calendar_periods, new_token, store_key
+from guardstack.pipeline.contract import Window, new_token, store_key
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.harness import Harness
-from guardstack.pipeline.ledger import Ledger
+from guardstack.pipeline.ledger import CALENDAR_GRACE_S, Ledger, calendar_window
 from guardstack.pipeline.values import (
     TOOL_ABORTED_BEFORE_DISPATCH,
     TOOL_DENIED,
@@ -59,6 +59,8 @@ __all__ = ["Gateway"]
 logger = logging.getLogger("guardstack")
 
 PLUGIN: Final = "mcp-gateway"
+#: The header a client names its conversation by (as the model proxy reads it).
+CONVERSATION_HEADER: Final = "x-guardstack-conversation"
 #: How long ``run`` waits for every downstream's first start before serving anyway.
 FIRST_START_S: Final = 30.0
 #: Result codes of a call that never reached its tool: its quota is given back.
@@ -147,10 +149,7 @@ class Gateway:
                     server if tools is None else f"{server} ({', '.join(sorted(tools))})"
                     for server, tools in tenant.servers.items()
                 )
-                quotas = "; ".join(
-                    f"{q.server}{SEPARATOR + q.tool if q.tool else ''} {q.calls_per_day}/day"
-                    for q in tenant.quotas
-                )
+                quotas = "; ".join(quota.describe() for quota in tenant.quotas)
                 lines.append(f"  {tenant.name}: {seen}" + (f"; quotas {quotas}" if quotas else ""))
         return "\n".join(lines)
 
@@ -160,8 +159,7 @@ class Gateway:
         """The tenant a request comes from (``None``: no keys, every server is seen)."""
         if self.keys is None:
             return None
-        headers = getattr(getattr(ctx, "request", None), "headers", None) or {}
-        return self.keys.tenant_of(client_key({k.lower(): v for k, v in headers.items()}))
+        return self.keys.tenant_of(client_key(_headers(ctx)))
 
     def sees(self, tenant: Tenant | None, server: str, name: str | None = None) -> bool:
         """Whether ``tenant`` may see ``server`` (and its tool ``name``)."""
@@ -178,18 +176,31 @@ class Gateway:
         name = downstream.own(served)
         return (downstream, name) if name is not None else None
 
+    def key_id(self, ctx: Any) -> str | None:
+        """The id of the key a request came with (``None``: no keys, or none given)."""
+        if self.keys is None:
+            return None
+        return self.keys.id_of(client_key(_headers(ctx)))
+
     def _conversation(self, ctx: Any, tenant: Tenant | None) -> str:
+        """The conversation a request belongs to. Over HTTP nothing keys on a transport
+        session (a 2026-07-28 client has none, and a new connection each request): it is
+        the tenant's, the key's, and the ``x-guardstack-conversation`` header's, else the
+        key's own. Over stdio, the one client's connection."""
         connection = getattr(ctx, "connection", None) or getattr(
             ctx.session, "_connection", ctx.session
         )
+        self.relay.connections.add(connection)  # it hears of list changes from now
+        who = tenant.name if tenant is not None else "any"
+        request = getattr(ctx, "request", None)
+        if request is not None:  # tenant, key and name as escaped parts: none spells another
+            named = _headers(ctx).get(CONVERSATION_HEADER) or "-"
+            return store_key("mcp-gateway", who, self.key_id(ctx) or "-", named)
         known = self.conversations.get(connection)
         if known is None:
-            who = tenant.name if tenant is not None else "any"
-            # tenant and number as escaped parts: no tenant's name can spell another's
             known = self.conversations[connection] = store_key(
                 "mcp-gateway", who, str(next(self._ids))
             )
-            self.relay.connections.add(connection)
         return known
 
     # -- the MCP server -----------------------------------------------------------------
@@ -233,15 +244,18 @@ class Gateway:
                 return _error(f"no tool named {params.name!r}")
             downstream, name = found
             op_id: str | None = None
+            conversation = gateway._conversation(ctx, tenant)
             if tenant is not None:
-                refused, op_id = await gateway._reserve(tenant, downstream.name, name)
+                whose = {"tenant": (tenant.name,), "conversation": (conversation,),
+                         "key": (tenant.name, gateway.key_id(ctx) or "-")}  # fmt: skip
+                refused, op_id = await gateway._reserve(tenant, downstream.name, name, whose)
                 if refused is not None:
                     return _error(refused)
             call = ToolCall(
                 params.name,
                 params.arguments or {},
                 f"gw_{next(gateway._calls)}",
-                conversation=gateway._conversation(ctx, tenant),
+                conversation=conversation,
                 tenant=tenant.name if tenant is not None else None,
             )
             try:
@@ -313,25 +327,29 @@ class Gateway:
     # -- quotas -------------------------------------------------------------------------
 
     async def _reserve(
-        self, tenant: Tenant, server: str, tool: str
+        self, tenant: Tenant, server: str, tool: str, whose: dict[str, tuple[str, ...]]
     ) -> tuple[str | None, str | None]:
-        """Reserve one call in every quota of ``tenant`` it counts in: the refusal's text
-        (or ``None``), and the reservation's id (``None``: no quota applies)."""
+        """Reserve one call in every quota of ``tenant`` it counts in — each in the
+        window of its own ``per`` (``whose``: the parts each is counted by) — the
+        refusal's text (or ``None``), and the reservation's id (``None``: no quota)."""
         quotas = [q for q in tenant.quotas if q.server == server and q.tool in (None, tool)]
         if not quotas:
             return None, None
         ledger: Any = self.harness.store
         clock = getattr(ledger, "wall_clock", None)
-        day, lifetime_s = calendar_periods(float(clock()) if callable(clock) else _now())["day"]
-        windows = [
-            Window(
-                store_key(PLUGIN, "quota", tenant.name, q.server, q.tool or "*", day),
-                "calls",
-                q.calls_per_day,
-                lifetime_s,
-            )
-            for q in quotas
-        ]
+        now = float(clock()) if callable(clock) else _now()
+        windows = []
+        for quota in quotas:
+            period, _, end = calendar_window(now, quota.window)
+            windows.append(
+                Window(
+                    store_key(PLUGIN, "quota", quota.per, *whose[quota.per], quota.server,
+                              quota.tool or "*", period),
+                    "calls",
+                    quota.calls,
+                    end - now + CALENDAR_GRACE_S,
+                )
+            )  # fmt: skip
         op_id = store_key(PLUGIN, "op", new_token())
         try:
             reservation = await ledger.reserve(op_id, {"calls": 1.0}, windows)
@@ -347,9 +365,16 @@ class Gateway:
             if refused.tool
             else f"server {server!r}"
         )
+        whom = {"tenant": f"tenant {tenant.name!r}", "key": "this key",
+                "conversation": "this conversation"}[refused.per]  # fmt: skip
+        when, again = {
+            "day": ("today", "at 00:00 UTC"),
+            "hour": ("this hour", "on the hour"),
+            "minute": ("this minute", "on the minute"),
+        }[refused.window]
         return (
-            f"tenant {tenant.name!r} has used its {refused.calls_per_day} calls today to {what} "
-            "(the quota starts again at 00:00 UTC)",
+            f"{whom} has used its {refused.calls} calls {when} to {what} "
+            f"(the quota starts again {again})",
             None,
         )
 
@@ -388,6 +413,12 @@ class Gateway:
             transport_security=checked_by_gate(),
         )
         return gated(inner, gate)
+
+
+def _headers(ctx: Any) -> dict[str, str]:
+    """A request's HTTP headers, lower-cased (none over stdio)."""
+    headers = getattr(getattr(ctx, "request", None), "headers", None) or {}
+    return {name.lower(): value for name, value in headers.items()}
 
 
 def _now() -> float:

@@ -73,6 +73,15 @@ def gated(inner: Any, gate: Gate) -> Any:
             await send({"type": "http.response.start", "status": refused.status, "headers": answer})
             await send({"type": "http.response.body", "body": body})
             return
+        if method == "POST" and ("mcp-method" in headers or "mcp-name" in headers):
+            # a gateway that routes or authorizes by these headers checks every request
+            # that carries one against its body, whatever its protocol version
+            body, complete = await _whole_body(receive, gate.max_body_bytes)
+            wrong = _headers_disagree(headers, body) if complete else None
+            if wrong is not None:
+                await _refuse(send, 400, -32020, wrong)
+                return
+            receive = _replayed(body, receive)
         calls: list[anyio.CancelScope] = []
         scope[_CALLS] = calls
         answered = False
@@ -93,3 +102,66 @@ def gated(inner: Any, gate: Gate) -> Any:
         await inner(scope, watched_receive, watched_send)
 
     return app
+
+
+async def _refuse(send: Any, status: int, code: int, message: str) -> None:
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+    ).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _whole_body(receive: Any, most: int) -> tuple[bytes, bool]:
+    """The request's body as far as ``most`` bytes (and whether it is all of it): past
+    that, the SDK's own bound answers it."""
+    body = b""
+    while True:
+        message = await receive()
+        if message.get("type") != "http.request":
+            return body, False
+        body += message.get("body", b"")
+        if len(body) > most:
+            return body, False
+        if not message.get("more_body"):
+            return body, True
+
+
+def _replayed(body: bytes, receive: Any) -> Any:
+    """A ``receive`` that hands the body read already, then the connection's own."""
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _headers_disagree(headers: dict[str, str], body: bytes) -> str | None:
+    """Why ``Mcp-Method`` or ``Mcp-Name`` disagrees with the JSON-RPC ``body``, or
+    ``None``: the method must be the body's; the name, for a method that names one
+    (``tools/call``, ``prompts/get``, ``resources/read``), the one it names."""
+    from mcp.shared.inbound import NAME_BEARING_METHODS, decode_header_value
+
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the SDK answers it in its own words
+    if not isinstance(message, dict):
+        return "Mcp-Method and Mcp-Name describe one request, not a batch"
+    method = message.get("method")
+    said_method = headers.get("mcp-method")
+    if said_method is not None and said_method != method:
+        return "the Mcp-Method header does not match the request body's method"
+    if "mcp-name" in headers:
+        key = NAME_BEARING_METHODS.get(str(method))
+        params = message.get("params")
+        named = params.get(key) if key is not None and isinstance(params, dict) else None
+        if named is None or decode_header_value(headers["mcp-name"]) != named:
+            return "the Mcp-Name header does not match the request body's name"
+    return None
