@@ -316,7 +316,9 @@ class Exchange:
                 self._upstream_failed(str(answer[0]), error.message)
             return self.upstream_failure(answer)
         headers = self.headers()
-        if not error.refused:  # the upstream could not be reached, timed out or broke off
+        if not error.refused and not self.upstream.started:
+            # could not be reached, timed out, or broke off before the client had a byte
+            # (after that, the stream's cut is its own line)
             self._upstream_failed(error.code, error.message)
         if error.refused:  # a layer of the stack answered: an open breaker, a limit
             status = 429 if error.code == MODEL_RATE_LIMITED else 503
