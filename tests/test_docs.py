@@ -128,7 +128,8 @@ PRINTS = {
         "idle_ms=None)",
     ],
     "docs/team-budgets.md": [
-        "refused after 4: team 'acme/research' has used $0.0440 of its $0.0500 this day",
+        "refused after 4: team 'acme/research' has used $0.0440 of its $0.0500 this day; "
+        "this request's reservation of $0.0150 would pass it",
         "$0.2871 spent\nname              spent_usd      tokens  requests\n"
         "acme/ci              0.1650      950000         1\n"
         "acme/research        0.1221       53000         2",
