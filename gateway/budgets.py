@@ -138,11 +138,15 @@ class Budgets(BudgetOperators):
         prices: Mapping[str, Price] | None = None,
         wall_clock: Callable[[], float] | None = None,
         signals: Signals | None = None,
+        stack_prices: Mapping[str, Price] | None = None,
     ) -> None:
         self.tenants = tenants
         self.signals = signals
         self.store = store
-        self.prices = dict(prices or tenants.prices or {})
+        #: What the guard stack's own ``usage-limit`` prices (one budget engine: the
+        #: report prices what it charged); the tenants file's prices win.
+        self.stack_prices = dict(stack_prices or {})
+        self.prices = {**self.stack_prices, **dict(prices or tenants.prices or {})}
         #: Models charged at the fallback price (each named once in the decision log).
         self.unpriced: set[str] = set()
         self.wall_clock = wall_clock or time.time
@@ -168,7 +172,7 @@ class Budgets(BudgetOperators):
         """Serve a re-read tenants file from now on (``--watch``): its keys, budgets and
         prices. What was spent stays in the store; operators' changes stay on top."""
         self.tenants = tenants
-        self.prices = dict(tenants.prices or {})
+        self.prices = {**self.stack_prices, **dict(tenants.prices or {})}
         keys, names = len(tenants.keys), ", ".join(sorted(tenants.tenants)) or "none"
         decided("reload", layer="tenants", decision="reloaded", reason=f"{keys} keys; {names}")
 

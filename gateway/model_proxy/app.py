@@ -45,7 +45,7 @@ from guardstack.gateway.model_proxy.upstream import (
 from guardstack.gateway.model_proxy.wires import ANTHROPIC, OPENAI, Malformed, Wire, parse
 from guardstack.gateway.prices import PROVIDERS
 from guardstack.gateway.request_log import Finished, RequestLog
-from guardstack.gateway.tenants import Tenants, tenants_of
+from guardstack.gateway.tenants import KeyEntry, Tenants, tenants_of
 from guardstack.guards.usage_costs import ObservedOutputs
 from guardstack.guards.wrap_up import wrap_up_note
 from guardstack.integrations._extras import require
@@ -151,13 +151,25 @@ class ModelProxy:
         # pause, force_open and a tool's set_limit act on the tools the clients' models
         # call, known by name only when a conversation calls them
         harness.control.tools_are = "the tools are the ones the clients' models call"
+        # one budget engine: the tenants' budgets, or — with none, when the stack's own
+        # usage-limit prices calls — the same engine with no limits, so every request
+        # is a priced row of the spend report whichever of the two charged it
+        stack_prices = _stack_prices(harness)
+        counted = tenants
+        if counted is None and stack_prices and isinstance(harness.store, Ledger):
+            counted = Tenants({}, {}, source="<the stack's prices>")  # no limits: rows only
         self.budgets = (
-            Budgets(tenants, harness.store, signals=harness.loop.signals)
-            if tenants is not None
+            Budgets(counted, harness.store, signals=harness.loop.signals,
+                    stack_prices=stack_prices)
+            if counted is not None
             else None
-        )
+        )  # fmt: skip
+        #: Whom a request with no tenants file is counted as (the spend report's rows).
+        self.anonymous = KeyEntry("-", "default") if tenants is None else None
         #: Client key -> tenant; ``None``: any client, one tenant.
-        self.client_keys = _KeyRing(self.budgets) if self.budgets is not None else None
+        self.client_keys = (
+            _KeyRing(self.budgets) if self.budgets is not None and tenants is not None else None
+        )
         #: What recent answers used, by model and tenant: budgets reserve that, not a
         #: 32,000-token ``max_tokens`` (``ObservedOutputs``).
         self.outputs = ObservedOutputs()
@@ -483,7 +495,7 @@ class ModelProxy:
         if reminders:
             forwarded, changed = wire.remind(forwarded, reminders), True
         held = wrapped = None
-        if request.caller.entry is not None and self.budgets is not None:
+        if self.budgets is not None and (request.caller.entry or self.anonymous) is not None:
             spent = await self._reserve(request, forwarded)
             if not isinstance(spent, tuple):
                 return spent  # refused: the stop, or the API's 429
@@ -524,7 +536,7 @@ class ModelProxy:
         past a budget that wraps up, ``(held, the request as its last call)``; or the
         budget's stop, answered as ``--stop-as`` says (the model's last words, or the
         API's 429 that no client retries)."""
-        budgets, entry = self.budgets, request.caller.entry
+        budgets, entry = self.budgets, request.caller.entry or self.anonymous
         assert budgets is not None
         assert entry is not None
         wire, estimate = request.wire, request.estimate
@@ -631,6 +643,18 @@ def _timed(app: Any) -> Any:
 
 
 _OVERHEAD_BYTES: Final = OVERHEAD_HEADER.encode()
+
+
+def _stack_prices(harness: Harness) -> dict[str, Any]:
+    """What the stack's ``usage-limit`` layers price (their ``prices``), merged."""
+    from guardstack.guards import UsageLimit
+
+    found: dict[str, Any] = {}
+    for handle in harness.plugins:
+        plugin = handle.plugin
+        if isinstance(plugin, UsageLimit) and plugin.prices:
+            found.update(plugin.prices)
+    return found
 
 
 class _Seen:

@@ -388,3 +388,28 @@ async def test_with_stop_as_error_a_spent_budget_is_a_429_no_client_retries(
     assert headers["x-guardstack-stopped"] == "budgets"
     assert int(headers["retry-after"]) > 0
     assert runaway.model_requests() == []
+
+
+async def test_a_guards_file_usage_limit_is_in_the_spend_report(runaway: Runaway) -> None:
+    """One budget engine (#63): reported, a guards file's ``usage-limit`` with prices
+    counted and stopped in dollars while ``guardstack spend`` on the same ledger said
+    $0.0000. Now the proxy writes the same priced rows for it as for a tenants file."""
+    import time
+
+    from guardstack.gateway.spend import spend_report
+    from guardstack.guards import UsageLimit
+    from guardstack.pipeline import MemoryStore
+
+    store = MemoryStore()
+    harness = Harness(store=store)
+    harness.plugin(UsageLimit(usd_per_day=1.0, prices={"gpt-x": [10, 30]}))
+    async for served in serve(harness, runaway):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            for n in range(2):
+                answer = await post(raw, "any-client", ask(f"task {n}"))
+                assert answer.status_code == 200
+    report = await spend_report(store, None, "day", "model", time.time())
+    assert report["spent_usd"] == pytest.approx(2 * 0.00155)  # 5 in, 50 out, twice
+    assert report["rows"] == [
+        {"name": "gpt-x", "spent_usd": pytest.approx(0.0031), "tokens": 110, "requests": 2}
+    ]
