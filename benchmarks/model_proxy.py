@@ -30,7 +30,12 @@ Rounds are interleaved (direct, guardstack, LiteLLM, direct, …); the first rou
 warm-up; each figure is the median of the rounds' medians, with their range.
 
     python -m benchmarks.model_proxy [--requests 300] [--rounds 3]
-        [--litellm /path/to/venv/bin/litellm]
+        [--litellm /path/to/venv/bin/litellm] [--stack fast|plain]
+
+``--stack`` is the HTTP stack every side of ours runs on (the upstream, the forwarder
+and both proxies alike, so the comparison stays fair): ``fast`` (the default: uvicorn
+on uvloop with httptools, what ``guardstack[proxy]`` installs) or ``plain`` (asyncio's
+own loop with h11) — how the stack was chosen.
 
 ``--litellm`` (or ``$LITELLM``) is the ``litellm`` command of an environment with
 ``litellm[proxy]`` installed; it is kept out of this project's own environment
@@ -121,8 +126,17 @@ def upstream_app() -> Any:
     async def chat(request: Request) -> Response:
         data = json.loads(await request.body())
         if data.get("stream"):
+            gap_s = float(data.get("gap_ms", 0)) / 1000
+            count = int(data.get("chunks", 0))
 
             async def events() -> AsyncIterator[bytes]:
+                if count:  # a model writing as it thinks: a chunk every gap_s
+                    for _ in range(count):
+                        yield CHUNKS[0]
+                        await anyio.sleep(gap_s)
+                    yield CHUNKS[1]
+                    yield CHUNKS[2]
+                    return
                 for chunk in CHUNKS:
                     yield chunk
 
@@ -130,6 +144,37 @@ def upstream_app() -> Any:
         return Response(COMPLETION, media_type="application/json")
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (user and system), from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _stream_gaps(
+    client: httpx.AsyncClient, streams: int, chunks: int, gap_ms: float
+) -> list[float]:
+    """Every gap between two chunks a client sees, in ms, across ``streams`` streams at
+    once, each ``chunks`` chunks ``gap_ms`` apart at the upstream."""
+    body = {**BODY, "stream": True, "chunks": chunks, "gap_ms": gap_ms}
+    gaps: list[float] = []
+
+    async def one() -> None:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            response.raise_for_status()
+            last = None
+            async for _ in response.aiter_raw():
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append((now - last) * 1000)
+                last = now
+
+    async with anyio.create_task_group() as group:
+        for _ in range(streams):
+            group.start_soon(one)
+    return gaps
 
 
 def forwarder_app(upstream: str) -> Any:
@@ -222,6 +267,10 @@ async def _timed(
     return times
 
 
+#: The HTTP stacks compared (``--stack``): uvicorn's event loop and HTTP parser.
+STACKS = {"fast": {"loop": "uvloop", "http": "httptools"},
+          "plain": {"loop": "asyncio", "http": "h11"}}  # fmt: skip
+
 CASES = {
     "1 client": (1, 1, False),
     "100 clients": (3, 100, False),
@@ -281,7 +330,7 @@ async def _conversations(port: int, count: int) -> None:
 
 
 async def measure(
-    requests: int, rounds: int, litellm: str | None, conversations: int = 0
+    requests: int, rounds: int, litellm: str | None, conversations: int = 0, stack: str = "fast"
 ) -> dict[str, dict[str, list[float]]]:
     """Per case and side, each kept round's median in milliseconds."""
     upstream_port, forwarder_port, proxy_port, litellm_port = _port(), _port(), _port(), _port()
@@ -291,6 +340,8 @@ async def measure(
     budgets_port = _port()
     (work / "litellm.yaml").write_text(LITELLM_CONFIG.format(port=upstream_port), "utf-8")
     python = sys.executable
+    chosen = STACKS[stack]
+    ours = ["--loop", chosen["loop"], "--http", chosen["http"]]
     commands = {
         "upstream": [python, "-m", "benchmarks.model_proxy", "--serve-upstream",
                      str(upstream_port)],
@@ -299,12 +350,12 @@ async def measure(
         "guardstack": [python, "-c", "from guardstack.cli.main import main; main()",
                        "model-proxy", "--config", str(work / "guards.yaml"), "--upstream",
                        f"http://127.0.0.1:{upstream_port}", "--listen",
-                       f"127.0.0.1:{proxy_port}"],
+                       f"127.0.0.1:{proxy_port}", *ours],
         "budgets": [python, "-c", "from guardstack.cli.main import main; main()",
                     "model-proxy", "--config", str(work / "guards.yaml"), "--upstream",
                     f"http://127.0.0.1:{upstream_port}", "--tenants", str(work / "tenants.yaml"),
                     "--store", f"sqlite:{work / 'ledger.sqlite3'}",
-                    "--listen", f"127.0.0.1:{budgets_port}"],
+                    "--listen", f"127.0.0.1:{budgets_port}", *ours],
     }  # fmt: skip
     if litellm:
         commands["litellm"] = [litellm, "--config", str(work / "litellm.yaml"), "--port",
@@ -319,7 +370,7 @@ async def measure(
     master = "sk-" + "5f" * 32  # LiteLLM's proxy refuses to start without a strong one
     # XDG_STATE_HOME: the proxies' default ledger is this run's own
     environment = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": master,
-                   "XDG_STATE_HOME": str(work)}  # fmt: skip
+                   "XDG_STATE_HOME": str(work), "BENCH_STACK": stack}  # fmt: skip
     processes: list[Any] = []
     results: dict[str, dict[str, list[float]]] = {case: {} for case in CASES}
     try:
@@ -353,6 +404,28 @@ async def measure(
                             results.setdefault("throughput", {}).setdefault(side, []).append(
                                 len(times) / (sum(times) / concurrent)
                             )
+        if rounds:
+            # CPU per request: each proxy process's CPU seconds over 1,000 requests
+            pids = {"forwarder": processes[1].pid, "guardstack": processes[2].pid,
+                    "budgets": processes[3].pid}  # fmt: skip
+            for side, pid in pids.items():
+                async with httpx.AsyncClient(
+                    base_url=f"http://127.0.0.1:{sides[side]}", limits=limits, timeout=60,
+                    headers={"authorization": f"Bearer {keys[side]}"},
+                ) as client:  # fmt: skip
+                    before_cpu = _cpu_s(pid)
+                    await _timed(client, 1_000, 4, False, side)
+                    spent = _cpu_s(pid) - before_cpu
+                results.setdefault("cpu_us", {})[side] = [spent / 1_000 * 1e6]
+            # 512 streams at once, a chunk every 20 ms: what each side adds to the gaps
+            for side in ("direct", "forwarder", "guardstack"):
+                wide = httpx.Limits(max_connections=600, max_keepalive_connections=600)
+                async with httpx.AsyncClient(
+                    base_url=f"http://127.0.0.1:{sides[side]}", limits=wide, timeout=120,
+                    headers={"authorization": f"Bearer {keys[side]}"},
+                ) as client:  # fmt: skip
+                    gaps = await _stream_gaps(client, 512, 20, 20.0)
+                results.setdefault("stream_gaps", {})[side] = gaps
         if conversations:
             pid = processes[2].pid  # the guardstack proxy
             # past the proxy's bound on conversations (10,000) first: from then on each
@@ -371,6 +444,11 @@ async def measure(
     return results
 
 
+def _percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
@@ -380,6 +458,7 @@ def main() -> None:
     parser.add_argument(
         "--memory-only", action="store_true", help="skip the latency rounds (--rounds 0)"
     )
+    parser.add_argument("--stack", choices=sorted(STACKS), default="fast")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-forwarder", nargs=2, help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -391,13 +470,21 @@ def main() -> None:
             if options.serve_upstream
             else (forwarder_app(options.serve_forwarder[1]), int(options.serve_forwarder[0]))
         )
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        chosen = STACKS[os.environ.get("BENCH_STACK", "fast")]
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                    loop=chosen["loop"], http=chosen["http"])  # fmt: skip
         return
     litellm = options.litellm or shutil.which("litellm")
     rounds = 0 if options.memory_only else options.rounds
-    results = anyio.run(measure, options.requests, rounds, litellm, options.conversations)
+    results = anyio.run(
+        measure, options.requests, rounds, litellm, options.conversations, options.stack
+    )
+    print(f"stack: {options.stack} ({STACKS[options.stack]['loop']}, "
+          f"{STACKS[options.stack]['http']})")  # fmt: skip
     memory = results.pop("memory", None)
     throughput = results.pop("throughput", {})
+    cpu = results.pop("cpu_us", {})
+    gaps = results.pop("stream_gaps", {})
     sides = ["forwarder", "guardstack", "budgets"] + (["litellm"] if litellm else [])
     print("| case | direct ms | " + " | ".join(f"{side} ms (added)" for side in sides) + " |")
     print("|------|-----------|" + "|".join("---" for _ in sides) + "|")
@@ -422,6 +509,14 @@ def main() -> None:
             f"\n100 clients: guardstack serves {statistics.median(ratios):.2f}x the forwarder's "
             f"requests a second ({min(ratios):.2f}–{max(ratios):.2f})"
         )
+    if cpu:
+        print("CPU per request (µs, 1,000 requests, 4 clients): " + ", ".join(
+            f"{side} {values[0]:.0f}" for side, values in cpu.items()))  # fmt: skip
+    if gaps:
+        floor = _percentile(gaps["direct"], 99)
+        p99 = {side: _percentile(values, 99) for side, values in gaps.items()}
+        said = ", ".join(f"{side} {p:.2f} (added {p - floor:+.2f})" for side, p in p99.items())
+        print(f"512 streams at once, a chunk every 20 ms: gap between chunks p99 (ms) {said}")
     if memory:
         print(
             f"memory over {options.conversations:,} conversations: "

@@ -275,6 +275,19 @@ def _parser() -> argparse.ArgumentParser:
         "(needs guardstack[prometheus])",
     )
     model_proxy.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="the event loop: uvloop when installed (the proxy extra installs it), else "
+        "asyncio's own",
+    )
+    model_proxy.add_argument(
+        "--http",
+        choices=("auto", "h11", "httptools"),
+        default="auto",
+        help="the HTTP parser: httptools when installed (the proxy extra installs it)",
+    )
+    model_proxy.add_argument(
         "--stop-as",
         choices=("answer", "error"),
         default="answer",
@@ -451,8 +464,9 @@ def _run(arguments: argparse.Namespace) -> int:
             )
         )
     elif arguments.command == "model-proxy":
-        from guardstack.cli.model_proxy import run_model_proxy
+        from guardstack.cli.model_proxy import event_loop_options, run_model_proxy
 
+        loop_options = event_loop_options(arguments.loop)
         anyio.run(
             lambda: run_model_proxy(
                 arguments.config,
@@ -475,7 +489,9 @@ def _run(arguments: argparse.Namespace) -> int:
                 routes=arguments.route,
                 request_log=arguments.request_log,
                 metrics_listen=arguments.metrics_listen,
-            )
+                http=arguments.http,
+            ),
+            backend_options=loop_options,
         )
     elif arguments.command == "spend":
         from guardstack.cli.spend import render as render_spend

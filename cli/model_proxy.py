@@ -115,6 +115,7 @@ async def run_model_proxy(
     routes: list[str] | None = None,
     request_log: str = "off",
     metrics_listen: str | None = None,
+    http: str = "auto",
 ) -> None:
     """Serve until stopped (``watch``: reload the stack when ``config`` changes)."""
     import uvicorn
@@ -193,7 +194,7 @@ async def run_model_proxy(
         )
         try:
             server = uvicorn.Server(
-                uvicorn.Config(proxy.app, host=host, port=port, log_level="warning")
+                uvicorn.Config(proxy.app, host=host, port=port, log_level="warning", http=http)
             )
             async with anyio.create_task_group() as group:
                 if watch and config is not None:
@@ -213,6 +214,24 @@ async def run_model_proxy(
         requests.close()
         if telemetry is not None:
             telemetry.shutdown()  # flush what the proxy traced
+
+
+def event_loop_options(loop: str) -> dict[str, Any]:
+    """anyio's asyncio options for ``--loop``: uvloop when asked, or when installed and
+    ``auto`` (chosen by measurement: ``benchmarks.model_proxy``, docs/speed.md)."""
+    if loop == "asyncio":
+        return {}
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if loop == "uvloop":
+            raise ConfigError(
+                "model-proxy: --loop uvloop needs uvloop: pip install 'guardstack[proxy]'",
+                key="loop",
+                value=loop,
+            ) from None
+        return {}
+    return {"use_uvloop": True}
 
 
 async def watch_tenants(budgets: Any, path: Path) -> None:
