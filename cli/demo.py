@@ -308,7 +308,7 @@ async def run_demo(
     *,
     save_to: Path | None = None,
     otlp_endpoint: str | None = None,
-    sections: Sequence[str] = ("order", "agent", "tracing", "caps", "breaker"),
+    sections: Sequence[str] = ("order", "agent", "tracing", "caps", "breaker", "gateway"),
 ) -> None:
     """Write the demo to ``out``; with ``otlp_endpoint``, also send every span there."""
     telemetry = DemoTelemetry(otlp_endpoint)
@@ -324,6 +324,10 @@ async def run_demo(
             await _caps_section(out, telemetry)
         if "breaker" in sections:
             await _breaker_section(out, telemetry)
+        if "gateway" in sections:
+            from guardstack.cli.demo_gateway import gateway_section
+
+            await gateway_section(out)
     finally:
         telemetry.shutdown()
     if telemetry.otlp_endpoint is not None:

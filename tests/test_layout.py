@@ -33,6 +33,7 @@ def test_every_source_package_has_a_test_package() -> None:
 MIRRORED_BY: dict[str, tuple[str, ...]] = {
     # The command line's servers and demo: run as a user runs them, against real peers.
     "cli/demo.py": ("tests/cli/test_main.py",),
+    "cli/demo_gateway.py": ("tests/cli/test_main.py",),
     "cli/mcp_gateway.py": ("tests/gateway/mcp_gateway/test_server.py",),
     "cli/mcp_proxy.py": ("tests/integrations/test_mcp_proxy.py",),
     "cli/model_proxy.py": (

@@ -75,13 +75,15 @@ _SELECTOR: Final = {wire: selector for selector, wire in WIRES.items()}
 class ModelProxy:
     """The proxy's app (``.app``, a Starlette application) over ``harness``'s stack.
 
-    ``upstream`` is the default upstream's base URL; ``upstreams`` names others
-    (name -> URL) for ``Fallback(stage="model", to={"upstream": NAME})`` and for the
-    Gemini API (``gemini``), with their keys in ``upstream_keys``. Every ``Fallback``
-    in the stack must name one of them. ``client_keys`` maps each client key to its
-    tenant (``None``: any client, one tenant); ``allow_origins`` and ``allow_hosts`` are
-    the browsers' origins and the host names it answers beyond loopback and
-    ``listen_host``.
+    ``upstream`` is the default upstream's base URL (``None``: none; requests go where
+    ``routes`` send them); ``upstreams`` names others (name -> URL) for ``routes``
+    (``--route SELECTOR=NAME``) and ``Fallback(stage="model", to={"upstream": NAME})``,
+    with their keys in ``upstream_keys``. Every ``Fallback`` and route must name one of
+    them. ``client_keys`` maps each client key to its tenant (``None``: any client, one
+    tenant); ``allow_origins`` and ``allow_hosts`` are the browsers' origins and the
+    host names it answers beyond loopback and ``listen_host``; ``upstream_transport`` an
+    httpx transport every upstream is reached through (an ``httpx.ASGITransport`` over
+    an app in process: tests, the demo).
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class ModelProxy:
         decision_log: DecisionLog | None = None,
         stop_as: str = "answer",
         request_log: RequestLog | None = None,
+        upstream_transport: Any = None,
     ) -> None:
         self.httpx = require("httpx", EXTRA)
         require("starlette", EXTRA)
@@ -121,13 +124,15 @@ class ModelProxy:
         keys = dict(upstream_keys or {})
         self.upstreams: dict[str, Target] = {}
         if upstream is not None:
-            self.upstreams[DEFAULT] = Target(self.httpx, DEFAULT, upstream, upstream_key)
+            self.upstreams[DEFAULT] = Target(
+                self.httpx, DEFAULT, upstream, upstream_key, upstream_transport
+            )
         for name, url in (upstreams or {}).items():
             if name in self.upstreams:
                 raise ConfigError(
                     f"model-proxy: two upstreams are named {name!r}", key="upstream", value=name
                 )
-            self.upstreams[name] = Target(self.httpx, name, url, keys.get(name))
+            self.upstreams[name] = Target(self.httpx, name, url, keys.get(name), upstream_transport)
         if not self.upstreams:
             raise ConfigError(
                 "model-proxy: no upstream: --upstream URL, or --upstream NAME=URL with --route",

@@ -40,6 +40,10 @@ async def test_the_demo_shows_what_each_order_means_exactly(tmp_path: Path) -> N
     )
     assert (tmp_path / "demo.jsonl").is_file()
     assert "turn ended blocked after 5 tool runs and 6 model calls" in text
+    # the gateway: a team's day spent ends the runaway agent's run as its model's last words
+    gateway = text.split("6. ")[1]
+    assert "After 4 answers the day was spent, and request 5 was answered" in gateway
+    assert "Stopped by budgets: team 'acme/ci' has used $0.0960 of its $0.1000 this day" in gateway
 
 
 def test_describe_prints_the_onion_of_a_config(capsys: pytest.CaptureFixture[str]) -> None:
