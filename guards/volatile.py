@@ -236,11 +236,32 @@ def top_level(arguments: Any) -> dict[str, Hashable] | None:
         return None
 
 
+#: What guardstack itself adds to a tool's result — a gateway's note (a reminder, a
+#: loop noticed), a denial's text with its growing count, the structured copy of a note
+#: — is not the tool's progress: left out before results are compared, so a result
+#: that changes only in guardstack's own words is the same result.
+_OWN_WORDS: Final = (
+    re.compile(
+        r',\s*"guardstack_note"\s*:\s*"(?:[^"\\]|\\.)*"'
+        r'|"guardstack_note"\s*:\s*"(?:[^"\\]|\\.)*"\s*,?\s*'
+    ),
+    re.compile(
+        r"(?:^|\n)[ \t]*(?:Error: )?(?:Potential loop detected:|You are repeating the exact "
+        r"same tool call|Repeated tool call detected:|Stopped by [a-z-]+:|"
+        r"(?:loop-detector|tool-call-limit|repeat-tool-reminder|budget-notice):|"
+        r"tool call limit reached)[^\n]*(?:\n(?![ \t]*\n)[^\n]*)*",
+    ),
+)
+
+
 def result_key(text: str) -> str:
-    """A result's text with its volatile parts (times, ids, durations) masked."""
+    """A result's text with guardstack's own words left out and its volatile parts
+    (times, ids, durations) masked."""
+    for own in _OWN_WORDS:
+        text = own.sub("", text)
     for pattern, marker in _RESULT_PARTS:
         text = pattern.sub(marker, text)
-    return text
+    return text.strip()
 
 
 def is_empty(text: str) -> bool:

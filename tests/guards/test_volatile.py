@@ -77,3 +77,25 @@ def test_the_kinds_of_result_the_rules_read(
 def test_top_level_arguments_are_scalars_or_their_canonical_text() -> None:
     assert top_level({"a": [1], "b": 2}) == {"a": "[1]", "b": 2}
     assert top_level("not an object") is None
+
+
+@pytest.mark.parametrize(
+    "note",
+    [
+        "\n\nPotential loop detected: \"Bash\" returned the same result 3 times in a row.",
+        "\n\nPotential loop detected: \"Bash\" returned the same result 4 times in a row.",
+        "\n\nYou are repeating the exact same tool call with identical arguments.",
+        "\nError: tool-call-limit: tool call limit reached: Bash already called 7 times",
+    ],
+)
+def test_guardstacks_own_words_in_a_result_are_not_progress(note: str) -> None:
+    """Reported (#66): through both gateways, the MCP gateway's notes and denials — their
+    text carrying a growing count — made each result look new to the model proxy's loop
+    detector, and Claude Code was stopped after 13 calls where 9 were expected."""
+    assert result_key("a.py\nb.py" + note) == result_key("a.py\nb.py")
+    structured = '{"out": "a.py", "guardstack_note": "' + note.strip().replace('"', '\\"') + '"}'
+    assert result_key(structured) == result_key('{"out": "a.py"}')
+
+
+def test_a_tools_own_text_that_mentions_a_loop_stays() -> None:
+    assert result_key("the loop ran 3 times") != result_key("the loop ran 4 times")
