@@ -23,7 +23,9 @@ guarded::
   handed back): a model-stage ``Retry``, ``Timeout``, breaker and limits,
   ``ModelCallLimit`` and ``UsageLimit`` (from the reply's usage metadata), ``Tracing``'s
   ``chat`` span. A cap that stops the turn answers as the model, with the reason.
-* **A cap that ends the turn ends the runner's invocation** (ADK's ``end_invocation``),
+* **A cap that ends the turn ends the runner's invocation** (ADK's ``end_invocation``)
+  with the model's answer saying why — the request the runner makes with the refused
+  call's answer is answered here, ``Stopped by guardstack: …``, never sent —
   on a tool call as on a model call: the runner asks the model nothing more.
 * **One budget, one deadline**: an ADK session is one guardstack conversation and
   each runner invocation one turn, so every agent of the tree spends from the same
@@ -171,6 +173,9 @@ class GuardstackPlugin(_adk()):  # type: ignore[misc]
         self.harness = harness
         self.calls = FrameworkCalls(harness, OWNER, timeouts_ms)
         self._agents: OrderedDict[str, Agent] = OrderedDict()
+        #: A cap that ended a session's turn on a tool call, by session: its next model
+        #: call is answered with the reason, and the invocation ends there.
+        self._ending: dict[str, str] = {}
         from guardstack.guards import TurnDeadline
 
         deadlines = [h.plugin for h in harness.plugins if isinstance(h.plugin, TurnDeadline)]
@@ -243,9 +248,11 @@ class GuardstackPlugin(_adk()):  # type: ignore[misc]
             )
         if outcome is None or scope.cancelled_caught:
             return {"error": "ABORTED: the turn's deadline passed before the tool finished"}
-        if outcome.ends_turn:  # the runner's invocation ends here, not the next call only
-            _end_invocation(tool_context)
         result = outcome.result
+        if outcome.ends_turn:
+            # the runner asks the model once more with this tool's answer: that request
+            # is answered here, saying why, and the invocation ends with it
+            self._ending[session_id] = result.error.message if result.error else result.content
         if result.is_error:
             response: dict[str, Any] = {"error": result.content}
         elif isinstance(result.value, Mapping):
@@ -264,6 +271,10 @@ class GuardstackPlugin(_adk()):  # type: ignore[misc]
         if llm is None:  # an ADK without the agent on its context: calls go unguarded
             return None
         session_id, _ = self._ids(callback_context)
+        ending = self._ending.pop(session_id, None)
+        if ending is not None:  # a cap ended the turn on a tool call: the model's answer
+            _end_invocation(callback_context)
+            return _stop_response(f"Stopped by guardstack: {ending}")
         agent = self._agent(session_id)
         call = _Call(llm, llm_request)
         request = ModelRequest(agent, _messages(llm_request), [], model=call)

@@ -93,10 +93,17 @@ async def test_an_adk_runners_invocation_ends_when_a_cap_ends_the_turn(tmp_path:
         runner = InMemoryRunner(app=app)
         session = await runner.session_service.create_session(app_name="guarded", user_id="u")
         asked = types.Content(role="user", parts=[types.Part(text="List the files.")])
+        texts: list[str] = []
         with anyio.fail_after(60):
-            async for _ in runner.run_async(user_id="u", session_id=session.id, new_message=asked):
-                pass
+            async for event in runner.run_async(
+                user_id="u", session_id=session.id, new_message=asked
+            ):
+                parts = event.content.parts if event.content and event.content.parts else []
+                texts += [part.text for part in parts if part.text]
         paths = [seen.path for seen in upstream.model_requests()]
     assert upstream.calls_made == 6
     assert len(paths) == 6  # where it went on to 21
+    # the run ends with the model's answer saying why (#66: it ended on the refused
+    # call's function_response, saying nothing)
+    assert texts[-1].startswith("Stopped by guardstack: tool call limit reached")
     assert all(path.startswith("/v1beta/models/gemini-2.5-flash:") for path in paths)
