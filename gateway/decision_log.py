@@ -13,10 +13,22 @@ from typing import Any, Final, TextIO
 
 from guardstack.pipeline.decisions import logger as decision_logger
 
-__all__ = ["DecisionLog"]
+__all__ = ["DecisionLog", "open_log"]
 
 #: How many decisions the admin route can show.
 KEPT: Final = 1_000
+
+
+def open_log(target: str, dash: TextIO) -> TextIO | None:
+    """Where a gateway's log goes (``FILE|-|off``): ``dash`` for ``-``, nowhere for
+    ``off``, else the file appended to (its folder made)."""
+    if target == "-":
+        return dash
+    if target == "off":
+        return None
+    path = Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("a", encoding="utf-8")
 
 
 class DecisionLog(logging.Handler):
@@ -28,13 +40,7 @@ class DecisionLog(logging.Handler):
         super().__init__(logging.INFO)
         self.target = target
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
-        self._stream: TextIO | None = None
-        if target == "-":
-            self._stream = sys.stderr
-        elif target != "off":
-            path = Path(target)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._stream = path.open("a", encoding="utf-8")
+        self._stream: TextIO | None = open_log(target, sys.stderr)
 
     def emit(self, record: logging.LogRecord) -> None:
         decision = getattr(record, "decision", None)

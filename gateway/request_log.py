@@ -21,10 +21,11 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Final, TextIO
 
 import attrs
+
+from guardstack.gateway.decision_log import open_log
 
 __all__ = ["FIELDS", "Finished", "RequestLog"]
 
@@ -71,13 +72,7 @@ class RequestLog:
     def __init__(self, target: str = "off") -> None:
         self.target = target
         self._lock = threading.Lock()
-        self._stream: TextIO | None = None
-        if target == "-":
-            self._stream = sys.stdout
-        elif target != "off":
-            path = Path(target)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._stream = path.open("a", encoding="utf-8")
+        self._stream: TextIO | None = open_log(target, sys.stdout)
 
     @property
     def on(self) -> bool:
