@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import attrs
 
+from guardstack.cli.parsing import add_model_proxy_parser, allow_imports_option
 from guardstack.pipeline.errors import ConfigError, GuardstackError
 from guardstack.pipeline.harness import Harness
 from guardstack.pipeline.session import Session
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     describe = commands.add_parser("describe", help="load a plugin config and print the onion")
     describe.add_argument("config", type=Path, help="a YAML, TOML or JSON plugin list")
-    _allow_imports(describe)
+    allow_imports_option(describe)
     transcript = commands.add_parser(
         "transcript", help="print the model request a saved session rebuilds"
     )
@@ -74,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--route", action="append", default=[], metavar="SELECTOR=NAME", help="as model-proxy"
     )
-    _allow_imports(check)
+    allow_imports_option(check)
     compare = commands.add_parser(
         "compare",
         help="run stacks side by side on the same seeded faults, in virtual time "
@@ -91,13 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE.png",
         help="draw the latency distributions and success rates (needs guardstack[plot])",
     )
-    _allow_imports(compare)
+    allow_imports_option(compare)
     replay = commands.add_parser(
         "replay", help="run a saved session's tool calls through guards: where would they fire?"
     )
     replay.add_argument("session", type=Path, help="a session saved as JSON Lines")
     replay.add_argument("--config", type=Path, required=True, help="the plugin list to try")
-    _allow_imports(replay)
+    allow_imports_option(replay)
     replay.add_argument("--json", action="store_true", help="print JSON for machines")
     proxy = commands.add_parser(
         "mcp-proxy",
@@ -112,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="a YAML, TOML or JSON plugin list, or a gateway's {servers, plugins}",
     )
-    _allow_imports(proxy)
+    allow_imports_option(proxy)
     proxy.add_argument(
         "--timeout",
         action="append",
@@ -203,164 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     proxy.add_argument(
         "server", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: the MCP server to start"
     )
-    model_proxy = commands.add_parser(
-        "model-proxy",
-        help="serve an OpenAI-compatible API through a guard stack (needs guardstack[proxy])",
-        description="An HTTP server speaking OpenAI's chat completions "
-        "(POST /v1/chat/completions), Anthropic's Messages (POST /v1/messages) and OpenAI's "
-        "Responses (POST /v1/responses), Gemini (POST /v1beta/models/M:generateContent) and "
-        "GET /v1/models, in front of every --upstream: each request routed to its upstream "
-        "(--route) and through the model stage and the conversation's guards of --config.",
-    )
-    model_proxy.add_argument("--config", type=Path, help="a YAML, TOML or JSON plugin list")
-    _allow_imports(model_proxy)
-    model_proxy.add_argument(
-        "--upstream",
-        required=True,
-        action="append",
-        metavar="[NAME=]URL",
-        help="a provider's base URL: the unnamed one is the default; NAME=URL names one for "
-        "--route and for a model-stage fallback (to: {upstream: NAME})",
-    )
-    model_proxy.add_argument(
-        "--route",
-        action="append",
-        default=[],
-        metavar="SELECTOR=NAME",
-        help="send what SELECTOR matches to the upstream NAME (repeatable, the first match "
-        "wins): a wire (chat, responses, messages, gemini), a model glob (deepseek-*), or "
-        "WIRE:GLOB; a request no route matches goes to the unnamed --upstream, or is 404",
-    )
-    model_proxy.add_argument(
-        "--upstream-key-env",
-        action="append",
-        default=[],
-        metavar="[NAME=]VAR",
-        help="the environment variable holding an upstream's key (never logged); "
-        "NAME=VAR for a named upstream",
-    )
-    model_proxy.add_argument(
-        "--tenants",
-        "--keys",
-        dest="tenants",
-        type=Path,
-        metavar="FILE",
-        help="the tenants file: client keys, tenants, teams, budgets, prices "
-        "(docs/team-budgets.md; a {key: tenant} mapping too); else any client",
-    )
-    model_proxy.add_argument(
-        "--store",
-        metavar="SPEC",
-        help="where counts and spend are kept: memory, sqlite:PATH or redis://... "
-        "(default: sqlite at $XDG_STATE_HOME/guardstack/ledger.sqlite3, kept across restarts)",
-    )
-    model_proxy.add_argument(
-        "--decision-log",
-        default="-",
-        metavar="FILE|-|off",
-        help="where each stop, denial, refusal and admin action is written as a JSON line "
-        "(default -: standard error)",
-    )
-    model_proxy.add_argument(
-        "--request-log",
-        default="off",
-        metavar="FILE|-|off",
-        help="one JSON line per request answered: who, model, wire, upstream, status, "
-        "tokens, dollars, time — never a key or content (default off; -: standard output)",
-    )
-    model_proxy.add_argument(
-        "--metrics-listen",
-        metavar="HOST:PORT",
-        help="the metrics in Prometheus' text format at GET /metrics there "
-        "(needs guardstack[prometheus])",
-    )
-    model_proxy.add_argument(
-        "--loop",
-        choices=("auto", "asyncio", "uvloop"),
-        default="auto",
-        help="the event loop: uvloop when installed (the proxy extra installs it), else "
-        "asyncio's own",
-    )
-    model_proxy.add_argument(
-        "--http",
-        choices=("auto", "h11", "httptools"),
-        default="auto",
-        help="the HTTP parser: httptools when installed (the proxy extra installs it)",
-    )
-    model_proxy.add_argument(
-        "--stop-as",
-        choices=("answer", "error"),
-        default="answer",
-        help="a guard's stop as the assistant's answer (default) or as the API's error "
-        "(429 for a budget or a limit, 400 otherwise)",
-    )
-    model_proxy.add_argument(
-        "--watch",
-        action="store_true",
-        help="reload the stack when --config changes, and the keys and budgets when --tenants "
-        "does (a file that does not load changes nothing)",
-    )
-    model_proxy.add_argument(
-        "--admin-key-env",
-        metavar="VAR",
-        help="serve manual control at /admin/control, behind the key in this environment "
-        "variable (16 characters or more)",
-    )
-    model_proxy.add_argument(
-        "--listen",
-        default="127.0.0.1:8809",
-        metavar="HOST:PORT",
-        help="where to listen (default 127.0.0.1:8809: loopback only)",
-    )
-    model_proxy.add_argument(
-        "--allow-origin",
-        action="append",
-        default=[],
-        metavar="ORIGIN",
-        help="a browser origin that may call the proxy (https://app.example); none by default",
-    )
-    model_proxy.add_argument(
-        "--allow-host",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a Host name the proxy answers besides its listen address and loopback",
-    )
-    model_proxy.add_argument(
-        "--drain-ms",
-        type=int,
-        default=10_000,
-        metavar="MS",
-        help="how long to read on for a stream's usage after its client left (10000)",
-    )
-    model_proxy.add_argument(
-        "--conversation-idle-ms",
-        type=float,
-        default=3_600_000.0,
-        metavar="MS",
-        help="free a conversation unused this long (3600000; its caps' counts are kept)",
-    )
-    model_proxy.add_argument(
-        "--conversation-idle-s",
-        type=float,
-        default=None,
-        metavar="S",
-        help="deprecated (removed in 0.3): write --conversation-idle-ms",
-    )
-    model_proxy.add_argument(
-        "--max-conversations",
-        type=int,
-        default=10_000,
-        metavar="N",
-        help="keep at most this many conversations, least recently used freed first",
-    )
-    model_proxy.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=4 * 1024 * 1024,
-        metavar="N",
-        help="refuse a request body larger than this (4 MiB)",
-    )
+    add_model_proxy_parser(commands)
     spend = commands.add_parser(
         "spend",
         help="who spent what: a gateway's spend report, read from its store",
@@ -400,15 +244,6 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds before a lost worker's workflows move to another (Temporal's default: 10)",
     )
     return parser
-
-
-def _allow_imports(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "--allow-imports",
-        action="store_true",
-        help="also accept module:attribute plugin names (runs that module's code: "
-        "only for files you trust)",
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -72,15 +72,25 @@ _GUARD_EVENTS: Final = {
 
 
 def guardrail_result(
-    layer: str, value: str, reason: str = "", *, source: str, shadow: bool = False
+    layer: str,
+    value: str,
+    reason: str = "",
+    *,
+    source: str,
+    shadow: bool = False,
+    signals: Any = None,
 ) -> None:
     """One guard decision as a ``gen_ai.guardrail.result`` event on the current span
     (the call's, when tracing is on): the layer is the component, the decision the
     result's native value — never translated to a verdict — its reason guardstack's own
     text (never a tool's arguments or a key). A shadow decision is marked as one (it
-    was not enforced). Nothing when no span is recording."""
+    was not enforced). Given the stack's ``signals``, it is one of their events (a
+    ``Tracing`` layer writes it as a log record and, unless told not to, a span event);
+    else a span event, when a span is recording; else nothing."""
+    if signals is not None and not getattr(signals, "listened", False):
+        return
     span = trace.get_current_span()
-    if not span.is_recording():
+    if signals is None and not span.is_recording():
         return
     attributes: dict[str, Any] = {
         "gen_ai.guardrail.component.name": layer,
@@ -92,7 +102,10 @@ def guardrail_result(
     if reason:
         attributes["gen_ai.guardrail.result.reason"] = reason[:300]
     try:
-        span.add_event(GUARDRAIL_EVENT, attributes)
+        if signals is not None:
+            signals.event(GUARDRAIL_EVENT, attributes)
+        else:
+            span.add_event(GUARDRAIL_EVENT, attributes)
     except Exception:  # telemetry never changes a decision
         logging.getLogger("guardstack").debug("could not record a guardrail event", exc_info=True)
 
@@ -105,6 +118,7 @@ def decided(
     reason: str = "",
     tool: str | None = None,
     source: str | None = None,
+    signals: Any = None,
     **who: str | None,
 ) -> None:
     """Log one decision (see the module docstring); costs nothing when nobody listens.
@@ -113,7 +127,12 @@ def decided(
     guarded = _GUARD_EVENTS.get(event)
     if guarded is not None and not (event == "refuse" and layer == "gate"):
         guardrail_result(
-            layer, decision, reason, source=source or guarded, shadow=event == "shadow"
+            layer,
+            decision,
+            reason,
+            source=source or guarded,
+            shadow=event == "shadow",
+            signals=signals,
         )
     level = logging.WARNING if event in _WARNINGS else logging.INFO
     if not logger.isEnabledFor(level):

@@ -549,7 +549,7 @@ class ToolRegistry:
             # let a looping agent through.
             failure = self._final_failure(self.post_execute, error).result
             return ToolOutcome(failure, (), ends_turn)
-        _reminded(decision.additional_contexts)
+        _reminded(call, decision.additional_contexts)
         return ToolOutcome(result, decision.additional_contexts, ends_turn)
 
     def _final_failure(self, stage: Pipeline[Any, Any], error: Exception) -> _Early:
@@ -559,14 +559,19 @@ class ToolRegistry:
         return _Early(failure_from_exception(error, prefix=f"{where} failed: "), final=True)
 
 
-def _reminded(contexts: tuple[Any, ...] | list[Any]) -> None:
+def _signals_of(call: ToolCall) -> Any:
+    """The signals of the loop a call's agent runs in (``None``: no agent, no loop)."""
+    return getattr(getattr(call.agent, "loop", None), "signals", None)
+
+
+def _reminded(call: ToolCall, contexts: tuple[Any, ...] | list[Any]) -> None:
     """Each reminder a post-execute layer added: a guardrail result (``remind``), told
     apart from a denial — with no reason: a reminder's text may quote the call's
     arguments, and those never leave in telemetry."""
     for context in contexts:
         source = getattr(context, "source", None)
         layer = getattr(source, "plugin", None) or "guardstack"
-        guardrail_result(layer, "remind", source="tool_output")
+        guardrail_result(layer, "remind", source="tool_output", signals=_signals_of(call))
 
 
 def _log_denial(call: ToolCall, deny: Deny) -> None:
@@ -577,5 +582,6 @@ def _log_denial(call: ToolCall, deny: Deny) -> None:
         decision="end_turn" if deny.end_turn else "deny",
         reason=deny.reason,
         tool=call.name,
+        signals=_signals_of(call),
         **who_of(call.agent),
     )

@@ -222,6 +222,8 @@ EVENTS: Final[dict[str, str]] = {
     "model (window, model, fraction)",
     "guardstack.budget_alert": "a gateway's budget past its alert_at, once a window (scope, "
     "window, reason)",
+    "gen_ai.guardrail.result": "a guard's decision, as the GenAI conventions' guardrail result "
+    "(component, result type and value, reason, source)",
 }
 
 
@@ -410,7 +412,8 @@ class Shadow:
         signals = self.signals
         signals.add(SHADOW_DECISIONS, 1, attributes)
         said = f"{self.layer}: would {decision} {target}"
-        decided("shadow", layer=self.layer, decision=f"would {decision}", reason=reason or said)
+        decided("shadow", layer=self.layer, decision=f"would {decision}",
+                reason=reason or said, signals=signals)  # fmt: skip
         try:
             span = trace.get_current_span()
             if span.is_recording():

@@ -34,6 +34,13 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
     # The command line's servers and demo: run as a user runs them, against real peers.
     "cli/demo.py": ("tests/cli/test_main.py",),
     "cli/demo_gateway.py": ("tests/cli/test_main.py",),
+    "cli/parsing.py": ("tests/cli/test_main.py", "tests/gateway/model_proxy/test_command.py"),
+    # What wraps each proxied request, and the metrics endpoint: as operators see them.
+    "gateway/model_proxy/around.py": (
+        "tests/gateway/model_proxy/test_app.py",
+        "tests/gateway/test_request_log.py",
+    ),
+    "gateway/metrics_endpoint.py": ("tests/gateway/test_request_log.py",),
     "cli/mcp_gateway.py": ("tests/gateway/mcp_gateway/test_server.py",),
     "cli/mcp_proxy.py": ("tests/integrations/test_mcp_proxy.py",),
     "cli/model_proxy.py": (

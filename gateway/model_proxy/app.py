@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import math
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import trace
 
 from guardstack.gateway.admin import Admin
 from guardstack.gateway.budgets import BudgetRefusal, Budgets
 from guardstack.gateway.decision_log import DecisionLog
+from guardstack.gateway.model_proxy.around import (
+    KeyRing,
+    NoModel,
+    RefusedKeys,
+    RouteSpec,
+    Seen,
+    check_fallbacks,
+    finished_early,
+    request_span,
+    stack_prices,
+    timed,
+    tools_of,
+    wire_of,
+)
 from guardstack.gateway.model_proxy.conversations import (
     Conversations,
     digests,
@@ -38,7 +50,6 @@ from guardstack.gateway.model_proxy.responses import RESPONSES
 from guardstack.gateway.model_proxy.routes import WIRES, Route, Router, read_route
 from guardstack.gateway.model_proxy.upstream import (
     DEFAULT,
-    PROVIDER_NAMES,
     Target,
     Upstream,
 )
@@ -50,12 +61,15 @@ from guardstack.guards.usage_costs import ObservedOutputs
 from guardstack.guards.wrap_up import wrap_up_note
 from guardstack.integrations._extras import require
 from guardstack.integrations._gate import Gate, Refused, client_key
-from guardstack.pipeline import MODEL_FAILED, Harness, ModelError, ModelReply, ModelRequest
+from guardstack.pipeline import Harness, ModelRequest
 from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import Ledger
 from guardstack.pipeline.signals import PROXY_REQUESTS, STOPS
 from guardstack.pipeline.validate import in_ms, integer, number
+
+if TYPE_CHECKING:
+    from httpx import AsyncBaseTransport
 
 __all__ = ["CONVERSATION_HEADER", "STOPPED_HEADER", "ModelProxy"]
 
@@ -66,8 +80,6 @@ CONVERSATION_HEADER = "x-guardstack-conversation"
 #: What a request that states no output limit is estimated to produce (until its
 #: model's answers are observed).
 DEFAULT_OUTPUT_TOKENS: Final = 1_000
-#: How many client addresses the refused-key log remembers (the most recent).
-MAX_ADDRESSES: Final = 10_000
 #: The selector each wire is named by (``--route``).
 _SELECTOR: Final = {wire: selector for selector, wire in WIRES.items()}
 
@@ -109,7 +121,7 @@ class ModelProxy:
         decision_log: DecisionLog | None = None,
         stop_as: str = "answer",
         request_log: RequestLog | None = None,
-        upstream_transport: Any = None,
+        upstream_transport: AsyncBaseTransport | None = None,
     ) -> None:
         self.httpx = require("httpx", EXTRA)
         require("starlette", EXTRA)
@@ -139,7 +151,7 @@ class ModelProxy:
                 key="upstream",
                 value=None,
             )
-        _check_fallbacks(harness, self.upstreams)
+        check_fallbacks(harness, self.upstreams)
         named = [route if isinstance(route, Route) else read_route(route) for route in routes]
         #: Which upstream each request goes to (``--route``; the unnamed one otherwise).
         self.router = Router(named, self.upstreams, DEFAULT if upstream is not None else None)
@@ -159,13 +171,13 @@ class ModelProxy:
         # one budget engine: the tenants' budgets, or — with none, when the stack's own
         # usage-limit prices calls — the same engine with no limits, so every request
         # is a priced row of the spend report whichever of the two charged it
-        stack_prices = _stack_prices(harness)
+        priced = stack_prices(harness)
         counted = tenants
-        if counted is None and stack_prices and isinstance(harness.store, Ledger):
+        if counted is None and priced and isinstance(harness.store, Ledger):
             counted = Tenants({}, {}, source="<the stack's prices>")  # no limits: rows only
         self.budgets = (
             Budgets(counted, harness.store, signals=harness.loop.signals,
-                    stack_prices=stack_prices)
+                    stack_prices=priced)
             if counted is not None
             else None
         )  # fmt: skip
@@ -173,7 +185,7 @@ class ModelProxy:
         self.anonymous = KeyEntry("-", "default") if tenants is None else None
         #: Client key -> tenant; ``None``: any client, one tenant.
         self.client_keys = (
-            _KeyRing(self.budgets) if self.budgets is not None and tenants is not None else None
+            KeyRing(self.budgets) if self.budgets is not None and tenants is not None else None
         )
         #: What recent answers used, by model and tenant: budgets reserve that, not a
         #: 32,000-token ``max_tokens`` (``ObservedOutputs``).
@@ -189,7 +201,7 @@ class ModelProxy:
         self.drain_s = drain_ms / 1000
         self.conversations = Conversations(
             lambda session, tenant, labels: self.harness.loop.create(
-                session, model=_Nothing(), tenant=tenant, labels=labels
+                session, model=NoModel(), tenant=tenant, labels=labels
             ),
             idle_s=idle_ms / 1000,
             most=max_conversations,
@@ -203,9 +215,9 @@ class ModelProxy:
         self.request_log = request_log or RequestLog("off")
         self.service = Service(harness.loop, self.budgets, self.outputs, stop_as,
                                drain_ms / 1000, self.cuts, self._finished)  # fmt: skip
-        #: When a refused key was last logged, by client address (at most once a second).
-        self._refused_logged: OrderedDict[str, float] = OrderedDict()
-        self.app = _timed(self._build())
+        #: A refused key's decision-log lines, at most one a second per client address.
+        self.refused_keys = RefusedKeys()
+        self.app = timed(self._build())
         if admin_key is not None:  # harness.control at /admin/control, behind its key
             admin = Admin(
                 harness.control, admin_key, self.gate, budgets=self.budgets, decisions=decision_log
@@ -242,11 +254,11 @@ class ModelProxy:
         async def http_error(request: Any, error: Exception) -> Any:
             status = getattr(error, "status_code", 500)
             kind = "not_found" if status == 404 else "invalid_request"
-            return self._error(_wire_of(request), status, kind, str(getattr(error, "detail", "")))
+            return self._error(wire_of(request), status, kind, str(getattr(error, "detail", "")))
 
         async def crashed(request: Any, error: Exception) -> Any:
             logger.error("model-proxy: a request failed inside the proxy", exc_info=error)
-            return self._error(_wire_of(request), 500, "server", "the proxy failed this request")
+            return self._error(wire_of(request), 500, "server", "the proxy failed this request")
 
         async def root(request: Any) -> Any:  # Claude Code's HEAD / at start
             return Response(b"", 200)
@@ -269,17 +281,17 @@ class ModelProxy:
 
     def _route(self, wire: Wire) -> Callable[[Any], Awaitable[Any]]:
         async def route(request: Any) -> Any:
-            return await self._answer(request, wire, _Route(wire.path, None, None))
+            return await self._answer(request, wire, RouteSpec(wire.path, None, None))
 
         return route
 
-    async def _answer(self, request: Any, wire: Wire, route: _Route) -> Any:
+    async def _answer(self, request: Any, wire: Wire, route: RouteSpec) -> Any:
         """One request, answered: the proxy's own refusals in the API's shape, every
         answer with the proxy's time on it (``x-guardstack-overhead-ms``), every whole
         answer finished here (a stream's exchange finishes itself)."""
         started = time.perf_counter()
-        seen = _Seen()
-        span = self._request_span(wire, route)
+        seen = Seen()
+        span = request_span(self.harness, wire, route.path)
         try:
             if span is None:
                 answer = await self._proxy(request, wire, route, started, seen)
@@ -288,7 +300,7 @@ class ModelProxy:
                     answer = await self._proxy(request, wire, route, started, seen)
         except Refused as refused:
             if refused.status == 401:
-                self._refused_key(request, refused.message)
+                self.refused_keys.logged(request, refused.message)
             answer = self._error(wire, refused.status, refused.kind, refused.message)
         except Malformed as malformed:
             answer = self._error(wire, 400, "invalid_request", str(malformed))
@@ -305,30 +317,9 @@ class ModelProxy:
         if seen.exchange is not None:
             seen.exchange.finished(answer.status_code, stopped)
         elif seen.request is not None or self.request_log.on:
-            self._finished(_finished_early(seen.request, wire, answer.status_code, stopped,
+            self._finished(finished_early(seen.request, wire, answer.status_code, stopped,
                                            started))  # fmt: skip
         return answer
-
-    def _request_span(self, wire: Wire, route: _Route) -> Any:
-        """A SERVER span for the request, when the stack traces (its ``Tracing`` layer's
-        tracer): what the guards decide about the request — a reminder, a stop, a
-        budget's refusal — are events on it, and the model stage's spans its children.
-        ``None`` (nothing made) when nothing traces."""
-        from guardstack.wrappers import Tracing
-
-        tracer = next(
-            (h.plugin.tracer for h in self.harness.plugins if isinstance(h.plugin, Tracing)),
-            None,
-        )
-        if tracer is None:
-            return None
-        path = route.path.split("?", 1)[0]
-        return tracer.start_span(
-            f"POST {path}",
-            kind=trace.SpanKind.SERVER,
-            attributes={"http.request.method": "POST", "url.path": path,
-                        "gen_ai.provider.name": PROVIDER_NAMES.get(wire.name, "_OTHER")},
-        )  # fmt: skip
 
     def _finished(self, finished: Finished) -> None:
         """A request answered: its request-log line and its count, by wire, upstream and
@@ -341,21 +332,6 @@ class ModelProxy:
              "status": str(finished.status)},
         )  # fmt: skip
 
-    def _refused_key(self, request: Any, why: str) -> None:
-        """A refused key is a decision-log line — at most one a second per client
-        address, so a client retrying a wrong key does not flood the log."""
-        client = getattr(request, "client", None)
-        address = str(getattr(client, "host", None) or "unknown")
-        now = time.monotonic()
-        last = self._refused_logged.get(address)
-        if last is not None and now - last < 1.0:
-            return
-        self._refused_logged[address] = now
-        self._refused_logged.move_to_end(address)
-        while len(self._refused_logged) > MAX_ADDRESSES:
-            self._refused_logged.popitem(last=False)
-        decided("refuse", layer="gate", decision="unauthorized", reason=f"{why} ({address})")
-
     async def _gemini(self, request: Any) -> Any:
         """``POST /v1beta/models/{model}:generateContent`` or ``:streamGenerateContent``."""
         target = str(request.path_params.get("target", ""))
@@ -365,7 +341,7 @@ class ModelProxy:
         query = "?alt=sse" if action == "streamGenerateContent" else ""
         path = f"/v1beta/models/{model}:{action}{query}"
         return await self._answer(
-            request, GEMINI, _Route(path, model, action == "streamGenerateContent")
+            request, GEMINI, RouteSpec(path, model, action == "streamGenerateContent")
         )
 
     async def _models(self, request: Any) -> Any:
@@ -419,7 +395,7 @@ class ModelProxy:
     # -- one request ------------------------------------------------------------------
 
     async def _proxy(
-        self, request: Any, wire: Wire, route: _Route, started: float, seen: _Seen
+        self, request: Any, wire: Wire, route: RouteSpec, started: float, seen: Seen
     ) -> Any:
         headers = {name.lower(): value for name, value in request.headers.items()}
         if wire is GEMINI and not headers.get("x-goog-api-key"):
@@ -484,7 +460,7 @@ class ModelProxy:
         seen.request = served
         return await self._guarded(served, request.receive, seen)
 
-    async def _guarded(self, request: ProxyRequest, receive: Any, seen: _Seen) -> Any:
+    async def _guarded(self, request: ProxyRequest, receive: Any, seen: Seen) -> Any:
         wire, conversation, messages = request.wire, request.conversation, request.messages
         agent = conversation.agent
         if request.fresh:  # met again after it was freed: only its current turn is new here
@@ -527,7 +503,7 @@ class ModelProxy:
         upstream.allowed = self.attempts_allowed()
         if wire is GEMINI:
             upstream.turn = GEMINI.model_turns(messages) + 1
-        call = ModelRequest(agent, upstream.messages, _tools(forwarded), model=upstream)
+        call = ModelRequest(agent, upstream.messages, tools_of(forwarded), model=upstream)
         exchange = seen.exchange = Exchange(self.service, request, call, upstream)
         exchange.held = held
         if wrapped is not None:
@@ -569,11 +545,13 @@ class ModelProxy:
             )  # fmt: skip
             if not isinstance(last, BudgetRefusal):
                 conversation.wrapped = True
-                request.decided("stop", layer="budgets", decision="wrap_up", reason=refusal.message)
+                signals = self.harness.loop.signals
+                request.decided("stop", layer="budgets", decision="wrap_up",
+                                reason=refusal.message, signals=signals)  # fmt: skip
                 return last, wire.wrap_up(data, wrap_up_note(refusal.message), tokens)
             refusal = last
         request.decided("budget_refused", layer="budgets", decision="refuse",
-                        reason=refusal.message)  # fmt: skip
+                        reason=refusal.message, signals=self.harness.loop.signals)  # fmt: skip
         tenant = request.caller.tenant or "default"
         self.harness.loop.signals.add(STOPS, 1, {"layer": "budgets", "tenant": tenant})
         headers = {STOPPED_HEADER: "budgets"}
@@ -601,146 +579,3 @@ class ModelProxy:
         as_error = self.stop_as == "error"
         return stop_response(request.wire, plugin, text, request.model, request.stream, {},
                              as_error=as_error)  # fmt: skip
-
-
-class _KeyRing(Mapping[str, str]):
-    """Client key -> tenant, as the gate asks it: the tenants file's keys and the keys
-    issued at ``/admin/keys``, live and not revoked."""
-
-    def __init__(self, budgets: Budgets) -> None:
-        self.budgets = budgets
-
-    def __getitem__(self, key: str) -> str:
-        entry = self.budgets.key(key)
-        if entry is None:
-            raise KeyError(key)
-        return entry.tenant
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.budgets.tenants.keys)
-
-    def __len__(self) -> int:
-        return len(self.budgets.tenants.keys) + len(self.budgets.issued)
-
-
-def _timed(app: Any) -> Any:
-    """``app`` with ``x-guardstack-overhead-ms`` on every answer that does not carry it
-    already (a path no route serves, a method no route takes): the whole of such an
-    answer's time is the proxy's own."""
-
-    async def timed(scope: Any, receive: Any, send: Any) -> None:
-        if scope.get("type") != "http":
-            await app(scope, receive, send)
-            return
-        started = time.perf_counter()
-
-        async def sending(message: Any) -> None:
-            if message.get("type") == "http.response.start":
-                headers = list(message.get("headers") or [])
-                if not any(name.lower() == _OVERHEAD_BYTES for name, _ in headers):
-                    spent = f"{(time.perf_counter() - started) * 1000:.2f}".encode()
-                    message = {**message, "headers": [*headers, (_OVERHEAD_BYTES, spent)]}
-            await send(message)
-
-        await app(scope, receive, sending)
-
-    return timed
-
-
-_OVERHEAD_BYTES: Final = OVERHEAD_HEADER.encode()
-
-
-def _stack_prices(harness: Harness) -> dict[str, Any]:
-    """What the stack's ``usage-limit`` layers price (their ``prices``), merged."""
-    from guardstack.guards import UsageLimit
-
-    found: dict[str, Any] = {}
-    for handle in harness.plugins:
-        plugin = handle.plugin
-        if isinstance(plugin, UsageLimit) and plugin.prices:
-            found.update(plugin.prices)
-    return found
-
-
-class _Seen:
-    """What one request became, as far as it went: its value, its exchange."""
-
-    __slots__ = ("exchange", "request")
-
-    def __init__(self) -> None:
-        self.request: ProxyRequest | None = None
-        self.exchange: Exchange | None = None
-
-
-def _finished_early(
-    request: ProxyRequest | None, wire: Wire, status: int, stopped: str | None, started: float
-) -> Finished:
-    """A request answered before anything went upstream (a refusal, a stop)."""
-    about = (
-        request.about()
-        if request is not None
-        else dict.fromkeys(("tenant", "team", "key_name", "conversation", "model"))
-    )
-    elapsed = (time.perf_counter() - started) * 1000
-    return Finished(
-        about["tenant"], about["team"], about["key_name"], about["conversation"],
-        about["model"], _SELECTOR[wire.name],
-        request.target.name if request is not None else None,
-        request.stream if request is not None else False,
-        status, None, None, 0.0 if request is not None else None, elapsed, elapsed, stopped,
-    )  # fmt: skip
-
-
-class _Route:
-    """Where a request goes upstream, and what its path (not its body) says."""
-
-    __slots__ = ("model", "path", "stream")
-
-    def __init__(self, path: str, model: str | None, stream: bool | None) -> None:
-        self.path, self.model, self.stream = path, model, stream
-
-
-class _Nothing:
-    """The conversation agent's own model: never called (each request names the upstream)."""
-
-    async def complete(self, messages: Any, tools: Any) -> ModelReply:
-        raise ModelError("the proxy's agents have no model of their own", MODEL_FAILED)
-
-
-def _tools(data: Mapping[str, Any]) -> list[Any]:
-    tools = data.get("tools")
-    return tools if isinstance(tools, list) else []
-
-
-def _wire_of(request: Any) -> Wire:
-    path = str(getattr(request, "url", "") and request.url.path)
-    if path.startswith(ANTHROPIC.path):
-        return ANTHROPIC
-    if path.startswith("/v1beta/"):
-        return GEMINI
-    if path.startswith(RESPONSES.path):
-        return RESPONSES
-    return OPENAI
-
-
-def _check_fallbacks(harness: Harness, upstreams: Mapping[str, Target]) -> None:
-    """Every ``Fallback(to={"upstream": NAME})`` in the stack names a known upstream."""
-    from guardstack.wrappers import Fallback
-
-    for handle in harness.plugins:
-        plugin = handle.plugin
-        for target in plugin.targets if isinstance(plugin, Fallback) else ():
-            if not isinstance(target, Mapping):
-                continue
-            name = target["upstream"]
-            if name not in upstreams:
-                known = [n for n in upstreams if n != DEFAULT]
-                near = difflib.get_close_matches(name, known, n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
-                raise ConfigError(
-                    f"{handle.id}: `to.upstream` names {name!r}, which is not an upstream "
-                    f"(--upstream NAME=URL gives: {', '.join(known) or 'none'}){hint}",
-                    plugin=handle.id,
-                    key="to.upstream",
-                    value=name,
-                )

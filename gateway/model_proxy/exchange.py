@@ -131,7 +131,9 @@ class Service:
 
     def stopped(self, request: ProxyRequest, plugin: str, text: str) -> None:
         """A guard's stop is answered: one decision-log line, one stop counted."""
-        request.decided("stop", layer=plugin, decision="end_turn", reason=text)
+        request.decided(
+            "stop", layer=plugin, decision="end_turn", reason=text, signals=self.loop.signals
+        )
         tenant = request.about()["tenant"] or "default"
         self.loop.signals.add(STOPS, 1, {"layer": plugin, "tenant": tenant})
 

@@ -98,6 +98,11 @@ class ProxyRequest:
             "model": self.model,
         }
 
-    def decided(self, event: str, *, layer: str, decision: str, reason: str = "") -> None:
-        """One decision-log line about this request."""
-        decided(event, layer=layer, decision=decision, reason=reason, **self.about())
+    def decided(
+        self, event: str, *, layer: str, decision: str, reason: str = "", signals: Any = None
+    ) -> None:
+        """One decision-log line about this request (a guard's decision also a guardrail
+        event among the stack's ``signals``)."""
+        decided(
+            event, layer=layer, decision=decision, reason=reason, signals=signals, **self.about()
+        )

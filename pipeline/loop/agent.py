@@ -298,7 +298,8 @@ class Agent(Place):
         """A guard or a cap ended the turn: a decision-log line, a stop counted."""
         layer = layer_of(why)
         decision = "wrap_up" if wrapped else "end_turn"
-        decided("stop", layer=layer, decision=decision, reason=why, **who_of(self))
+        decided("stop", layer=layer, decision=decision, reason=why, signals=self.loop.signals,
+                **who_of(self))  # fmt: skip
         self.loop.signals.add(STOPS, 1, {"layer": layer, "tenant": self.tenant or "default"})
 
     def _wrapped_up(self, turn: int, step: int, request: ModelRequest, blocked: TurnBlocked) -> str:
