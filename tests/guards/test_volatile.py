@@ -82,8 +82,8 @@ def test_top_level_arguments_are_scalars_or_their_canonical_text() -> None:
 @pytest.mark.parametrize(
     "note",
     [
-        "\n\nPotential loop detected: \"Bash\" returned the same result 3 times in a row.",
-        "\n\nPotential loop detected: \"Bash\" returned the same result 4 times in a row.",
+        '\n\nPotential loop detected: "Bash" returned the same result 3 times in a row.',
+        '\n\nPotential loop detected: "Bash" returned the same result 4 times in a row.',
         "\n\nYou are repeating the exact same tool call with identical arguments.",
         "\nError: tool-call-limit: tool call limit reached: Bash already called 7 times",
     ],
