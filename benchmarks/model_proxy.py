@@ -33,9 +33,9 @@ warm-up; each figure is the median of the rounds' medians, with their range.
         [--litellm /path/to/venv/bin/litellm] [--stack fast|plain]
 
 ``--stack`` is the HTTP stack every side of ours runs on (the upstream, the forwarder
-and both proxies alike, so the comparison stays fair): ``fast`` (the default: uvicorn
-on uvloop with httptools, what ``guardstack[proxy]`` installs) or ``plain`` (asyncio's
-own loop with h11) — how the stack was chosen.
+and both proxies alike, so the comparison stays fair): ``plain`` (the default, what
+``guardstack model-proxy`` runs on: asyncio's own loop with h11) or ``fast`` (uvicorn
+on uvloop with httptools) — how the stack was chosen.
 
 ``--litellm`` (or ``$LITELLM``) is the ``litellm`` command of an environment with
 ``litellm[proxy]`` installed; it is kept out of this project's own environment
@@ -330,7 +330,7 @@ async def _conversations(port: int, count: int) -> None:
 
 
 async def measure(
-    requests: int, rounds: int, litellm: str | None, conversations: int = 0, stack: str = "fast"
+    requests: int, rounds: int, litellm: str | None, conversations: int = 0, stack: str = "plain"
 ) -> dict[str, dict[str, list[float]]]:
     """Per case and side, each kept round's median in milliseconds."""
     upstream_port, forwarder_port, proxy_port, litellm_port = _port(), _port(), _port(), _port()
@@ -458,7 +458,7 @@ def main() -> None:
     parser.add_argument(
         "--memory-only", action="store_true", help="skip the latency rounds (--rounds 0)"
     )
-    parser.add_argument("--stack", choices=sorted(STACKS), default="fast")
+    parser.add_argument("--stack", choices=sorted(STACKS), default="plain")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-forwarder", nargs=2, help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -470,7 +470,7 @@ def main() -> None:
             if options.serve_upstream
             else (forwarder_app(options.serve_forwarder[1]), int(options.serve_forwarder[0]))
         )
-        chosen = STACKS[os.environ.get("BENCH_STACK", "fast")]
+        chosen = STACKS[os.environ.get("BENCH_STACK", "plain")]
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                     loop=chosen["loop"], http=chosen["http"])  # fmt: skip
         return

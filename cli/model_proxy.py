@@ -115,7 +115,7 @@ async def run_model_proxy(
     routes: list[str] | None = None,
     request_log: str = "off",
     metrics_listen: str | None = None,
-    http: str = "auto",
+    http: str = "h11",
 ) -> None:
     """Serve until stopped (``watch``: reload the stack when ``config`` changes)."""
     import uvicorn
@@ -218,7 +218,8 @@ async def run_model_proxy(
 
 def event_loop_options(loop: str) -> dict[str, Any]:
     """anyio's asyncio options for ``--loop``: uvloop when asked, or when installed and
-    ``auto`` (chosen by measurement: ``benchmarks.model_proxy``, docs/speed.md)."""
+    ``auto`` (asyncio's own is the default, chosen by measurement:
+    ``benchmarks.model_proxy --stack``, docs/speed.md)."""
     if loop == "asyncio":
         return {}
     try:

@@ -221,3 +221,47 @@ def test_gemini_cli_connects_and_runs_n_commands_under_a_cap_of_n(
     streamed = [s for s in upstream.model_requests() if "streamGenerateContent" in s.path]
     assert streamed
     assert all(s.headers.get("x-goog-api-key") != KEY for s in upstream.requests)
+
+
+# -- a spent budget -----------------------------------------------------------------------
+
+SPENT = """\
+keys:
+  sk-a-client-key-0123456789: {tenant: acme, team: ci, name: agent}
+tenants:
+  acme:
+    teams: {ci: {budget: {usd_per_day: 0}}}
+"""
+
+
+@pytest.mark.parametrize("client", ["claude", "codex", "gemini"])
+def test_a_spent_budget_ends_the_real_clients_run(
+    installed: Path, upstream: Runaway, tmp_path: Path, client: str
+) -> None:
+    """Reported (#64): with a team's day spent the proxy answered 429 with a day's
+    ``Retry-After``; agents slept through it or retried at once for hours. Now the
+    budget's stop is the model's last words: each client ends its run at once, having
+    sent at most one more request, and nothing reaches the upstream."""
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(SPENT, "utf-8")
+    log = tmp_path / "requests.jsonl"
+    extra = ["--tenants", str(tenants), "--request-log", str(log)]
+    with (
+        clients.folder(tmp_path, "work") as home,
+        proxy(tmp_path, upstream, "[]\n", *extra) as running,
+    ):
+        run = {"claude": clients.claude, "codex": clients.codex, "gemini": clients.gemini}
+        ran = run[client]("List the files here.", base_url=running.url, key=KEY, home=home,
+                          timeout_s=90)  # fmt: skip
+    lines = [json.loads(line) for line in log.read_text("utf-8").splitlines()]
+    model_lines = [line for line in lines if line["stopped"] == "budgets"]
+    assert 1 <= len(model_lines) <= 2, lines  # the stop, and at most one more request
+    assert all(line["status"] == 200 for line in model_lines)
+    assert upstream.model_requests() == []  # nothing forwarded
+    if client == "claude":
+        said = claude_result(ran)
+    elif client == "codex":
+        said = codex_said(ran)
+    else:
+        said = json.loads(ran.stdout[ran.stdout.index("{") :])["response"]
+    assert "Stopped by budgets: team 'acme/ci' has used $0.00 of its $0.00 this day" in said
