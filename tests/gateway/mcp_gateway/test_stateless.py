@@ -25,6 +25,7 @@ from tests.gateway.mcp_gateway.gateways import (
     http_gateway,
     keys_file,
 )
+from tests.integrations.ports import free_port
 
 ONE, TWO = "key-acme-one-0123456789", "key-acme-two-0123456789"
 KEYS = {ONE: {"tenant": "acme", "name": "one"}, TWO: {"tenant": "acme", "name": "two"}}
@@ -120,13 +121,21 @@ async def test_a_cap_at_the_gateway_counts_a_stateless_clients_calls_together(
         [{"name": "tool-call-limit", "config": {"per_turn": 2}}],
     )
     keys = keys_file(tmp_path, {"acme": {"servers": {"a": {}}}}, {ONE: "acme"})
-    async with (
-        http_gateway(tmp_path, config, "--keys", str(keys)) as (url, _),
-        connected(url, ONE, "2026-07-28") as client,
-    ):
-        results = [await client.call_tool("a_echo", {"message": "hi"}) for _ in range(3)]
+    metrics = free_port()
+    async with http_gateway(
+        tmp_path, config, "--keys", str(keys), "--metrics-listen", f"127.0.0.1:{metrics}"
+    ) as (url, _):
+        async with connected(url, ONE, "2026-07-28") as client:
+            results = [await client.call_tool("a_echo", {"message": "hi"}) for _ in range(3)]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{metrics}") as raw:
+            scraped = await raw.get("/metrics")
     assert [r.is_error for r in results] == [False, False, True]
     assert "tool call limit" in said(results[2])
+    # the gateway's metrics for a Prometheus (--metrics-listen), read by its own parser
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {family.name for family in text_string_to_metric_families(scraped.text)}
+    assert "mcp_server_operation_duration_seconds" in names  # the calls it served
 
 
 @pytest.mark.parametrize("version", ["2026-07-28", "2025-11-25"])
