@@ -41,6 +41,10 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
         "tests/gateway/test_request_log.py",
     ),
     "gateway/metrics_endpoint.py": ("tests/gateway/test_request_log.py",),
+    "gateway/model_proxy/bodies.py": (
+        "tests/gateway/model_proxy/test_wires.py",
+        "tests/gateway/model_proxy/test_shapes.py",
+    ),
     "cli/mcp_gateway.py": ("tests/gateway/mcp_gateway/test_server.py",),
     "cli/mcp_proxy.py": ("tests/integrations/test_mcp_proxy.py",),
     "cli/model_proxy.py": (

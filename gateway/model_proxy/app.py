@@ -562,7 +562,7 @@ class ModelProxy:
                                   {**headers, "x-should-retry": "false"})  # fmt: skip
         headers.pop("retry-after", None)
         return stop_response(wire, "budgets", refusal.message, request.model, request.stream,
-                             headers)  # fmt: skip
+                             headers, structured=request.structured)  # fmt: skip
 
     def _stopped(self, request: ProxyRequest, stopped: tuple[str, str]) -> Any:
         """A stop decided on the history, before anything went upstream — or, when no
@@ -578,4 +578,4 @@ class ModelProxy:
         self.service.stopped(request, plugin, text)
         as_error = self.stop_as == "error"
         return stop_response(request.wire, plugin, text, request.model, request.stream, {},
-                             as_error=as_error)  # fmt: skip
+                             as_error=as_error, structured=request.structured)  # fmt: skip

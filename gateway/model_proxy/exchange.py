@@ -75,15 +75,21 @@ def stop_response(
     headers: Mapping[str, str],
     *,
     as_error: bool = False,
+    structured: bool = False,
 ) -> Any:
     """The stop a guard asked for, as the assistant's reply (``finish_reason: stop`` /
     ``stop_reason: end_turn``…) — or, ``as_error`` (``--stop-as error``), as the API's
     own error: 429 for a budget or a limit, 400 otherwise — naming the plugin in
-    ``x-guardstack-stopped``."""
+    ``x-guardstack-stopped``. A request that asked for structured output (JSON: a
+    client's side call, Gemini CLI's model router) cannot take words for an answer — a
+    client retries an answer that does not parse — so its stop is the API's 400, which
+    no client retries."""
     from starlette.responses import JSONResponse, StreamingResponse
 
     content = f"Stopped by {plugin}: {text}" if not text.startswith("Stopped by ") else text
     headers = {**headers, STOPPED_HEADER: plugin}
+    if structured and not as_error:
+        return error_response(wire, 400, "stopped", content, {**headers, "x-should-retry": "false"})
     if as_error:
         limited = plugin == "budgets" or plugin.endswith("-limit")
         status, kind = (429, "rate_limit") if limited else (400, "stopped")
@@ -295,7 +301,8 @@ class Exchange:
         self.service.stopped(self.request, plugin, text)
         return stop_response(self.upstream.wire, plugin, text, self.model,
                              self.upstream.stream, self.headers(),
-                             as_error=self.service.stop_as == "error")  # fmt: skip
+                             as_error=self.service.stop_as == "error",
+                             structured=self.request.structured)  # fmt: skip
 
     def upstream_failure(self, failure: tuple[int, bytes, str | None]) -> Any:
         from starlette.responses import Response

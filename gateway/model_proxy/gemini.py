@@ -77,6 +77,14 @@ class Gemini(Wire):
     tool_fields = ("tools", "toolConfig")
     input_fields = ("systemInstruction", "contents", "tools", "toolConfig")
 
+    def asks_structured(self, data: Mapping[str, Any]) -> bool:
+        config = data.get("generationConfig")
+        if not isinstance(config, Mapping):
+            return False
+        return config.get("responseMimeType") == "application/json" or any(
+            key in config for key in ("responseSchema", "responseJsonSchema")
+        )
+
     def choices(self, data: Mapping[str, Any]) -> int:
         config = data.get("generationConfig")
         count = positive_int(config.get("candidateCount")) if isinstance(config, Mapping) else None

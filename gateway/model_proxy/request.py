@@ -85,6 +85,12 @@ class ProxyRequest:
     started: float
 
     @property
+    def structured(self) -> bool:
+        """Whether the request asks for structured (JSON) output: its stop cannot be
+        words (``exchange.stop_response``)."""
+        return self.wire.asks_structured(self.data)
+
+    @property
     def conversation_id(self) -> str:
         return self.conversation.agent.session_id
 

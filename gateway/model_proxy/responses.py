@@ -62,6 +62,11 @@ class Responses(Wire):
     output_field = "max_output_tokens"
     input_fields = ("instructions", "input", "tools")
 
+    def asks_structured(self, data: Mapping[str, Any]) -> bool:
+        text = data.get("text")
+        shape = text.get("format") if isinstance(text, Mapping) else None
+        return isinstance(shape, Mapping) and shape.get("type") in ("json_object", "json_schema")
+
     def check(self, data: dict[str, Any]) -> None:
         conformed(data, shapes.RESPONSES)
 

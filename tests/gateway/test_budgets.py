@@ -413,3 +413,33 @@ async def test_a_guards_file_usage_limit_is_in_the_spend_report(runaway: Runaway
     assert report["rows"] == [
         {"name": "gpt-x", "spent_usd": pytest.approx(0.0031), "tokens": 110, "requests": 2}
     ]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1beta/models/gpt-x:generateContent",
+         {"contents": [{"role": "user", "parts": [{"text": "route me"}]}],
+          "generationConfig": {"responseMimeType": "application/json"}}),
+        ("/v1/chat/completions",
+         {"model": "gpt-x", "messages": [{"role": "user", "content": "route me"}],
+          "response_format": {"type": "json_object"}}),
+    ],
+)  # fmt: skip
+async def test_a_side_call_that_asks_for_json_is_stopped_with_a_400_no_client_retries(
+    runaway: Runaway, path: str, body: dict[str, Any]
+) -> None:
+    """A request asking for structured output (Gemini CLI's model router) cannot take the
+    stop's words for an answer — the client retried an answer that did not parse, for a
+    minute and a half — so its stop is the API's 400, never retried."""
+    spent = {**TENANTS, "tenants": {**TENANTS["tenants"], "acme": {
+        **TENANTS["tenants"]["acme"], "budget": {"usd_per_day": 0.0}}}}  # fmt: skip
+    async for served in proxied(runaway, spent):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            answer = await raw.post(path, json=body, headers={"authorization": f"Bearer {CI}",
+                                                                "x-goog-api-key": CI})  # fmt: skip
+    assert answer.status_code == 400
+    assert answer.headers["x-guardstack-stopped"] == "budgets"
+    assert answer.headers["x-should-retry"] == "false"
+    assert "Stopped by budgets" in answer.text
+    assert runaway.model_requests() == []
