@@ -10,8 +10,9 @@ import datetime
 import json
 import secrets
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from guardstack.gateway.budget_values import BudgetScope, Held
 from guardstack.gateway.tenants import (
     NO_BUDGET,
     Budget,
@@ -23,9 +24,6 @@ from guardstack.gateway.tenants import (
 )
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.validate import did_you_mean
-
-if TYPE_CHECKING:
-    from guardstack.gateway.budgets import BudgetScope, Held
 
 __all__ = ["BudgetOperators", "UnknownScope"]
 
@@ -184,8 +182,6 @@ class BudgetOperators:
         now = self.wall_clock()
         parts = _parts_of(kind, label, self)
         windows = []
-        from guardstack.gateway.budgets import BudgetScope
-
         for name, window, _ in self.windows_of(BudgetScope(kind, parts, label, budget), now):
             measure = name.partition("_per_")[0]
             held = await self.store.balance(window)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Final
 
-from guardstack.gateway.budgets import REPORTED, SPEND
+from guardstack.gateway.budget_values import REPORTED, SPEND
 from guardstack.pipeline.contract import key_parts, store_key
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.ledger import calendar_window as period

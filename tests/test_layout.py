@@ -41,6 +41,12 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
         "tests/gateway/test_request_log.py",
     ),
     "gateway/metrics_endpoint.py": ("tests/gateway/test_request_log.py",),
+    "gateway/budget_values.py": ("tests/gateway/test_budgets.py", "tests/gateway/test_admin.py"),
+    "gateway/model_proxy/replies.py": (
+        "tests/gateway/test_budgets.py",
+        "tests/gateway/model_proxy/test_app.py",
+    ),
+    "gateway/model_proxy/targets.py": ("tests/gateway/model_proxy/test_routes.py",),
     "gateway/model_proxy/bodies.py": (
         "tests/gateway/model_proxy/test_wires.py",
         "tests/gateway/model_proxy/test_shapes.py",
@@ -164,3 +170,48 @@ def test_the_map_of_tests_is_current() -> None:
         assert not _mirror(modules[name]).exists(), f"{name} has its own test file now"
         for test in tests:
             assert (ROOT / test).is_file(), f"{name}: {test} is gone"
+
+
+def _gateway_imports() -> dict[str, set[str]]:
+    """Each gateway module's imports of other gateway modules — every import statement,
+    those under ``TYPE_CHECKING`` and inside functions included."""
+    import ast
+
+    root = ROOT / "gateway"
+    names: dict[str, Path] = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names["guardstack." + ".".join(parts)] = path
+    found: dict[str, set[str]] = {}
+    for name, path in names.items():
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                # `from package import module` imports the module
+                subs = {f"{node.module}.{a.name}" for a in node.names} & set(names)
+                imported.update(subs or {node.module})
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+        found[name] = {m for m in imported if m.startswith("guardstack.gateway") and m != name}
+    return found
+
+
+def test_the_gateway_has_no_import_circle() -> None:
+    """One gateway, one request value (#63): no module of ``gateway/`` imports, through
+    any chain of imports, one that imports it — a package's ``__init__`` re-exporting
+    its own modules aside."""
+    graph = _gateway_imports()
+    circles = []
+    for start in graph:
+        stack, seen = [start], set()
+        while stack:
+            module = stack.pop()
+            for target in graph.get(module, ()):
+                if target == start and not start.startswith(module):
+                    circles.append((start, module))
+                if target not in seen and not start.startswith(target):
+                    seen.add(target)
+                    stack.append(target)
+    assert circles == []

@@ -34,17 +34,16 @@ from guardstack.gateway.model_proxy.conversations import (
     family,
     identity,
 )
-from guardstack.gateway.model_proxy.exchange import (
-    OVERHEAD_HEADER,
-    STOPPED_HEADER,
-    Exchange,
-    Service,
-    error_response,
-    stop_response,
-)
+from guardstack.gateway.model_proxy.exchange import Exchange, Service
 from guardstack.gateway.model_proxy.gemini import GEMINI
 from guardstack.gateway.model_proxy.guarding import Guard
 from guardstack.gateway.model_proxy.owners import ResponseOwners, reaches_another
+from guardstack.gateway.model_proxy.replies import (
+    OVERHEAD_HEADER,
+    STOPPED_HEADER,
+    error_response,
+    stop_response,
+)
 from guardstack.gateway.model_proxy.request import Caller, Estimate, ProxyRequest
 from guardstack.gateway.model_proxy.responses import RESPONSES
 from guardstack.gateway.model_proxy.routes import WIRES, Route, Router, read_route

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Final
 from opentelemetry import trace
 
 from guardstack.gateway.budgets import Budgets
-from guardstack.gateway.model_proxy.exchange import OVERHEAD_HEADER
 from guardstack.gateway.model_proxy.gemini import GEMINI
+from guardstack.gateway.model_proxy.replies import OVERHEAD_HEADER
 from guardstack.gateway.model_proxy.responses import RESPONSES
 from guardstack.gateway.model_proxy.routes import WIRES
 from guardstack.gateway.model_proxy.upstream import DEFAULT, PROVIDER_NAMES, Target

@@ -20,11 +20,10 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -32,8 +31,14 @@ import attrs
 
 from guardstack.gateway.model_proxy.conversations import Conversation
 from guardstack.gateway.model_proxy.guarding import plugin_of
+from guardstack.gateway.model_proxy.replies import (
+    NOT_RETRIED,
+    OVERHEAD_HEADER,
+    STOPPED_HEADER,
+    error_response,
+    stop_response,
+)
 from guardstack.gateway.model_proxy.upstream import Upstream
-from guardstack.gateway.model_proxy.wires import Wire
 from guardstack.gateway.request_log import Finished
 from guardstack.guards.loop_detector.text_watch import LOOP_CUT
 from guardstack.pipeline import (
@@ -53,71 +58,13 @@ if TYPE_CHECKING:
     from guardstack.guards.usage_costs import ObservedOutputs
     from guardstack.pipeline import AgentLoop
 
-__all__ = ["STOPPED_HEADER", "Exchange", "Service", "stop_response"]
+__all__ = ["Exchange", "Service"]
 
 logger = logging.getLogger("guardstack")
 
-STOPPED_HEADER: Final = "x-guardstack-stopped"
 #: The name each wire is known by in the request log and ``--route`` (``chat``…).
 _SELECTOR: Final = {"openai": "chat", "responses": "responses", "anthropic": "messages",
                     "gemini": "gemini"}  # fmt: skip
-OVERHEAD_HEADER: Final = "x-guardstack-overhead-ms"
-#: Statuses a client's retry cannot help: they carry ``x-should-retry: false``.
-NOT_RETRIED: Final = frozenset({400, 401, 403, 404, 413, 415})
-
-
-def stop_response(
-    wire: Wire,
-    plugin: str,
-    text: str,
-    model: str,
-    stream: bool,
-    headers: Mapping[str, str],
-    *,
-    as_error: bool = False,
-    structured: bool = False,
-) -> Any:
-    """The stop a guard asked for, as the assistant's reply (``finish_reason: stop`` /
-    ``stop_reason: end_turn``…) — or, ``as_error`` (``--stop-as error``), as the API's
-    own error: 429 for a budget or a limit, 400 otherwise — naming the plugin in
-    ``x-guardstack-stopped``. A request that asked for structured output (JSON: a
-    client's side call, Gemini CLI's model router) cannot take words for an answer — a
-    client retries an answer that does not parse — so its stop is the API's 400, which
-    no client retries."""
-    from starlette.responses import JSONResponse, StreamingResponse
-
-    content = f"Stopped by {plugin}: {text}" if not text.startswith("Stopped by ") else text
-    headers = {**headers, STOPPED_HEADER: plugin}
-    if structured and not as_error:
-        return error_response(wire, 400, "stopped", content, {**headers, "x-should-retry": "false"})
-    if as_error:
-        limited = plugin == "budgets" or plugin.endswith("-limit")
-        status, kind = (429, "rate_limit") if limited else (400, "stopped")
-        return error_response(wire, status, kind, content, {**headers, "x-should-retry": "false"})
-    if not stream:
-        return JSONResponse(wire.stop_body(model, content), headers=headers)
-
-    async def events() -> AsyncIterator[bytes]:
-        for event, payload in wire.stop_events(model, content):
-            named_event = f"event: {event}\n" if event else ""
-            yield f"{named_event}data: {json.dumps(payload)}\n\n".encode()
-        if wire.done_line():
-            yield wire.done_line()
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
-
-
-def error_response(
-    wire: Wire, status: int, kind: str, message: str, headers: Mapping[str, str] | None = None
-) -> Any:
-    """An error in the API's own shape (``x-should-retry: false`` where a retry cannot
-    help, for the clients that honour it)."""
-    from starlette.responses import JSONResponse
-
-    extra = dict(headers or {})
-    if status in NOT_RETRIED:
-        extra.setdefault("x-should-retry", "false")
-    return JSONResponse(wire.error_body(status, kind, message), status, headers=extra)
 
 
 @attrs.frozen(eq=False)

@@ -97,7 +97,7 @@ async def reaches_another(
     """The answer to a request that names provider-side state that is not its tenant's,
     or ``None``: a stored response of another tenant is one the provider does not know
     (404, in OpenAI's words); state the proxy cannot attribute, a 400."""
-    from guardstack.gateway.model_proxy.exchange import error_response
+    from guardstack.gateway.model_proxy.replies import error_response
 
     field = unattributable(data)
     if field is not None:

@@ -22,7 +22,7 @@ from guardstack.gateway.model_proxy.wires import Wire
 from guardstack.pipeline.decisions import decided
 
 if TYPE_CHECKING:
-    from guardstack.gateway.model_proxy.upstream import Target
+    from guardstack.gateway.model_proxy.targets import Target
     from guardstack.gateway.tenants import KeyEntry
 
 __all__ = ["Caller", "Estimate", "ProxyRequest"]

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from guardstack.gateway.model_proxy.closing import Closing, closing_for
+from guardstack.gateway.model_proxy.targets import DEFAULT, Target
 from guardstack.gateway.model_proxy.wires import Wire
 from guardstack.integrations._provider import status_error
 from guardstack.pipeline import (
@@ -44,23 +45,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT", "PROVIDER_NAMES", "Target", "Upstream", "Via"]
 
-DEFAULT = "default"
 
 logger = logging.getLogger("guardstack")
-
-
-class Target:
-    """One upstream: its client (a connection pool) and its key."""
-
-    def __init__(
-        self, httpx: Any, name: str, url: str, key: str | None, transport: Any = None
-    ) -> None:
-        self.name, self.url, self.key = name, url.rstrip("/"), key
-        # ``transport``: httpx's own seam (an ``ASGITransport`` over an app in process,
-        # a ``MockTransport``) for tests and the demo; ``None``: the network
-        self.client = httpx.AsyncClient(base_url=self.url, timeout=None, transport=transport)
-        #: What the client raises when the upstream cannot be reached or breaks off.
-        self.transport_error: type[Exception] = httpx.TransportError
 
 
 #: The GenAI conventions' provider names, by the wire a request came in on.
