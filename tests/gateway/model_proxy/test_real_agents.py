@@ -332,3 +332,36 @@ def test_claude_code_codex_and_gemini_cli_share_one_routed_gateway(
     assert all(path.startswith("/v1beta/models/") for path in paths["gemini"])
     assert len(report["rows"]) >= 3  # a model of each client's, in one report
     assert report["spent_usd"] >= 0
+
+
+WRAP_UP = """\
+keys:
+  sk-a-client-key-0123456789: {tenant: acme, team: ci, name: agent}
+tenants:
+  acme:
+    teams: {ci: {budget: {usd_per_day: 0.3, on_limit: wrap_up, wrap_up_tokens: 300}}}
+prices: {house-model: [3, 15]}
+"""
+
+
+def test_a_budget_that_wraps_up_ends_claude_codes_run_with_the_models_answer(
+    installed: Path, upstream: Runaway, tmp_path: Path
+) -> None:
+    """Reported (#64): with ``on_limit: wrap_up`` behind the proxy, a real agent's
+    requests went upstream with their tools until a refusal, and the run never ended.
+    Now the request that would pass the day goes once more without tools, inside
+    ``wrap_up_tokens``, and Claude Code ends its run with that answer."""
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(WRAP_UP, "utf-8")
+    with (
+        clients.folder(tmp_path, "work") as home,
+        proxy(tmp_path, upstream, "[]\n", "--tenants", str(tenants)) as running,
+    ):
+        ran = clients.claude("List the files here.", base_url=running.url, key=KEY, home=home)
+    sent = upstream.model_requests()
+    assert ran.returncode == 0, ran.stderr
+    last = sent[-1].body
+    assert "tools" not in last  # the wrap-up: its tools withheld
+    assert last["max_tokens"] == 300
+    assert "say what you did" in json.dumps(last)
+    assert claude_result(ran) == "Done."  # the model's own last answer ends the run
