@@ -30,6 +30,7 @@ import pytest
 from guardstack.guards import GENTLE_TEXT, RepeatToolReminder, ToolCallTimeoutPolicy
 from guardstack.integrations.otel import configure
 from guardstack.pipeline import Harness, ModelReply, ScriptedModel, ToolCallRequest, ToolDefinition
+from guardstack.pipeline.decisions import GUARDRAIL_EVENT
 from guardstack.wrappers import CONTEXT_EVENT, Retry, Timeout, Tracing
 
 PHOENIX = os.environ.get("GUARDSTACK_PHOENIX")
@@ -241,14 +242,18 @@ async def test_a_guarded_agent_reads_well_in_phoenix(
     assert fetched["attributes"]["error.type"] == "TOOL_TIMEOUT"
     assert fetched["status_message"] == "tool call timed out after 100ms"
 
-    # the reminder, as an event on the third grep
+    # the reminder, as an event on the third grep — and as the GenAI conventions'
+    # guardrail result (the layer's decision: remind)
     greps = sorted(by_name["execute_tool grep"], key=lambda span: span["start_time"])
-    assert [[event["name"] for event in span["events"]] for span in greps] == [
+    assert [sorted(event["name"] for event in span["events"]) for span in greps] == [
         [],
         [],
-        [CONTEXT_EVENT],
+        sorted([CONTEXT_EVENT, GUARDRAIL_EVENT]),
     ]
-    assert greps[2]["events"][0]["attributes"]["guardstack.context.text"] == GENTLE_TEXT
+    [context] = [e for e in greps[2]["events"] if e["name"] == CONTEXT_EVENT]
+    assert context["attributes"]["guardstack.context.text"] == GENTLE_TEXT
+    [guardrail] = [e for e in greps[2]["events"] if e["name"] == GUARDRAIL_EVENT]
+    assert guardrail["attributes"]["gen_ai.guardrail.result.value"] == "remind"
 
     # content capture: the call's arguments and result as Phoenix's Input and Output
     project_id = next(
