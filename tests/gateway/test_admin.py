@@ -7,7 +7,7 @@ refused. A loopback upstream answering with a known usage."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,21 +16,11 @@ import pytest
 from guardstack.gateway.tenants import tenants_of
 from guardstack.pipeline import Harness
 from tests.gateway.model_proxy.test_app import serve
-from tests.gateway.test_budgets import ADMIN, CI, TENANTS, ask, post
+from tests.gateway.test_budgets import ADMIN, CI, TENANTS, anyio_backend, ask, post, runaway
 from tests.integrations.runaway import Runaway
 
 HEADERS = {"authorization": f"Bearer {ADMIN}"}
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def runaway() -> Iterator[Runaway]:
-    with Runaway(bound=0, usage=(5, 50)) as running:
-        yield running
+__all__ = ["anyio_backend", "runaway"]  # the budgets tests' fixtures: asyncio, the upstream
 
 
 async def admin_client(runaway: Runaway) -> AsyncIterator[httpx.AsyncClient]:
