@@ -46,7 +46,7 @@ from guardstack.gateway.model_proxy.replies import (
 )
 from guardstack.gateway.model_proxy.request import Caller, Estimate, ProxyRequest
 from guardstack.gateway.model_proxy.responses import RESPONSES
-from guardstack.gateway.model_proxy.routes import WIRES, Route, Router, read_route
+from guardstack.gateway.model_proxy.routes import SELECTORS, Route, Router, read_route
 from guardstack.gateway.model_proxy.upstream import (
     DEFAULT,
     Target,
@@ -79,8 +79,6 @@ CONVERSATION_HEADER = "x-guardstack-conversation"
 #: What a request that states no output limit is estimated to produce (until its
 #: model's answers are observed).
 DEFAULT_OUTPUT_TOKENS: Final = 1_000
-#: The selector each wire is named by (``--route``).
-_SELECTOR: Final = {wire: selector for selector, wire in WIRES.items()}
 
 
 class ModelProxy:
@@ -412,7 +410,7 @@ class ModelProxy:
         model = route.model or str(data.get("model") or "guardstack")
         chosen = self.router.choose(wire.name, model)
         if chosen is None:
-            why = f"no upstream serves model {model!r} on the {_SELECTOR[wire.name]} API here"
+            why = f"no upstream serves model {model!r} on the {SELECTORS[wire.name]} API here"
             return self._error(wire, 404, "not_found", why)
         if tenant is not None:
             refused = await reaches_another(self.owners, wire, tenant, data)

@@ -13,13 +13,14 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+import anyio
 from opentelemetry import trace
 
 from guardstack.gateway.budgets import Budgets
 from guardstack.gateway.model_proxy.gemini import GEMINI
 from guardstack.gateway.model_proxy.replies import OVERHEAD_HEADER
 from guardstack.gateway.model_proxy.responses import RESPONSES
-from guardstack.gateway.model_proxy.routes import WIRES
+from guardstack.gateway.model_proxy.routes import SELECTORS
 from guardstack.gateway.model_proxy.upstream import DEFAULT, PROVIDER_NAMES, Target
 from guardstack.gateway.model_proxy.wires import ANTHROPIC, OPENAI, Wire
 from guardstack.gateway.request_log import Finished
@@ -49,8 +50,6 @@ __all__ = [
 
 #: How many client addresses the refused-key log remembers (the most recent).
 MAX_ADDRESSES: Final = 10_000
-#: The selector each wire is named by (``--route``).
-_SELECTOR: Final = {wire: selector for selector, wire in WIRES.items()}
 
 
 def request_span(harness: Harness, wire: Wire, path: str) -> Any:
@@ -82,7 +81,7 @@ class RefusedKeys:
     def logged(self, request: Any, why: str) -> None:
         client = getattr(request, "client", None)
         address = str(getattr(client, "host", None) or "unknown")
-        now = time.monotonic()
+        now = anyio.current_time()
         last = self._logged.get(address)
         if last is not None and now - last < 1.0:
             return
@@ -165,20 +164,13 @@ class Seen:
 def finished_early(
     request: ProxyRequest | None, wire: Wire, status: int, stopped: str | None, started: float
 ) -> Finished:
-    """A request answered before anything went upstream (a refusal, a stop)."""
-    about = (
-        request.about()
-        if request is not None
-        else dict.fromkeys(("tenant", "team", "key_name", "conversation", "model"))
-    )
+    """A request answered before anything went upstream (a refusal, a stop; before its
+    value was built, a gate's or a body's refusal: nobody known yet)."""
     elapsed = (time.perf_counter() - started) * 1000
-    return Finished(
-        about["tenant"], about["team"], about["key_name"], about["conversation"],
-        about["model"], _SELECTOR[wire.name],
-        request.target.name if request is not None else None,
-        request.stream if request is not None else False,
-        status, None, None, 0.0 if request is not None else None, elapsed, elapsed, stopped,
-    )  # fmt: skip
+    if request is not None:
+        return request.finished(status, stopped, ms=elapsed, overhead_ms=elapsed)
+    return Finished(None, None, None, None, None, SELECTORS[wire.name], None, False, status,
+                    None, None, None, elapsed, elapsed, stopped)  # fmt: skip
 
 
 class RouteSpec:

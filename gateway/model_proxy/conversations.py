@@ -207,16 +207,19 @@ class Conversations:
             self._open.move_to_end(key)
         found = None
         ids = set(call_ids)
-        have = Counter(history)
+        have: Counter[str] | None = None  # counted only when a reordering is looked for
         for thread in threads:  # the longest history this one continues
             size = len(thread.history)
             continues = size <= len(history) and history[:size] == thread.history
             if continues and size == len(history) and not resend and thread.state != "failed":
                 continues = False  # the same history again, not a retry: another run
-            # a client that reorders what it sent before: the same items, and more
-            continues = continues or (
-                0 < size < len(history) and not Counter(thread.history) - have
-            )
+            elif (
+                not continues
+                and 0 < size < len(history)
+                and (found is None or size >= len(found.history))
+            ):  # a client that reorders what it sent before: the same items, and more
+                have = have if have is not None else Counter(history)
+                continues = not Counter(thread.history) - have
             if continues and (
                 found is None
                 or size > len(found.history)

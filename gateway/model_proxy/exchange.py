@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
@@ -61,10 +61,6 @@ if TYPE_CHECKING:
 __all__ = ["Exchange", "Service"]
 
 logger = logging.getLogger("guardstack")
-
-#: The name each wire is known by in the request log and ``--route`` (``chat``…).
-_SELECTOR: Final = {"openai": "chat", "responses": "responses", "anthropic": "messages",
-                    "gemini": "gemini"}  # fmt: skip
 
 
 @attrs.frozen(eq=False)
@@ -129,18 +125,11 @@ class Exchange:
 
     def finished(self, status: int, stopped: str | None) -> None:
         """The request is answered: its line in the request log, its count."""
-        request = self.request
-        about = request.about()
-        usage = self.usage
         elapsed_ms = (time.perf_counter() - self.started) * 1000
         self.service.finished(
-            Finished(
-                about["tenant"], about["team"], about["key_name"], about["conversation"],
-                request.model, _SELECTOR.get(request.wire.name, request.wire.name),
-                request.target.name, request.stream, status,
-                usage.input_tokens if usage is not None else None,
-                usage.output_tokens if usage is not None else None,
-                self.usd, elapsed_ms, self.overhead_ms(), stopped or self.stopped_by,
+            self.request.finished(
+                status, stopped or self.stopped_by, ms=elapsed_ms,
+                overhead_ms=self.overhead_ms(), usage=self.usage, usd=self.usd,
             )
         )  # fmt: skip
 

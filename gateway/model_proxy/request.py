@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from guardstack.gateway.model_proxy.conversations import Conversation
+from guardstack.gateway.model_proxy.routes import SELECTORS
 from guardstack.gateway.model_proxy.wires import Wire
+from guardstack.gateway.request_log import Finished
+from guardstack.pipeline import Usage
 from guardstack.pipeline.decisions import decided
 
 if TYPE_CHECKING:
@@ -103,6 +106,26 @@ class ProxyRequest:
             "conversation": self.conversation_id,
             "model": self.model,
         }
+
+    def finished(
+        self,
+        status: int,
+        stopped: str | None,
+        *,
+        ms: float,
+        overhead_ms: float,
+        usage: Usage | None = None,
+        usd: float | None = 0.0,
+    ) -> Finished:
+        """The request-log record of this request, answered with ``status``."""
+        about = self.about()
+        return Finished(
+            about["tenant"], about["team"], about["key_name"], about["conversation"],
+            self.model, SELECTORS[self.wire.name], self.target.name, self.stream, status,
+            usage.input_tokens if usage is not None else None,
+            usage.output_tokens if usage is not None else None,
+            usd, ms, overhead_ms, stopped,
+        )  # fmt: skip
 
     def decided(
         self, event: str, *, layer: str, decision: str, reason: str = "", signals: Any = None

@@ -21,11 +21,13 @@ import attrs
 from guardstack.pipeline.errors import ConfigError
 from guardstack.pipeline.validate import cut, did_you_mean
 
-__all__ = ["WIRES", "Route", "Router", "read_route"]
+__all__ = ["SELECTORS", "WIRES", "Route", "Router", "read_route"]
 
 #: A selector's wire names, and the wire each is (``Wire.name``).
 WIRES: Final = {"chat": "openai", "responses": "responses", "messages": "anthropic",
                 "gemini": "gemini"}  # fmt: skip
+#: Each wire's selector name, by the wire's own name (the request log's ``wire``).
+SELECTORS: Final = {wire: selector for selector, wire in WIRES.items()}
 #: The upstream a Gemini request went to before routes, when one is named so: kept.
 GEMINI: Final = "gemini"
 
