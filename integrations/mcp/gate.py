@@ -76,8 +76,11 @@ def gated(inner: Any, gate: Gate) -> Any:
         if method == "POST" and ("mcp-method" in headers or "mcp-name" in headers):
             # a gateway that routes or authorizes by these headers checks every request
             # that carries one against its body, whatever its protocol version
-            body, complete = await _whole_body(receive, gate.max_body_bytes)
-            wrong = _headers_disagree(headers, body) if complete else None
+            body = await _whole_body(receive, gate.max_body_bytes)
+            if body is None:  # too large, or the client is gone: never replayed cut short
+                await _refuse(send, 413, -32600, "the body is too large")
+                return
+            wrong = _headers_disagree(headers, body)
             if wrong is not None:
                 await _refuse(send, 400, -32020, wrong)
                 return
@@ -113,19 +116,19 @@ async def _refuse(send: Any, status: int, code: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _whole_body(receive: Any, most: int) -> tuple[bytes, bool]:
-    """The request's body as far as ``most`` bytes (and whether it is all of it): past
-    that, the SDK's own bound answers it."""
+async def _whole_body(receive: Any, most: int) -> bytes | None:
+    """The request's whole body; ``None`` when it passes ``most`` bytes or the client
+    left before sending it all."""
     body = b""
     while True:
         message = await receive()
         if message.get("type") != "http.request":
-            return body, False
+            return None
         body += message.get("body", b"")
         if len(body) > most:
-            return body, False
+            return None
         if not message.get("more_body"):
-            return body, True
+            return body
 
 
 def _replayed(body: bytes, receive: Any) -> Any:

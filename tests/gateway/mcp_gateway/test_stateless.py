@@ -178,3 +178,27 @@ async def test_a_header_that_disagrees_with_its_body_is_400_at_any_version(
     calls = [line for line in (log.read_text("utf-8") if log.exists() else "").splitlines()
              if line.startswith("run echo")]  # fmt: skip
     assert calls == []  # nothing reached the downstream server
+
+
+async def test_a_body_past_the_bound_with_routing_headers_is_413_never_cut_short(
+    tmp_path: Path,
+) -> None:
+    """A request carrying ``Mcp-Method`` is read whole to check it against its body; one
+    past the gateway's bound — sent chunked, with no length to refuse it by up front —
+    is refused, never handed on cut short."""
+    log = tmp_path / "a.log"
+    config = gateway_file(tmp_path, {"a": fastmcp_server(log)})
+    async with http_gateway(tmp_path, config) as (url, _), httpx.AsyncClient(timeout=30) as raw:
+        params = {"name": "a_echo", "arguments": {"message": "x" * 5_000_000}}
+        huge = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+        routing = {"mcp-method": "tools/call", "mcp-name": "a_echo"}
+        data = json.dumps(huge).encode()
+
+        async def chunked() -> AsyncIterator[bytes]:
+            for start in range(0, len(data), 65_536):
+                yield data[start : start + 65_536]
+
+        answer = await raw.post(url, content=chunked(), headers={**ACCEPT, **routing,
+                                "content-type": "application/json"})  # fmt: skip
+    assert answer.status_code == 413
+    assert answer.json()["error"]["message"] == "the body is too large"
