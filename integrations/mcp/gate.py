@@ -76,15 +76,15 @@ def gated(inner: Any, gate: Gate) -> Any:
         if method == "POST" and ("mcp-method" in headers or "mcp-name" in headers):
             # a gateway that routes or authorizes by these headers checks every request
             # that carries one against its body, whatever its protocol version
-            body = await _whole_body(receive, gate.max_body_bytes)
-            if body is None:  # too large, or the client is gone: never replayed cut short
+            whole = await _whole_body(receive, gate.max_body_bytes)
+            if whole is None:  # too large, or the client is gone: never replayed cut short
                 await _refuse(send, 413, -32600, "the body is too large")
                 return
-            wrong = _headers_disagree(headers, body)
+            wrong = _headers_disagree(headers, whole)
             if wrong is not None:
                 await _refuse(send, 400, -32020, wrong)
                 return
-            receive = _replayed(body, receive)
+            receive = _replayed(whole, receive)
         calls: list[anyio.CancelScope] = []
         scope[_CALLS] = calls
         answered = False
@@ -124,7 +124,7 @@ async def _whole_body(receive: Any, most: int) -> bytes | None:
         message = await receive()
         if message.get("type") != "http.request":
             return None
-        body += message.get("body", b"")
+        body += bytes(message.get("body", b""))
         if len(body) > most:
             return None
         if not message.get("more_body"):
