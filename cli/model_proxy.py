@@ -9,6 +9,7 @@ is read, and the key looked up, before anything listens.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -222,15 +223,13 @@ def event_loop_options(loop: str) -> dict[str, Any]:
     ``benchmarks.model_proxy --stack``, docs/speed.md)."""
     if loop == "asyncio":
         return {}
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("uvloop") is None:
         if loop == "uvloop":
             raise ConfigError(
-                "model-proxy: --loop uvloop needs uvloop: pip install 'guardstack[proxy]'",
+                "model-proxy: --loop uvloop needs uvloop: pip install uvloop",
                 key="loop",
                 value=loop,
-            ) from None
+            )
         return {}
     return {"use_uvloop": True}
 

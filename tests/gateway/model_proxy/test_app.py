@@ -540,6 +540,24 @@ def test_upstream_options_name_their_upstreams_and_refuse_what_is_ambiguous() ->
         named_options(["backup=http://a", "backup=http://b"], "--upstream", default_required=False)
 
 
+def test_the_event_loop_option_uses_uvloop_only_when_asked_or_present(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    from guardstack.cli.model_proxy import event_loop_options
+    from guardstack.pipeline import ConfigError
+
+    assert event_loop_options("asyncio") == {}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # not installed
+    assert event_loop_options("auto") == {}
+    with pytest.raises(ConfigError, match="--loop uvloop needs uvloop: pip install uvloop"):
+        event_loop_options("uvloop")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # installed
+    assert event_loop_options("auto") == {"use_uvloop": True}
+    assert event_loop_options("uvloop") == {"use_uvloop": True}
+
+
 async def test_an_anthropic_streams_usage_counts_cache_tokens_too(messages_server: Any) -> None:
     from anthropic import AsyncAnthropic
 
