@@ -200,7 +200,9 @@ async def run_model_proxy(
             async with anyio.create_task_group() as group:
                 if watch and config is not None:
                     group.start_soon(
-                        lambda: watch_config(harness, config, allow_imports=allow_imports)
+                        lambda: watch_config(
+                            harness, config, allow_imports=allow_imports, after=proxy.reloaded
+                        )
                     )
                 if watch and keys is not None and proxy.budgets is not None:
                     group.start_soon(watch_tenants, proxy.budgets, keys)

@@ -105,10 +105,13 @@ async def watch_config(
     interval_s: float = 1.0,
     settle_s: float | None = None,
     say: TextIO | None = None,
+    after: Callable[[], Sequence[str]] | None = None,
 ) -> None:
     """Reload ``harness`` from ``path`` whenever its contents change, until cancelled;
     a change is read again ``settle_s`` later (default: a fifth of ``interval_s``, at
-    most 0.2 s) and loaded only once it reads the same."""
+    most 0.2 s) and loaded only once it reads the same. ``after()``, once a reload took,
+    brings what the service built from the stack up to date (the lines it returns are
+    said)."""
     from guardstack.cli.check import check
 
     def reload(path: Path) -> list[str]:
@@ -117,6 +120,7 @@ async def watch_config(
         return [
             f"{path} reloaded: stack version {reloaded.version} ({plugins})",
             *(f"warning: {warning}" for warning in reloaded.warnings),
+            *(after() if after is not None else ()),
         ]
 
     await watch_file(path, reload, interval_s=interval_s, settle_s=settle_s, say=say)

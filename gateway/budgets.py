@@ -116,9 +116,15 @@ class Budgets(BudgetOperators):
         """Serve a re-read tenants file from now on (``--watch``): its keys, budgets and
         prices. What was spent stays in the store; operators' changes stay on top."""
         self.tenants = tenants
-        self.prices = {**self.stack_prices, **dict(tenants.prices or {})}
+        self.reprice(self.stack_prices)
         keys, names = len(tenants.keys), ", ".join(sorted(tenants.tenants)) or "none"
         decided("reload", layer="tenants", decision="reloaded", reason=f"{keys} keys; {names}")
+
+    def reprice(self, stack_prices: Mapping[str, Price]) -> None:
+        """The guard stack's ``usage-limit`` prices, re-read after a reload (``--watch``);
+        the tenants file's prices still win."""
+        self.stack_prices = dict(stack_prices)
+        self.prices = {**self.stack_prices, **dict(self.tenants.prices or {})}
 
     async def refresh(self, *, force: bool = False) -> None:
         """Read the operators' changes again (at most every ``REFRESH_S``)."""

@@ -225,6 +225,20 @@ class ModelProxy:
         """Where requests go, one line per route and the default (never a key)."""
         return self.router.describe({name: t.url for name, t in self.upstreams.items()})
 
+    def reloaded(self) -> list[str]:
+        """After the stack was reloaded (``--watch``): its ``usage-limit`` prices read
+        again, so the spend report prices what the new stack charges. The lines to say."""
+        priced = stack_prices(self.harness)
+        if self.budgets is None:
+            if not priced:
+                return []
+            return ["the stack's usage-limit now prices models: the spend report prices "
+                    "them from the next restart (it had no priced rows to keep)"]  # fmt: skip
+        if priced == self.budgets.stack_prices:
+            return []
+        self.budgets.reprice(priced)
+        return [f"the spend report's prices reloaded: {len(priced)} from the stack's usage-limit"]
+
     async def aclose(self) -> None:
         for target in self.upstreams.values():
             await target.client.aclose()

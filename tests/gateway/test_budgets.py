@@ -415,6 +415,46 @@ async def test_a_guards_file_usage_limit_is_in_the_spend_report(runaway: Runaway
     ]
 
 
+async def test_a_reloaded_stacks_usage_limit_prices_reach_the_spend_report(
+    runaway: Runaway, tmp_path: Any
+) -> None:
+    """``--watch``: a guards file whose ``usage-limit`` prices change is priced anew from
+    the next request on (the spend report priced the old stack's until a restart)."""
+    import io
+    import time
+    from functools import partial
+
+    from guardstack.cli.watch import watch_config
+    from guardstack.gateway.spend import spend_report
+    from guardstack.pipeline import MemoryStore
+
+    stack = tmp_path / "guards.yaml"
+    stack.write_text(
+        "- name: usage-limit\n  config: {usd_per_day: 1.0, prices: {gpt-x: [10, 30]}}\n"
+    )
+    store = MemoryStore()
+    harness = Harness(store=store)
+    harness.reload(stack)
+    said = io.StringIO()
+    async for served in serve(harness, runaway):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as raw:
+            assert (await post(raw, "any-client", ask("task 0"))).status_code == 200
+            watching = partial(watch_config, harness, stack, interval_s=0.05, say=said,
+                               after=served.proxy.reloaded)  # fmt: skip
+            async with anyio.create_task_group() as group:
+                group.start_soon(watching)
+                await anyio.sleep(0.1)
+                stack.write_text(stack.read_text().replace("[10, 30]", "[100, 300]"))
+                with anyio.fail_after(10):
+                    while "prices reloaded" not in said.getvalue():  # noqa: ASYNC110 - a file
+                        await anyio.sleep(0.02)
+                group.cancel_scope.cancel()
+            assert (await post(raw, "any-client", ask("task 1"))).status_code == 200
+    assert "the spend report's prices reloaded: 1 from the stack's usage-limit" in said.getvalue()
+    report = await spend_report(store, None, "day", "model", time.time())
+    assert report["spent_usd"] == pytest.approx(0.00155 + 0.0155)  # 5 in, 50 out, each price
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
