@@ -23,10 +23,10 @@ from guardstack.gateway.model_proxy.wires import (
     _arguments,
     _unknown,
     conformed,
+    openai_usage,
     positive_int,
     text_of,
 )
-from guardstack.integrations._provider import usage_reported
 from guardstack.pipeline import ModelReply, Usage
 
 __all__ = ["RESPONSES", "Responses"]
@@ -39,19 +39,8 @@ def _items(data: Mapping[str, Any]) -> list[Any]:
     return history if isinstance(history, list) else []
 
 
-def _responses_usage(reported: Any) -> Usage | None:
-    if not isinstance(reported, Mapping):
-        return usage_reported(None, None, source="the upstream (no usage object)")
-    inputs, outputs = reported.get("input_tokens_details"), reported.get("output_tokens_details")
-    return usage_reported(
-        reported.get("input_tokens"),
-        reported.get("output_tokens"),
-        cached_input_tokens=inputs.get("cached_tokens") if isinstance(inputs, Mapping) else None,
-        reasoning_tokens=(
-            outputs.get("reasoning_tokens") if isinstance(outputs, Mapping) else None
-        ),
-        source="the upstream",
-    )
+#: The Responses API's names for its usage object's counts.
+_USAGE_NAMES = ("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details")
 
 
 class Responses(Wire):
@@ -119,7 +108,7 @@ class Responses(Wire):
             return ModelReply("", usage=_unknown("an unreadable response"))
         return ModelReply(
             text,
-            usage=_responses_usage(data.get("usage")),
+            usage=openai_usage(data.get("usage"), _USAGE_NAMES),
             model=model if isinstance(model, str) else None,
         )
 
@@ -163,7 +152,8 @@ class Responses(Wire):
         if event.get("type") not in ("response.completed", "response.incomplete"):
             return so_far
         response = event.get("response")
-        return _responses_usage(response.get("usage") if isinstance(response, Mapping) else None)
+        usage = response.get("usage") if isinstance(response, Mapping) else None
+        return openai_usage(usage, _USAGE_NAMES)
 
     def _response(self, model: str, text: str, status: str) -> dict[str, Any]:
         message = {

@@ -275,7 +275,7 @@ class OpenAIChat(Wire):
             return ModelReply("", usage=_unknown("an unreadable chat completion"))
         return ModelReply(
             text if isinstance(text, str) else "",
-            usage=_openai_usage(data.get("usage")),
+            usage=openai_usage(data.get("usage")),
             model=model if isinstance(model, str) else None,
         )
 
@@ -291,7 +291,7 @@ class OpenAIChat(Wire):
     def usage_in(self, event: Mapping[str, Any], so_far: Usage | None) -> Usage | None:
         if "usage" not in event or event.get("usage") is None:
             return so_far
-        return _openai_usage(event.get("usage"))
+        return openai_usage(event.get("usage"))
 
     def stop_body(self, model: str, text: str) -> dict[str, Any]:
         return {
@@ -336,17 +336,27 @@ def _unknown(what: str) -> Usage | None:
     return None
 
 
-def _openai_usage(reported: Any) -> Usage | None:
+def openai_usage(
+    reported: Any,
+    names: tuple[str, str, str, str] = (
+        "prompt_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    ),
+) -> Usage | None:
+    """An OpenAI usage object read: its input and output tokens and their details'
+    cached and reasoning tokens, under ``names`` (chat completions' by default; the
+    Responses API says ``input_tokens``…)."""
     if not isinstance(reported, Mapping):
         return usage_reported(None, None, source="the upstream (no usage object)")
-    details = reported.get("prompt_tokens_details")
-    completion = reported.get("completion_tokens_details")
+    inputs, outputs = reported.get(names[2]), reported.get(names[3])
     return usage_reported(
-        reported.get("prompt_tokens"),
-        reported.get("completion_tokens"),
-        cached_input_tokens=details.get("cached_tokens") if isinstance(details, Mapping) else None,
+        reported.get(names[0]),
+        reported.get(names[1]),
+        cached_input_tokens=inputs.get("cached_tokens") if isinstance(inputs, Mapping) else None,
         reasoning_tokens=(
-            completion.get("reasoning_tokens") if isinstance(completion, Mapping) else None
+            outputs.get("reasoning_tokens") if isinstance(outputs, Mapping) else None
         ),
         source="the upstream",
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -28,15 +28,6 @@ from tests.integrations.responses_server import ResponsesServer, Said
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def responses_server() -> Iterator[ResponsesServer]:
-    server = ResponsesServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def today() -> str:

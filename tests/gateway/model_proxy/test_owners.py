@@ -6,7 +6,6 @@ the proxy; a loopback server speaking the Responses API behind it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -27,15 +26,6 @@ KEY_A, KEY_B = "key-team-a-0123456789", "key-team-b-0123456789"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def responses_server() -> Iterator[ResponsesServer]:
-    server = ResponsesServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def client(port: int, key: str) -> AsyncOpenAI:
