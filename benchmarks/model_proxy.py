@@ -8,10 +8,10 @@ proxy's own work, not a model); ``guardstack model-proxy`` with the stack a user
 would run (a model-stage ``Retry``, ``ToolCallLimit``, ``RepeatToolReminder``, a
 ``UsageLimit`` with a day's token budget); LiteLLM's proxy with ``num_retries: 3``.
 LiteLLM's budgets need its database (Postgres), so it runs with retries only: it does
-less per request than guardstack's side here. The client is ``httpx`` (one
+less per request than guardstack's side here. The measuring client is ``httpx`` (one
 keep-alive pool per side), in this process.
 
-A fourth side is the floor: a bare forwarder (the body sent on with httpx, the answer
+A fourth side is the floor: a bare forwarder (the body sent on, the answer
 sent back, no guards), so the table shows the extra HTTP hop apart from the proxy's own
 work (guardstack − forwarder). A fifth, ``budgets``, is guardstack's proxy with the same
 stack behind a tenants file: every request reserved in four nested scopes (tenant, team,
@@ -30,12 +30,14 @@ Rounds are interleaved (direct, guardstack, LiteLLM, direct, …); the first rou
 warm-up; each figure is the median of the rounds' medians, with their range.
 
     python -m benchmarks.model_proxy [--requests 300] [--rounds 3]
-        [--litellm /path/to/venv/bin/litellm] [--stack fast|plain]
+        [--litellm /path/to/venv/bin/litellm] [--stack fast|plain] [--client aiohttp|httpx]
 
 ``--stack`` is the HTTP stack every side of ours runs on (the upstream, the forwarder
 and both proxies alike, so the comparison stays fair): ``plain`` (the default, what
 ``guardstack model-proxy`` runs on: asyncio's own loop with h11) or ``fast`` (uvicorn
-on uvloop with httptools) — how the stack was chosen.
+on uvloop with httptools) — how the stack was chosen. ``--client`` is the HTTP client
+the forwarder and guardstack's sides reach the upstream with (``aiohttp``, the default
+``guardstack model-proxy`` picks on asyncio, or ``httpx``): how the client was chosen.
 
 ``--litellm`` (or ``$LITELLM``) is the ``litellm`` command of an environment with
 ``litellm[proxy]`` installed; it is kept out of this project's own environment
@@ -177,35 +179,61 @@ async def _stream_gaps(
     return gaps
 
 
-def forwarder_app(upstream: str) -> Any:
-    """The floor a proxy cannot go under: the body forwarded to the upstream with httpx and
-    the answer (or stream) sent back — the same HTTP hop, no guards."""
+def forwarder_app(upstream: str, client_name: str = "") -> Any:
+    """The floor a proxy cannot go under: the body forwarded to the upstream and the
+    answer (or stream) sent back — the same HTTP hop, no guards — with the HTTP client
+    guardstack's side uses (``--client``)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
 
+    headers = {"content-type": "application/json", "authorization": "Bearer k"}
     client = httpx.AsyncClient(base_url=upstream, timeout=None)
+    sessions: list[Any] = []  # aiohttp's, made on the server's event loop
+
+    async def send(body: bytes) -> tuple[int, AsyncIterator[bytes], Any]:
+        """The upstream's status, its body as it arrives, and what closes it."""
+        if client_name != "aiohttp":
+            sent = client.build_request(
+                "POST", "/v1/chat/completions", content=body, headers=headers
+            )
+            answer = await client.send(sent, stream=True)
+            return answer.status_code, answer.aiter_raw(), answer.aclose
+        import aiohttp
+
+        if not sessions:
+            sessions.append(aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None),
+                connector=aiohttp.TCPConnector(limit=1_000),
+            ))  # fmt: skip
+        response = await sessions[0].post(
+            upstream + "/v1/chat/completions", data=body, headers=headers
+        )
+
+        async def release() -> None:
+            response.release()
+
+        return response.status, response.content.iter_any(), release
 
     async def chat(request: Request) -> Response:
         body = await request.body()
-        sent = client.build_request(
-            "POST", "/v1/chat/completions", content=body,
-            headers={"content-type": "application/json", "authorization": "Bearer k"},
-        )  # fmt: skip
-        answer = await client.send(sent, stream=True)
+        status, content, close = await send(body)
         if json.loads(body).get("stream"):
 
             async def relay() -> AsyncIterator[bytes]:
                 try:
-                    async for chunk in answer.aiter_raw():
+                    async for chunk in content:
                         yield chunk
                 finally:
-                    await answer.aclose()
+                    await close()
 
             return StreamingResponse(relay(), media_type="text/event-stream")
-        content = await answer.aread()
-        return Response(content, answer.status_code, media_type="application/json")
+        try:
+            whole = b"".join([chunk async for chunk in content])
+        finally:
+            await close()
+        return Response(whole, status, media_type="application/json")
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
@@ -330,7 +358,12 @@ async def _conversations(port: int, count: int) -> None:
 
 
 async def measure(
-    requests: int, rounds: int, litellm: str | None, conversations: int = 0, stack: str = "plain"
+    requests: int,
+    rounds: int,
+    litellm: str | None,
+    conversations: int = 0,
+    stack: str = "plain",
+    client: str = "aiohttp",
 ) -> dict[str, dict[str, list[float]]]:
     """Per case and side, each kept round's median in milliseconds."""
     upstream_port, forwarder_port, proxy_port, litellm_port = _port(), _port(), _port(), _port()
@@ -341,7 +374,7 @@ async def measure(
     (work / "litellm.yaml").write_text(LITELLM_CONFIG.format(port=upstream_port), "utf-8")
     python = sys.executable
     chosen = STACKS[stack]
-    ours = ["--loop", chosen["loop"], "--http", chosen["http"]]
+    ours = ["--loop", chosen["loop"], "--http", chosen["http"], "--upstream-client", client]
     commands = {
         "upstream": [python, "-m", "benchmarks.model_proxy", "--serve-upstream",
                      str(upstream_port)],
@@ -370,7 +403,8 @@ async def measure(
     master = "sk-" + "5f" * 32  # LiteLLM's proxy refuses to start without a strong one
     # XDG_STATE_HOME: the proxies' default ledger is this run's own
     environment = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": master,
-                   "XDG_STATE_HOME": str(work), "BENCH_STACK": stack}  # fmt: skip
+                   "XDG_STATE_HOME": str(work), "BENCH_STACK": stack,
+                   "BENCH_CLIENT": client}  # fmt: skip
     processes: list[Any] = []
     results: dict[str, dict[str, list[float]]] = {case: {} for case in CASES}
     try:
@@ -459,6 +493,10 @@ def main() -> None:
         "--memory-only", action="store_true", help="skip the latency rounds (--rounds 0)"
     )
     parser.add_argument("--stack", choices=sorted(STACKS), default="plain")
+    parser.add_argument(
+        "--client", choices=("aiohttp", "httpx"), default="aiohttp",
+        help="the HTTP client the forwarder and guardstack reach the upstream with",
+    )  # fmt: skip
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-forwarder", nargs=2, help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -468,7 +506,12 @@ def main() -> None:
         app, port = (
             (upstream_app(), options.serve_upstream)
             if options.serve_upstream
-            else (forwarder_app(options.serve_forwarder[1]), int(options.serve_forwarder[0]))
+            else (
+                forwarder_app(
+                    options.serve_forwarder[1], os.environ.get("BENCH_CLIENT", "aiohttp")
+                ),
+                int(options.serve_forwarder[0]),
+            )
         )
         chosen = STACKS[os.environ.get("BENCH_STACK", "plain")]
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
@@ -477,10 +520,11 @@ def main() -> None:
     litellm = options.litellm or shutil.which("litellm")
     rounds = 0 if options.memory_only else options.rounds
     results = anyio.run(
-        measure, options.requests, rounds, litellm, options.conversations, options.stack
-    )
+        measure, options.requests, rounds, litellm, options.conversations, options.stack,
+        options.client,
+    )  # fmt: skip
     print(f"stack: {options.stack} ({STACKS[options.stack]['loop']}, "
-          f"{STACKS[options.stack]['http']})")  # fmt: skip
+          f"{STACKS[options.stack]['http']}); upstream client: {options.client}")  # fmt: skip
     memory = results.pop("memory", None)
     throughput = results.pop("throughput", {})
     cpu = results.pop("cpu_us", {})

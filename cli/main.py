@@ -325,6 +325,7 @@ def _run(arguments: argparse.Namespace) -> int:
                 request_log=arguments.request_log,
                 metrics_listen=arguments.metrics_listen,
                 http=arguments.http,
+                upstream_client=arguments.upstream_client,
             ),
             backend_options=loop_options,
         )

@@ -117,6 +117,7 @@ async def run_model_proxy(
     request_log: str = "off",
     metrics_listen: str | None = None,
     http: str = "h11",
+    upstream_client: str = "auto",
 ) -> None:
     """Serve until stopped (``watch``: reload the stack when ``config`` changes)."""
     import uvicorn
@@ -185,6 +186,7 @@ async def run_model_proxy(
                 max_body_bytes=max_body_bytes,
                 admin_key=admin_key,
                 request_log=requests,
+                upstream_client=upstream_client,
             )
         except ConfigError as error:  # a fallback naming an upstream nobody gave
             raise in_file(error, config) from error

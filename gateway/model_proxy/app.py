@@ -92,7 +92,8 @@ class ModelProxy:
     tenant); ``allow_origins`` and ``allow_hosts`` are the browsers' origins and the
     host names it answers beyond loopback and ``listen_host``; ``upstream_transport`` an
     httpx transport every upstream is reached through (an ``httpx.ASGITransport`` over
-    an app in process: tests, the demo).
+    an app in process: tests, the demo); ``upstream_client`` the HTTP client that
+    reaches them (``auto``: aiohttp on asyncio when installed, else httpx; ``targets``).
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class ModelProxy:
         stop_as: str = "answer",
         request_log: RequestLog | None = None,
         upstream_transport: AsyncBaseTransport | None = None,
+        upstream_client: str = "auto",
     ) -> None:
         self.httpx = require("httpx", EXTRA)
         require("starlette", EXTRA)
@@ -134,14 +136,17 @@ class ModelProxy:
         self.upstreams: dict[str, Target] = {}
         if upstream is not None:
             self.upstreams[DEFAULT] = Target(
-                self.httpx, DEFAULT, upstream, upstream_key, upstream_transport
-            )
+                self.httpx, DEFAULT, upstream, upstream_key, upstream_transport,
+                client=upstream_client,
+            )  # fmt: skip
         for name, url in (upstreams or {}).items():
             if name in self.upstreams:
                 raise ConfigError(
                     f"model-proxy: two upstreams are named {name!r}", key="upstream", value=name
                 )
-            self.upstreams[name] = Target(self.httpx, name, url, keys.get(name), upstream_transport)
+            self.upstreams[name] = Target(
+                self.httpx, name, url, keys.get(name), upstream_transport, client=upstream_client
+            )
         if not self.upstreams:
             raise ConfigError(
                 "model-proxy: no upstream: --upstream URL, or --upstream NAME=URL with --route",
@@ -241,7 +246,7 @@ class ModelProxy:
 
     async def aclose(self) -> None:
         for target in self.upstreams.values():
-            await target.client.aclose()
+            await target.aclose()
 
     def attempts_allowed(self) -> int:
         """How many upstream calls one request may make: the model stage's ``Retry``."""

@@ -183,15 +183,14 @@ class Upstream:
                 "the reply had begun reaching the client: the request is not made again",
                 MODEL_FAILED,
             )
-        transport_error = target.transport_error
+        transport_error = target.transport_errors
         self._count_attempt(target)
         headers = self.wire.headers(target.key, self.client_headers)
         body = self._body(model, messages)
-        request = target.client.build_request("POST", self.path, content=body, headers=headers)
         self.answer = None
         asked_at = time.perf_counter()
         try:
-            response = await target.client.send(request, stream=True)
+            response = await target.post(self.path, body, headers)
         except transport_error as error:
             raise ModelError(
                 f"upstream {target.name!r} unreachable ({type(error).__name__})", MODEL_UNAVAILABLE
@@ -351,7 +350,7 @@ class Upstream:
                             on_chunk(text)  # a layer reading the text (a loop in it) sees it
                 if out:
                     await self._emit(b"".join(out))
-        except target.transport_error as error:
+        except target.transport_errors as error:
             code = MODEL_FAILED if self.started else MODEL_UNAVAILABLE
             raise ModelError(
                 f"the upstream's stream broke ({type(error).__name__})", code

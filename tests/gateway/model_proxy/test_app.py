@@ -58,14 +58,32 @@ async def serve(harness: Harness, upstream: Any, **options: Any) -> AsyncIterato
             await proxy.aclose()
 
 
+@pytest.fixture(params=["aiohttp", "httpx"])
+def upstream_client(request: pytest.FixtureRequest) -> str:
+    """Both HTTP clients that reach the upstream (``--upstream-client``)."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def served(chat_server: ChatServer) -> AsyncIterator[Served]:
+async def served(chat_server: ChatServer, upstream_client: str) -> AsyncIterator[Served]:
     harness = Harness()
     harness.plugin(Retry(stage="model", attempts=3, backoff_ms=10))
     harness.plugin(RepeatToolReminder())
     harness.plugin(ToolCallLimit(per_turn=4))
-    async for running in serve(harness, chat_server):
+    async for running in serve(harness, chat_server, upstream_client=upstream_client):
         yield running
+
+
+def upstream_connections(proxy: ModelProxy) -> int:
+    """The connections the proxy holds open to its default upstream, in either client's
+    pool (read from their insides: neither says it otherwise)."""
+    target = proxy.upstreams[DEFAULT]
+    held = len(target.client._transport._pool.connections)
+    session = target._session
+    if session is not None:
+        pool = session.connector
+        held += len(pool._acquired) + sum(len(idle) for idle in pool._conns.values())
+    return held
 
 
 ASK: Any = [{"role": "user", "content": "What is in the repo?"}]
@@ -234,7 +252,7 @@ async def test_pydantic_ais_own_openai_model_runs_an_agent_through_the_proxy(
 
 
 async def test_a_client_that_leaves_a_hung_stream_lets_go_of_the_upstream_after_the_drain(
-    chat_server: ChatServer,
+    chat_server: ChatServer, upstream_client: str
 ) -> None:
     import httpx
 
@@ -242,16 +260,25 @@ async def test_a_client_that_leaves_a_hung_stream_lets_go_of_the_upstream_after_
 
     chat_server.script = [Hang()]
     body = {"model": "m", "messages": ASK, "stream": True}
-    async for served in serve(Harness(), chat_server, drain_ms=300):
+    options = {"drain_ms": 300, "upstream_client": upstream_client}
+    async for served in serve(Harness(), chat_server, **options):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as client:
-            with anyio.move_on_after(1.0):
+
+            async def read() -> None:
                 async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                     async for _ in response.aiter_raw():
                         pass
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(read)
+                with anyio.fail_after(5):  # the hung stream's, while the client waits on it
+                    while upstream_connections(served.proxy) != 1:  # noqa: ASYNC110
+                        await anyio.sleep(0.05)
+                group.cancel_scope.cancel()  # the client leaves
         # the proxy read on for its usage for drain_ms, then let go of the upstream: its
         # connection pool is empty
         with anyio.fail_after(5):
-            while served.proxy.upstreams[DEFAULT].client._transport._pool.connections:  # noqa: ASYNC110
+            while upstream_connections(served.proxy):  # noqa: ASYNC110
                 await anyio.sleep(0.05)
 
 
