@@ -363,7 +363,7 @@ async def measure(
     litellm: str | None,
     conversations: int = 0,
     stack: str = "plain",
-    client: str = "aiohttp",
+    upstream_client: str = "aiohttp",
 ) -> dict[str, dict[str, list[float]]]:
     """Per case and side, each kept round's median in milliseconds."""
     upstream_port, forwarder_port, proxy_port, litellm_port = _port(), _port(), _port(), _port()
@@ -374,7 +374,14 @@ async def measure(
     (work / "litellm.yaml").write_text(LITELLM_CONFIG.format(port=upstream_port), "utf-8")
     python = sys.executable
     chosen = STACKS[stack]
-    ours = ["--loop", chosen["loop"], "--http", chosen["http"], "--upstream-client", client]
+    ours = [
+        "--loop",
+        chosen["loop"],
+        "--http",
+        chosen["http"],
+        "--upstream-client",
+        upstream_client,
+    ]
     commands = {
         "upstream": [python, "-m", "benchmarks.model_proxy", "--serve-upstream",
                      str(upstream_port)],
@@ -404,7 +411,7 @@ async def measure(
     # XDG_STATE_HOME: the proxies' default ledger is this run's own
     environment = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": master,
                    "XDG_STATE_HOME": str(work), "BENCH_STACK": stack,
-                   "BENCH_CLIENT": client}  # fmt: skip
+                   "BENCH_CLIENT": upstream_client}  # fmt: skip
     processes: list[Any] = []
     results: dict[str, dict[str, list[float]]] = {case: {} for case in CASES}
     try:
