@@ -145,13 +145,17 @@ class _Link:
                 isolation_level=None,
                 check_same_thread=False,
             )
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=NORMAL")
-            connection.execute(f"PRAGMA busy_timeout={30000 if self.wait else 0}")
-            if not self.wait:
-                connection.execute("PRAGMA wal_autocheckpoint=0")
-            for statement in _SCHEMA:
-                connection.execute(statement)
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA synchronous=NORMAL")
+                connection.execute(f"PRAGMA busy_timeout={30000 if self.wait else 0}")
+                if not self.wait:
+                    connection.execute("PRAGMA wal_autocheckpoint=0")
+                for statement in _SCHEMA:
+                    connection.execute(statement)
+            except BaseException:  # not a database, or locked: closed, never left open
+                connection.close()
+                raise
             self.connection = connection
         return self.connection
 
