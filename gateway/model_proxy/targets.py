@@ -15,7 +15,10 @@ The model listing and Anthropic's token counting stay on httpx: they are rare.
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 import importlib
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
@@ -69,6 +72,22 @@ class _AiohttpAnswer:
             response.close()  # left partway: the connection cannot be used again
 
 
+def _no_cookies() -> http.cookiejar.CookieJar:
+    """A cookie jar that keeps nothing: an upstream's cookie set on one tenant's answer
+    is never sent with another's request."""
+    return http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+
+
+def proxy_for(url: str) -> str | None:
+    """The HTTP proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
+    ``ALL_PROXY``, less ``NO_PROXY``), as httpx reads it; ``None``: straight there."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname is None or urllib.request.proxy_bypass(parts.hostname):
+        return None
+    proxies = urllib.request.getproxies()
+    return proxies.get(parts.scheme) or proxies.get("all")
+
+
 def _aiohttp(client: str, transport: Any) -> Any:
     """The aiohttp module when this target uses it, else ``None``."""
     if client == "httpx" or transport is not None:
@@ -108,7 +127,9 @@ class Target:
         self.name, self.url, self.key = name, url.rstrip("/"), key
         # ``transport``: httpx's own seam (an ``ASGITransport`` over an app in process,
         # a ``MockTransport``) for tests and the demo; ``None``: the network
-        self.client = httpx.AsyncClient(base_url=self.url, timeout=None, transport=transport)
+        self.client = httpx.AsyncClient(
+            base_url=self.url, timeout=None, transport=transport, cookies=_no_cookies()
+        )
         self._aiohttp = _aiohttp(client, transport)
         #: What the clients raise when the upstream cannot be reached or breaks off.
         self.transport_errors: tuple[type[Exception], ...] = (httpx.TransportError,)
@@ -117,6 +138,7 @@ class Target:
         #: aiohttp's session and the event loop it belongs to (made on first use).
         self._session: Any = None
         self._loop: Any = None
+        self._proxy: str | None = None
         self._ssl: Any = None
         self._httpx = httpx
 
@@ -126,7 +148,10 @@ class Target:
         if session is None:
             request = self.client.build_request("POST", path, content=body, headers=headers)
             return await self.client.send(request, stream=True)  # type: ignore[no-any-return]
-        return _AiohttpAnswer(await session.post(self.url + path, data=body, headers=headers))
+        response = await session.post(
+            self.url + path, data=body, headers=headers, proxy=self._proxy
+        )
+        return _AiohttpAnswer(response)
 
     def _aiohttp_session(self) -> Any:
         """aiohttp's session for this event loop (``None``: httpx serves this call —
@@ -145,8 +170,12 @@ class Target:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None),  # the stack's timeouts bound it
                 connector=aiohttp.TCPConnector(limit=MOST_CONNECTIONS, ssl=self._ssl),
-                trust_env=True,  # proxies from the environment, as httpx reads them
+                # no cookie kept from one tenant's answer to send with another's request
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
+            # the environment's proxy, read once (aiohttp's trust_env reads it, and
+            # ~/.netrc, on a worker thread at every request)
+            self._proxy = proxy_for(self.url)
         return self._session
 
     async def aclose(self) -> None:

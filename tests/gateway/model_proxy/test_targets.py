@@ -21,12 +21,12 @@ from tests.integrations.runaway import Runaway
 ASK = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
 
-async def _answers(proxy: ModelProxy, stream: bool) -> tuple[int, bytes]:
+async def _answers(proxy: ModelProxy, stream: bool, text: str = "hello") -> tuple[int, bytes]:
     transport = httpx.ASGITransport(app=proxy.app)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         answer = await client.post(
             "/v1/chat/completions",
-            json={**ASK, "stream": stream},
+            json={**ASK, "messages": [{"role": "user", "content": text}], "stream": stream},
             headers={"authorization": "Bearer k"},
         )
     return answer.status_code, answer.content
@@ -127,3 +127,43 @@ async def test_a_session_made_on_one_event_loop_is_not_used_on_another() -> None
     assert first is not None
     assert second is not None
     assert first is not second
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+async def test_a_cookie_one_answer_sets_is_never_sent_with_the_next_request(
+    chat_server: Any, client: str
+) -> None:
+    """An upstream's ``Set-Cookie`` on one tenant's answer must not ride along on
+    another's request: neither client keeps cookies."""
+    from tests.integrations.chat_server import Answer, Fail
+
+    chat_server.script = [
+        Fail(429, "slow down", headers={"set-cookie": "__cf_bm=tenant-a; Path=/"}),
+        Answer("ok"),
+    ]
+    proxy = ModelProxy(Harness(), chat_server.base_url.removesuffix("/v1"),
+                       upstream_client=client)  # fmt: skip
+    try:
+        assert (await _answers(proxy, False, "tenant a's"))[0] == 429
+        assert (await _answers(proxy, False, "tenant b's"))[0] == 200
+    finally:
+        await proxy.aclose()
+    assert [headers.get("cookie") for headers in chat_server.headers] == [None, None]
+
+
+def test_the_environments_proxy_is_read_as_httpx_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from guardstack.gateway.model_proxy.targets import proxy_for
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy",
+                 "https_proxy", "all_proxy", "no_proxy"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    assert proxy_for("https://api.openai.com") is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,.internal")
+    assert proxy_for("https://api.openai.com") == "http://proxy.corp:3128"
+    assert proxy_for("http://api.openai.com") is None  # HTTP_PROXY is not set
+    assert proxy_for("https://llm.internal") is None
+    monkeypatch.setenv("ALL_PROXY", "http://all.corp:1")
+    assert proxy_for("http://api.openai.com") == "http://all.corp:1"
