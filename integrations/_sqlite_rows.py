@@ -119,7 +119,7 @@ def _sweep(db: sqlite3.Connection, now: float) -> None:
 
 #: A transaction run in place found the write lock held: run it on the worker instead.
 BUSY: Final = object()
-#: One operation in this many goes to the worker thread, which checkpoints the WAL.
+#: After one operation in this many, the worker thread checkpoints the WAL.
 _WORKER_EVERY: Final = 256
 
 

@@ -6,10 +6,10 @@ written to the WAL, synced at checkpoints). Every operation is one ``BEGIN IMMED
 transaction, so it is atomic for its keys whatever else runs — another harness, another
 process on the same file — exactly as ``RedisStore``'s server-side scripts are, and it
 answers alike (the stores' shared tests hold them to it). The event loop never waits
-for a lock or a sync: a transaction runs in place only when the file's write lock is
-free at once (busy timeout 0; tens of microseconds), and otherwise — another process
-writing, or every 256th operation, which checkpoints the WAL — on the store's worker
-thread (on asyncio and trio alike):
+for a lock or a sync: a transaction runs in place when the file's write lock is free at
+once (busy timeout 0; tens of microseconds), and on the store's worker thread when
+another process is writing; every 256th operation, the worker checkpoints the WAL (a
+passive checkpoint: transactions in place go on meanwhile). On asyncio and trio alike:
 
 * **Ledger** (accounting, kept as long as it means something): windows, sliding
   windows' buckets and operation records by id, with ``reserve`` all or none, and
@@ -29,6 +29,7 @@ Extra: none — ``sqlite3`` is the standard library's.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -71,6 +72,8 @@ from guardstack.pipeline.store import Admission, BreakerState, StoreError
 __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger("guardstack")
 
 #: How many operations between two sweeps of expired rows.
 _SWEEP_EVERY: Final = 500
@@ -176,22 +179,38 @@ class SqliteStore:
 
     async def _run(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
         """In place when the file's write lock is free (tens of µs: the WAL is written,
-        not synced), else — and every ``_WORKER_EVERY``-th time, to checkpoint the WAL —
-        on the worker thread, so the event loop never waits for another process."""
+        not synced), else on the worker thread, so the event loop never waits for
+        another process; every ``_WORKER_EVERY``-th time the worker then checkpoints the
+        WAL. (Every ``_WORKER_EVERY``-th operation itself used to go to the worker: under
+        load the ones in place met its write lock, went there too, and queued behind it
+        — each request then waited on a thread.)"""
         self._in_place += 1
-        if self._in_place % _WORKER_EVERY and self._here.lock.acquire(blocking=False):
+        answer: Any = BUSY
+        if self._here.lock.acquire(blocking=False):
             self._here.lock.release()
             await anyio.lowlevel.checkpoint_if_cancelled()
             answer = self._transaction(work, self._here)
-            if answer is not BUSY:
-                await anyio.lowlevel.cancel_shielded_checkpoint()
-                return cast(T, answer)
-        return cast(
-            T,
-            await anyio.to_thread.run_sync(
+        if answer is BUSY:
+            answer = await anyio.to_thread.run_sync(
                 self._transaction, work, self._worker, limiter=self._limiter
-            ),
-        )
+            )
+        if self._in_place % _WORKER_EVERY == 0:
+            with anyio.CancelScope(shield=True):  # done: the answer is the caller's
+                await anyio.to_thread.run_sync(self._checkpoint, limiter=self._limiter)
+        else:
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+        return cast(T, answer)
+
+    def _checkpoint(self) -> None:
+        """The WAL copied into the file as far as no reader needs it (``PASSIVE``: it
+        takes no write lock); a failure is only logged — the next one tries again."""
+        link = self._worker
+        with link.lock:
+            try:
+                link.connect().execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except (sqlite3.Error, OSError) as error:
+                link.drop()
+                logger.debug("sqlite: a checkpoint failed: %s", error)
 
     async def aclose(self) -> None:
         """Close the file (what is written is on disk)."""
