@@ -46,7 +46,6 @@ MIRRORED_BY: dict[str, tuple[str, ...]] = {
         "tests/gateway/test_budgets.py",
         "tests/gateway/model_proxy/test_app.py",
     ),
-    "gateway/model_proxy/targets.py": ("tests/gateway/model_proxy/test_routes.py",),
     "gateway/model_proxy/bodies.py": (
         "tests/gateway/model_proxy/test_wires.py",
         "tests/gateway/model_proxy/test_shapes.py",
