@@ -156,27 +156,32 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _stream_gaps(
-    client: httpx.AsyncClient, streams: int, chunks: int, gap_ms: float
-) -> list[float]:
+async def _stream_gaps(url: str, key: str, streams: int, chunks: int, gap_ms: float) -> list[float]:
     """Every gap between two chunks a client sees, in ms, across ``streams`` streams at
-    once, each ``chunks`` chunks ``gap_ms`` apart at the upstream."""
+    once, each ``chunks`` chunks ``gap_ms`` apart at the upstream (read with aiohttp:
+    httpx's pool, at 512 streams, was itself the stall measured)."""
+    import aiohttp
+
     body = {**BODY, "stream": True, "chunks": chunks, "gap_ms": gap_ms}
     gaps: list[float] = []
+    headers = {"authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=streams)) as session:
 
-    async def one() -> None:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            response.raise_for_status()
-            last = None
-            async for _ in response.aiter_raw():
-                now = time.perf_counter()
-                if last is not None:
-                    gaps.append((now - last) * 1000)
-                last = now
+        async def one() -> None:
+            async with session.post(
+                f"{url}/v1/chat/completions", json=body, headers=headers
+            ) as response:
+                response.raise_for_status()
+                last = None
+                async for _ in response.content.iter_any():
+                    now = time.perf_counter()
+                    if last is not None:
+                        gaps.append((now - last) * 1000)
+                    last = now
 
-    async with anyio.create_task_group() as group:
-        for _ in range(streams):
-            group.start_soon(one)
+        async with anyio.create_task_group() as group:
+            for _ in range(streams):
+                group.start_soon(one)
     return gaps
 
 
@@ -500,12 +505,9 @@ async def measure(
                 results.setdefault("cpu_us", {})[side] = [spent / 1_000 * 1e6]
             # 512 streams at once, a chunk every 20 ms: what each side adds to the gaps
             for side in ("direct", "forwarder", "guardstack"):
-                wide = httpx.Limits(max_connections=600, max_keepalive_connections=600)
-                async with httpx.AsyncClient(
-                    base_url=f"http://127.0.0.1:{sides[side]}", limits=wide, timeout=120,
-                    headers={"authorization": f"Bearer {keys[side]}"},
-                ) as client:  # fmt: skip
-                    gaps = await _stream_gaps(client, 512, 20, 20.0)
+                gaps = await _stream_gaps(
+                    f"http://127.0.0.1:{sides[side]}", keys[side], 512, 20, 20.0
+                )
                 results.setdefault("stream_gaps", {})[side] = gaps
         if conversations:
             pid = processes[2].pid  # the guardstack proxy
