@@ -7,7 +7,6 @@ and the checks made at start (``check_fallbacks``)."""
 
 from __future__ import annotations
 
-import difflib
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -27,6 +26,7 @@ from guardstack.gateway.request_log import Finished
 from guardstack.pipeline import MODEL_FAILED, Harness, ModelError, ModelReply
 from guardstack.pipeline.decisions import decided
 from guardstack.pipeline.errors import ConfigError
+from guardstack.pipeline.validate import did_you_mean
 
 if TYPE_CHECKING:
     from guardstack.gateway.model_proxy.exchange import Exchange
@@ -217,11 +217,10 @@ def check_fallbacks(harness: Harness, upstreams: Mapping[str, Target]) -> None:
             name = target["upstream"]
             if name not in upstreams:
                 known = [n for n in upstreams if n != DEFAULT]
-                near = difflib.get_close_matches(name, known, n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
                 raise ConfigError(
                     f"{handle.id}: `to.upstream` names {name!r}, which is not an upstream "
-                    f"(--upstream NAME=URL gives: {', '.join(known) or 'none'}){hint}",
+                    f"(--upstream NAME=URL gives: {', '.join(known) or 'none'})"
+                    f"{did_you_mean(name, known)}",
                     plugin=handle.id,
                     key="to.upstream",
                     value=name,
